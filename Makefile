@@ -1,0 +1,34 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+# CPU machines get the local CPU build of torch; a machine with an NVIDIA GPU gets the default build.
+TORCH_SPEC := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo "torch>=2.6" || echo "torch==2.13.0")
+PYTEST_ARGS ?=
+
+.PHONY: install demo test plan bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/python -m launcher.demo
+
+test: install
+	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+plan: install
+	$(BIN)/python -m launcher.plan $(ARGS)
+
+bench: install
+	$(BIN)/python bench/plan_speed.py
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache

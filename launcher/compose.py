@@ -1,0 +1,66 @@
+"""Compose the typed config from ``conf/`` and command-line overrides, outside ``@hydra.main``.
+
+Entry points that need exact control of errors (exit code 2 for every config error, one message
+naming the key and a fix) compose through :func:`compose_or_exit` instead of letting Hydra print a
+traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+import launcher.config  # noqa: F401  (registers the schema in the ConfigStore)
+
+CONFIG_ERROR_EXIT = 2
+"""Exit code of every config or validation error."""
+
+CONF_DIR = Path(os.environ.get("TRAINWRIGHT_CONF", Path(__file__).resolve().parent.parent / "conf"))
+"""The config tree; TRAINWRIGHT_CONF moves it."""
+
+
+class ConfigError(Exception):
+    """A config that cannot be composed or does not validate; the message says how to fix it."""
+
+
+def compose_config(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
+    """Compose ``conf/<config_name>.yaml`` with Hydra override strings; raise ConfigError."""
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name=config_name, overrides=list(overrides))
+        OmegaConf.resolve(cfg)
+        missing = sorted(OmegaConf.missing_keys(cfg))
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        raise ConfigError(_describe(exc)) from None
+    if missing:
+        raise ConfigError(f"required keys have no value: {', '.join(missing)}; set them in conf/ "
+                          "or on the command line (key=value)")
+    return cfg
+
+
+def _describe(exc: Exception) -> str:
+    text = str(exc).strip()
+    if "Could not find" in text or "not found in" in text:
+        text += f"\n(config tree: {CONF_DIR})"
+    return f"{type(exc).__name__}: {text}"
+
+
+def compose_or_exit(argv: Sequence[str], config_name: str = "config") -> DictConfig:
+    """Compose from ``argv`` overrides; on error print it to stderr and exit with code 2."""
+    try:
+        return compose_config(argv, config_name=config_name)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        raise SystemExit(CONFIG_ERROR_EXIT) from None
+
+
+def to_object(cfg: DictConfig):
+    """The typed dataclass tree behind a composed config (``TrainwrightConfig``)."""
+    return OmegaConf.to_object(cfg)

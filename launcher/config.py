@@ -1,0 +1,312 @@
+"""Typed schemas of the trainwright config tree.
+
+Every group of ``conf/`` (model, parallelism, data, optimizer, trainer, cluster, engine, logger,
+run, plan) has one dataclass here. The root schema :class:`TrainwrightConfig` is registered in
+Hydra's ConfigStore as ``trainwright_schema`` and is the first entry of ``conf/config.yaml``'s
+defaults list, so every YAML file and every command-line override is merged into a typed,
+struct-mode config: an unknown key or a value of the wrong type fails at compose time.
+
+Schemas hold primitives only (ints, floats, strings, bools, enums of strings, lists of those).
+Each value is owned by exactly one group; anything that follows from other values (data-parallel
+size, gradient accumulation, padded vocabulary, ...) is derived in :mod:`launcher.plan`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import List
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class Arch(str, Enum):
+    llama = "llama"
+    """RMSNorm, SwiGLU MLP, rotary positions, no biases, untied embeddings by default."""
+    gpt2 = "gpt2"
+    """LayerNorm, GELU MLP, learned absolute positions, biases, tied embeddings by default."""
+
+
+class Recompute(str, Enum):
+    none = "none"
+    """Keep every activation needed by the backward pass."""
+    selective = "selective"
+    """Recompute the core attention (softmax, dropout, scores x values) in the backward pass."""
+    full = "full"
+    """Keep only each transformer layer's input; recompute the whole layer in the backward pass."""
+
+
+class Precision(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
+class EngineName(str, Enum):
+    deepspeed = "deepspeed"
+    """DeepSpeed engine with ZeRO stages 0-3 around the Megatron-Core GPTModel."""
+    megatron = "megatron"
+    """Megatron-Core DDP + optimizer (zero_stage=1 means the distributed optimizer)."""
+
+
+class Schedule(str, Enum):
+    cosine = "cosine"
+    """Linear warmup, then cosine decay from lr to min_lr over the remaining steps."""
+    wsd = "wsd"
+    """Warmup-stable-decay: linear warmup, constant lr, then decay over the last decay_fraction."""
+    constant = "constant"
+    """Linear warmup, then constant lr."""
+
+
+class AttentionBackend(str, Enum):
+    auto = "auto"
+    """Flash attention (Transformer Engine) on a GPU, unfused attention on CPU."""
+    flash = "flash"
+    """Fused flash attention: attention scores are never stored."""
+    unfused = "unfused"
+    """Plain softmax(QK^T)V: scores (and their dropout mask) are stored for the backward pass."""
+
+
+class PlanFormat(str, Enum):
+    table = "table"
+    json = "json"
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    """Preset name, used in run names and reports."""
+    arch: Arch = Arch.llama
+    """Block flavour; sets norm, activation, position embedding and bias defaults (see Arch)."""
+    num_layers: int = MISSING
+    """Transformer layers."""
+    hidden_size: int = MISSING
+    """Model width h (elements)."""
+    ffn_hidden_size: int = MISSING
+    """MLP inner width (elements); for SwiGLU the width of each of the gate and up projections."""
+    num_attention_heads: int = MISSING
+    """Query heads."""
+    num_query_groups: int = 0
+    """Key/value heads for grouped-query attention; 0 = num_attention_heads (multi-head)."""
+    kv_channels: int = 0
+    """Per-head dimension; 0 = hidden_size / num_attention_heads."""
+    vocab_size: int = MISSING
+    """Tokenizer vocabulary (tokens), before padding (the plan reports the padding)."""
+    make_vocab_size_divisible_by: int = 128
+    """The embedding is padded to a multiple of this times tensor_parallel_size."""
+    seq_length: int = MISSING
+    """Training sequence length (tokens). The only place the sequence length is set."""
+    max_position_embeddings: int = 0
+    """Rows of the learned position table (gpt2 arch); 0 = seq_length."""
+    rotary_base: int = 10000
+    """RoPE base frequency (llama arch)."""
+    norm_epsilon: float = 1e-5
+    """Epsilon of RMSNorm / LayerNorm."""
+    untie_embeddings_and_output_weights: bool = True
+    """True: separate output layer; False: the output layer reuses the input embedding."""
+    add_bias_linear: bool = False
+    """Biases in every linear layer."""
+    add_qkv_bias: bool = False
+    """Bias in the QKV projection only (Qwen style); implied by add_bias_linear."""
+    hidden_dropout: float = 0.0
+    """Dropout probability after attention and MLP blocks."""
+    attention_dropout: float = 0.0
+    """Dropout probability on attention probabilities."""
+    init_method_std: float = 0.02
+    """Standard deviation of the normal weight initialisation."""
+    num_experts: int = 0
+    """Experts per MoE layer; 0 = dense model (no MoE)."""
+    moe_router_topk: int = 2
+    """Experts each token is routed to (MoE only)."""
+    moe_ffn_hidden_size: int = 0
+    """Inner width of each expert; 0 = ffn_hidden_size (MoE only)."""
+    moe_aux_loss_coeff: float = 0.01
+    """Weight of the load-balancing auxiliary loss (MoE only)."""
+    moe_capacity_factor: float = 0.0
+    """Expert capacity as a multiple of the even share of tokens; 0 = no token dropping."""
+
+
+@dataclass
+class ParallelismConfig:
+    tensor_parallel_size: int = 1
+    """GPUs that split every layer's matrices (TP); 1 = no tensor parallelism."""
+    pipeline_parallel_size: int = 1
+    """Pipeline stages (PP); 1 = no pipelining."""
+    virtual_pipeline_parallel_size: int = 1
+    """Model chunks per pipeline stage for the interleaved schedule; 1 = not interleaved."""
+    context_parallel_size: int = 1
+    """GPUs that split each sequence (CP); 1 = no context parallelism."""
+    expert_parallel_size: int = 1
+    """GPUs that split the experts of each MoE layer (EP); 1 = no expert parallelism."""
+    sequence_parallel: bool = False
+    """Shard norm/dropout activations along the sequence across the TP group (needs TP > 1)."""
+    zero_stage: int = 1
+    """DeepSpeed: ZeRO stage 0-3. Megatron engine: 0 = plain DDP, 1 = distributed optimizer."""
+    offload_optimizer: bool = False
+    """Keep optimizer state (and its step) in CPU memory (DeepSpeed ZeRO-Offload)."""
+    offload_params: bool = False
+    """Keep parameters in CPU memory between uses (DeepSpeed ZeRO-3 only)."""
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    """Data preset name."""
+    prefixes: List[str] = field(default_factory=list)
+    """Megatron indexed-dataset path prefixes (file names without .bin/.idx); empty = mock data."""
+    weights: List[float] = field(default_factory=list)
+    """Blend weight per prefix; empty = proportional to equal weights."""
+    split: str = "98,1,1"
+    """Train, validation, test proportions of every prefix."""
+    eod_token_id: int = 0
+    """End-of-document token id written by data_prep."""
+    tokenizer_path: str = ""
+    """Tokenizer file used by data_prep (for decoding samples); empty = none."""
+    num_workers: int = 2
+    """DataLoader worker processes per rank; 0 = load in the training process."""
+    cache_dir: str = ""
+    """Where GPTDataset index caches go; empty = <run dir>/cache."""
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "adamw"
+    """Optimizer; AdamW (decoupled weight decay) is the one supported."""
+    lr: float = 3e-4
+    """Peak learning rate."""
+    min_lr: float = 3e-5
+    """Learning rate at the end of the decay."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay (not applied to biases and norms)."""
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    """Global gradient-norm clipping threshold; 0 = no clipping."""
+    schedule: Schedule = Schedule.cosine
+    """Learning-rate schedule (see Schedule)."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear warmup from 0 to lr."""
+    decay_fraction: float = 0.2
+    """wsd only: fraction of all steps spent decaying to min_lr at the end."""
+
+
+@dataclass
+class TrainerConfig:
+    micro_batch_size: int = 1
+    """Sequences per micro-batch on each data-parallel replica."""
+    global_batch_size: int = 0
+    """Sequences per optimizer step; 0 = micro_batch_size x data-parallel size (no accumulation)."""
+    train_tokens: int = 0
+    """Token budget; 0 = derived from train_steps. Set exactly one of the two."""
+    train_steps: int = 0
+    """Optimizer steps; 0 = derived from train_tokens. Set exactly one of the two."""
+    precision: Precision = Precision.bf16
+    """Compute dtype of weights and activations (fp32 master weights under bf16/fp16)."""
+    activation_recompute: Recompute = Recompute.none
+    """What the backward pass recomputes instead of storing (see Recompute)."""
+    attention_backend: AttentionBackend = AttentionBackend.auto
+    """Attention kernel; decides whether attention scores are stored (see AttentionBackend)."""
+    seed: int = 1234
+    """Seed of weights init, dropout and data order."""
+    log_interval: int = 1
+    """Optimizer steps between metric lines."""
+    eval_interval: int = 0
+    """Optimizer steps between validation passes; 0 = no validation."""
+    eval_iters: int = 10
+    """Micro-batches per validation pass."""
+    save_interval: int = 0
+    """Optimizer steps between checkpoints; 0 = only at the end."""
+
+
+@dataclass
+class ClusterConfig:
+    name: str = MISSING
+    """Cluster preset name."""
+    launcher: str = "local"
+    """How processes start: local (this machine) or slurm."""
+    nodes: int = 1
+    """Machines in the job."""
+    gpus_per_node: int = 1
+    """Accelerators per machine; on CPU clusters, training processes per machine."""
+    gpu: str = MISSING
+    """Accelerator model, a key of launcher.hardware.DEVICES (H100, H200, A100, cpu, ...)."""
+    device_memory_gb: float = 0.0
+    """Usable memory per accelerator (GB, 1e9 bytes); 0 = the model's catalogue value."""
+    peak_tflops: float = 0.0
+    """Dense peak TFLOP/s per accelerator at the training precision; 0 = catalogue value."""
+    partition: str = ""
+    """Slurm partition; empty = the cluster's default."""
+    account: str = ""
+    """Slurm account; empty = the user's default."""
+    time_limit: str = "04:00:00"
+    """Slurm wall-clock limit (HH:MM:SS or D-HH:MM:SS)."""
+
+
+@dataclass
+class EngineConfig:
+    name: EngineName = EngineName.deepspeed
+    """Which library owns data parallelism and the optimizer (see EngineName)."""
+    grad_reduce_in_fp32: bool = True
+    """Accumulate and all-reduce gradients in fp32 (else in the compute dtype)."""
+    overlap_grad_reduce: bool = True
+    """Overlap the gradient reduce with the backward pass."""
+    overlap_param_gather: bool = False
+    """Megatron distributed optimizer: overlap the parameter all-gather with the forward pass."""
+    reduce_bucket_size: int = 50_000_000
+    """Elements per gradient-reduce bucket."""
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"
+    """none or wandb."""
+    project: str = "trainwright"
+    """wandb project."""
+    entity: str = ""
+    """wandb entity (team); empty = the API key's default."""
+    group: str = ""
+    """wandb group; empty = the sweep name for multiruns, else none."""
+    tags: List[str] = field(default_factory=list)
+    """wandb tags."""
+    mode: str = "online"
+    """wandb mode: online, offline or disabled (WANDB_MODE overrides it)."""
+
+
+@dataclass
+class RunConfig:
+    name: str = ""
+    """Run directory name under output_root; empty = <model>_<cluster>."""
+    output_root: str = "outputs"
+    """Folder holding every run directory."""
+
+
+@dataclass
+class PlanConfig:
+    format: PlanFormat = PlanFormat.table
+    """table (readable) or json (one JSON object on stdout)."""
+    mfu: float = 0.4
+    """Model FLOPs utilisation assumed for the time estimates (0-1)."""
+
+
+@dataclass
+class TrainwrightConfig:
+    model: ModelConfig = MISSING
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    data: DataConfig = MISSING
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    cluster: ClusterConfig = MISSING
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+
+
+def register_configs() -> None:
+    """Register the root schema; conf/config.yaml lists it first in its defaults."""
+    ConfigStore.instance().store(name="trainwright_schema", node=TrainwrightConfig)
+
+
+register_configs()
