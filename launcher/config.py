@@ -287,7 +287,8 @@ class PlanConfig:
     format: PlanFormat = PlanFormat.table
     """table (readable) or json (one JSON object on stdout)."""
     mfu: float = 0.4
-    """Model FLOPs utilisation assumed for the time estimates (0-1)."""
+    """Model FLOPs utilisation while computing, assumed for time estimates (0-1]; the pipeline
+    bubble is added on top."""
 
 
 @dataclass

@@ -1,0 +1,220 @@
+"""Run Megatron-Core 0.16.1 (and DeepSpeed) on a machine without CUDA, under the gloo backend.
+
+Megatron-Core assumes a GPU in a handful of places (see
+/work/shared/notes/megatron-core-on-cpu.md). :func:`enable` redirects each of them to the CPU and
+does nothing when ``torch.cuda.is_available()`` is True. It is idempotent; call it before building
+models (and in every process, since patches are per process). The torch function mode it installs
+is thread-local: it covers the thread that called :func:`enable` (the training loop; CPU autograd
+runs its backward in that same thread).
+
+Every patch names the Megatron-Core / DeepSpeed site that needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_STATE = {"enabled": False, "mode": None}
+
+# Tensor.type() names a CPU tensor reports while the mode is active (cuda type-string checks).
+_CUDA_TYPE_NAMES = {
+    "torch.FloatTensor": "torch.cuda.FloatTensor",
+    "torch.HalfTensor": "torch.cuda.HalfTensor",
+    "torch.BFloat16Tensor": "torch.cuda.BFloat16Tensor",
+}
+
+
+def _is_cuda_device(device) -> bool:
+    """True for "cuda", "cuda:N", torch.device("cuda") and bare ints (a CUDA index on CPU builds)."""
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
+class CudaToCpuMode(TorchFunctionMode):
+    """Maps ``device="cuda"`` to the CPU, ``Tensor.cuda()`` to identity, and makes ``Tensor.type()``
+    report CUDA type names for CPU float tensors."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            # pipeline_parallel/p2p_communication.py, optimizer/grad_scaler.py load_state_dict.
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and "dtype" not in kwargs:
+            # optimizer/clip_grads.py asserts grad.type() == 'torch.cuda.FloatTensor';
+            # optimizer/optimizer.py and distrib_optimizer.py branch on torch.cuda.*Tensor names.
+            name = func(*args)
+            return _CUDA_TYPE_NAMES.get(name, name)
+        if "device" in kwargs and _is_cuda_device(kwargs["device"]):
+            # pipeline_parallel/schedules.py torch.zeros([], device="cuda"), optimizer/clip_grads.py
+            # and optimizer/optimizer.py torch.tensor(..., device='cuda'), transformer/utils.py masks.
+            kwargs = {**kwargs, "device": "cpu"}
+        elif func is torch.Tensor.to and len(args) > 1 and _is_cuda_device(args[1]):
+            # tensor.to("cuda") / tensor.to(torch.cuda.current_device()) style moves.
+            args = (args[0], "cpu", *args[2:])
+        return func(*args, **kwargs)
+
+
+def _cpu_rng_state(device="cuda", clone=False, graph_safe=False) -> torch.Tensor:
+    """CPU stand-in for random._get_cuda_rng_state: the default CPU generator's state."""
+    return torch.get_rng_state()
+
+
+def _set_cpu_rng_state(new_state, device=-1, graph_safe=False) -> None:
+    """CPU stand-in for random._set_cuda_rng_state."""
+    torch.set_rng_state(new_state)
+
+
+def _cpu_tracker_class():
+    """A CudaRNGStatesTracker whose named states are CPU generator states."""
+    from megatron.core.tensor_parallel import random as mrandom
+
+    class CpuRNGStatesTracker(mrandom.CudaRNGStatesTracker):
+        """Dropout on CPU draws from the default CPU generator, so the tracked streams live there."""
+
+        def add(self, name, seed):
+            """Same contract as the CUDA tracker: a new named stream seeded with ``seed``."""
+            if seed in self.seeds_:
+                raise Exception(f"seed {seed} already exists")
+            if name in self.states_:
+                raise Exception(f"rng state {name} already exists")
+            self._is_initialized = True
+            self.seeds_.add(seed)
+            orig = torch.get_rng_state()
+            torch.manual_seed(seed)
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(orig)
+
+        @contextlib.contextmanager
+        def fork(self, name=mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME):
+            """Like the CUDA fork, minus its "CPU RNG state changed" warning, which on CPU would
+            fire on every dropout."""
+            if name not in self.states_:
+                raise Exception(f"rng state {name} is not added")
+            orig_state, orig_name = torch.get_rng_state(), self._current_state_name
+            if orig_name != "default-rng":
+                self.states_[orig_name] = orig_state
+            torch.set_rng_state(self.states_[name])
+            self._current_state_name = name
+            try:
+                yield
+            finally:
+                self.states_[name] = torch.get_rng_state()
+                if orig_name != "default-rng":
+                    orig_state = self.states_[orig_name]
+                torch.set_rng_state(orig_state)
+                self._current_state_name = orig_name
+
+    return CpuRNGStatesTracker
+
+
+def _patch_rng() -> None:
+    """Route Megatron's model-parallel RNG machinery to the CPU generator."""
+    from megatron.core.tensor_parallel import random as mrandom
+
+    # random.py CheckpointFunction / _get_all_rng_states call these module functions directly.
+    mrandom._get_cuda_rng_state = _cpu_rng_state
+    mrandom._set_cuda_rng_state = _set_cpu_rng_state
+    # random.py initialize_rng_tracker instantiates the module-level CudaRNGStatesTracker name.
+    if not getattr(mrandom.CudaRNGStatesTracker, "_trainwright_cpu", False):
+        cls = _cpu_tracker_class()
+        cls._trainwright_cpu = True
+        mrandom.CudaRNGStatesTracker = cls
+    tracker = mrandom._CUDA_RNG_STATE_TRACKER
+    if tracker is not None and not isinstance(tracker, mrandom.CudaRNGStatesTracker):
+        # A CUDA tracker created before enable(): drop it so the next seed call builds a CPU one.
+        mrandom._CUDA_RNG_STATE_TRACKER = None
+        mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = False
+
+
+def _patch_torch_cuda() -> None:
+    """Replace the torch.cuda entry points Megatron calls unconditionally."""
+    # core/utils.py GlobalMemoryBuffer, RoPE inv_freq, layers.py buffers: device=current_device().
+    torch.cuda.current_device = lambda: torch.device("cpu")
+    # pipeline_parallel/p2p_communication.py and dist_checkpointing writers call synchronize().
+    torch.cuda.synchronize = lambda device=None: None
+    # optimizer/optimizer.py offload paths and pipeline_parallel activation offload.
+    torch.cuda.empty_cache = lambda: None
+
+
+def enable() -> bool:
+    """Apply every CPU redirect once; returns True when active (no CUDA), False otherwise."""
+    if torch.cuda.is_available():
+        return False
+    if _STATE["enabled"]:
+        return True
+    # DeepSpeed's accelerator auto-detection would otherwise look for CUDA.
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    _patch_torch_cuda()
+    _patch_rng()
+    _STATE["mode"] = CudaToCpuMode()
+    _STATE["mode"].__enter__()
+    _STATE["enabled"] = True
+    return True
+
+
+def is_enabled() -> bool:
+    """Whether :func:`enable` has applied the CPU redirects in this process."""
+    return _STATE["enabled"]
+
+
+class DeepSpeedMPU:
+    """The ``mpu`` object DeepSpeed expects, built on ``megatron.core.parallel_state``.
+
+    DeepSpeed calls get_model_parallel_rank/world_size (runtime/engine.py, zero/stage_1_and_2.py),
+    which parallel_state lacks. Model parallel = TP x PP; data parallel includes context parallel,
+    since CP ranks hold the same parameters and average their gradients with the DP ranks.
+    """
+
+    def __init__(self):
+        from megatron.core import parallel_state
+
+        self._ps = parallel_state
+
+    def get_model_parallel_group(self):
+        return self._ps.get_model_parallel_group()
+
+    def get_model_parallel_rank(self):
+        return torch.distributed.get_rank(group=self.get_model_parallel_group())
+
+    def get_model_parallel_world_size(self):
+        return torch.distributed.get_world_size(group=self.get_model_parallel_group())
+
+    def get_tensor_model_parallel_group(self):
+        return self._ps.get_tensor_model_parallel_group()
+
+    def get_tensor_model_parallel_rank(self):
+        return self._ps.get_tensor_model_parallel_rank()
+
+    def get_tensor_model_parallel_world_size(self):
+        return self._ps.get_tensor_model_parallel_world_size()
+
+    def get_tensor_model_parallel_src_rank(self):
+        return self._ps.get_tensor_model_parallel_src_rank()
+
+    def get_pipeline_model_parallel_group(self):
+        return self._ps.get_pipeline_model_parallel_group()
+
+    def get_pipeline_model_parallel_rank(self):
+        return self._ps.get_pipeline_model_parallel_rank()
+
+    def get_pipeline_model_parallel_world_size(self):
+        return self._ps.get_pipeline_model_parallel_world_size()
+
+    def get_data_parallel_group(self):
+        return self._ps.get_data_parallel_group(with_context_parallel=True)
+
+    def get_data_parallel_rank(self):
+        return self._ps.get_data_parallel_rank(with_context_parallel=True)
+
+    def get_data_parallel_world_size(self):
+        return self._ps.get_data_parallel_world_size(with_context_parallel=True)
+
+    def get_data_parallel_group_ranks(self):
+        return torch.distributed.get_process_group_ranks(self.get_data_parallel_group())

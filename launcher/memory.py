@@ -1,0 +1,116 @@
+"""Memory per GPU: training state (weights, gradients, optimizer) and activations, in bytes.
+
+Training state follows the ZeRO paper's accounting (Rajbhandari et al. 2020) for mixed precision:
+2-byte weights, 2- or 4-byte gradients (``engine.grad_reduce_in_fp32``), 12 bytes of optimizer
+state (fp32 master copy, Adam first and second moments), each sharded over the data-parallel
+replicas as the ZeRO stage (DeepSpeed) or the distributed optimizer (Megatron-Core) says.
+
+Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+Models"), generalised from their GPT block to grouped-query attention, SwiGLU, mixture-of-experts,
+flash attention and context parallelism: every tensor a layer keeps for its backward pass, divided
+by TP where it is tensor-parallel (and, with sequence parallelism, where it is not), times the
+micro-batches a pipeline stage holds in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.config import EngineName, Precision, Recompute
+from launcher.params import Dims
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter kept on the GPU (and in CPU memory, when offloaded)."""
+
+    weights: float
+    grads: float
+    optimizer: float
+    cpu: float = 0.0
+
+
+def state_bytes_per_param(*, precision: Precision, engine: EngineName, zero_stage: int,
+                          grad_fp32: bool, offload_optimizer: bool, offload_params: bool,
+                          shards: int) -> StateBytes:
+    """Per-parameter bytes on one GPU when ``shards`` data-parallel replicas share the state."""
+    mixed = precision != Precision.fp32
+    weight = 2 if mixed else 4
+    grad = 4 if (grad_fp32 or not mixed) else 2
+    optim = 12 if mixed else 8  # (fp32 master +) Adam m and v
+    if engine == EngineName.megatron:  # zero_stage 1 = distributed optimizer
+        return StateBytes(weight, grad, optim / shards if zero_stage >= 1 else optim)
+    stage = zero_stage
+    weights = weight / shards if stage >= 3 else weight
+    grads = grad / shards if stage >= 2 else grad
+    optimizer = optim / shards if stage >= 1 else optim
+    cpu = 0.0
+    if offload_optimizer:
+        cpu += optimizer
+        optimizer = 0.0
+    if offload_params and stage >= 3:
+        cpu += weights
+        weights = 0.0
+    return StateBytes(weights, grads, optimizer, cpu)
+
+
+@dataclass(frozen=True)
+class ActivationSettings:
+    micro_batch: int
+    seq_local: int  # sequence length per context-parallel rank
+    tp: int
+    sequence_parallel: bool
+    recompute: Recompute
+    flash: bool
+    elem_bytes: int  # 2 for bf16/fp16, 4 for fp32
+    hidden_dropout: bool
+    attention_dropout: bool
+
+
+def layer_activation_bytes(d: Dims, a: ActivationSettings) -> float:
+    """Bytes one transformer layer keeps for backward, for one micro-batch, on one GPU."""
+    sb, t, e = a.seq_local * a.micro_batch, a.tp, a.elem_bytes
+    sp = t if a.sequence_parallel else 1
+    if a.recompute == Recompute.full:
+        return sb * d.hidden * e / sp  # only the layer input
+    mask = 1 if a.hidden_dropout else 0
+    # Norm inputs, QKV input, MLP input, dropout masks: split over TP only with SP.
+    replicated = sb * d.hidden * (4 * e + 2 * mask) / sp
+    attention = sb * (2 * d.q_dim + 2 * d.kv_dim) * e / t  # Q, K, V, projection input
+    if a.flash:
+        attention += sb * d.heads * 4 / t  # softmax log-sum-exp, fp32
+    elif a.recompute != Recompute.selective:
+        per_score = e + (1 + e if a.attention_dropout else 0)  # softmax out (+ mask, dropped out)
+        attention += d.heads * a.seq_local ** 2 * a.micro_batch * per_score / t
+    ffn, routed = (d.expert_ffn, d.topk) if d.experts else (d.ffn, 1)
+    mlp = sb * ffn * (3 if d.gated else 2) * e / t * routed  # fc1 output(s) and fc2 input
+    if d.experts:
+        mlp += sb * d.experts * 4  # router probabilities, fp32
+    return replicated + attention + mlp
+
+
+def in_flight_microbatches(pp: int, vpp: int, grad_accum: int) -> float:
+    """Micro-batches' worth of activations the first pipeline stage holds (1F1B / interleaved)."""
+    if pp == 1:
+        return 1.0
+    if vpp > 1:  # interleaving penalty of Megatron-Core's schedule (Narayanan et al. 2021)
+        return pp * (1 + (pp - 1) / (pp * vpp))
+    return float(min(pp, grad_accum))
+
+
+def stage_activation_bytes(d: Dims, a: ActivationSettings, *, layers: int, in_flight: float,
+                           first: bool, last: bool) -> float:
+    """Activation bytes of one GPU of a pipeline stage at the peak of the schedule."""
+    per_layer = layer_activation_bytes(d, a)
+    sb = a.seq_local * a.micro_batch
+    sp = a.tp if a.sequence_parallel else 1
+    total = per_layer * layers * in_flight
+    if a.recompute == Recompute.full:  # one layer's activations rebuilt during its backward
+        total += layer_activation_bytes(d, ActivationSettings(**{**a.__dict__,
+                                                                 "recompute": Recompute.none}))
+    if first:
+        total += sb * d.hidden * a.elem_bytes / sp * in_flight  # embedding output
+    if last:  # final norm input, logits and their fp32 softmax for the micro-batch in flight
+        total += 2 * sb * d.hidden * a.elem_bytes / sp
+        total += sb * d.padded_vocab / a.tp * (a.elem_bytes + 4)
+    return total
