@@ -13,10 +13,11 @@ Every patch names the Megatron-Core / DeepSpeed site that needs it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 import torch
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 _STATE = {"enabled": False, "mode": None}
 
@@ -59,6 +60,35 @@ class CudaToCpuMode(TorchFunctionMode):
             # tensor.to("cuda") / tensor.to(torch.cuda.current_device()) style moves.
             args = (args[0], "cpu", *args[2:])
         return func(*args, **kwargs)
+
+
+def _under_mode(fn):
+    """Wrap ``fn`` so it runs under :class:`CudaToCpuMode`: the autograd engine clears the torch
+    function mode stack while it runs backward functions and hooks."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if any(isinstance(m, CudaToCpuMode) for m in _get_current_function_mode_stack()):
+            return fn(*args, **kwargs)
+        with CudaToCpuMode():
+            return fn(*args, **kwargs)
+
+    wrapper._trainwright_cpu = True
+    return wrapper
+
+
+def _patch_recompute() -> None:
+    """Activation recompute runs the layer forward inside backward, where the mode is not active."""
+    from megatron.core.tensor_parallel import random as mrandom
+
+    fn_cls, hook_cls = mrandom.CheckpointFunction, mrandom.CheckpointWithoutOutput
+    if not getattr(fn_cls.backward, "_trainwright_cpu", False):
+        # random.py CheckpointFunction.backward (full/selective recompute) re-runs the forward,
+        # e.g. transformer/utils.py get_default_causal_mask torch.ones(..., device="cuda").
+        fn_cls.backward = staticmethod(_under_mode(fn_cls.backward))
+    if not getattr(hook_cls._recompute, "_trainwright_cpu", False):
+        # random.py CheckpointWithoutOutput._recompute is a backward hook (output-discarding recompute).
+        hook_cls._recompute = _under_mode(hook_cls._recompute)
 
 
 def _cpu_rng_state(device="cuda", clone=False, graph_safe=False) -> torch.Tensor:
@@ -153,6 +183,7 @@ def enable() -> bool:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     _patch_torch_cuda()
     _patch_rng()
+    _patch_recompute()
     _STATE["mode"] = CudaToCpuMode()
     _STATE["mode"].__enter__()
     _STATE["enabled"] = True
