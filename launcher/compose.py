@@ -7,15 +7,17 @@ traceback.
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 import launcher.config  # noqa: F401  (registers the schema in the ConfigStore)
 
@@ -46,10 +48,30 @@ def compose_config(overrides: Sequence[str] = (), config_name: str = "config") -
 
 
 def _describe(exc: Exception) -> str:
-    text = str(exc).strip()
+    """One readable message: Hydra's summary, the schema's reason and, for a typo, the fix."""
+    text = str(exc).strip().split("\nTo append to your config")[0]
+    cause = exc.__cause__
+    if cause is not None:
+        reason = str(cause).strip().splitlines()[0]
+        text = f"{text.rstrip('.')}: {reason}"
+        hint = _close_key(cause)
+        if hint:
+            text += f"; did you mean {hint}?"
     if "Could not find" in text or "not found in" in text:
         text += f"\n(config tree: {CONF_DIR})"
-    return f"{type(exc).__name__}: {text}"
+    return text
+
+
+def _close_key(cause: BaseException) -> str:
+    """For 'Key x not in SomeConfig', the closest field names of that schema."""
+    key, schema = getattr(cause, "key", None), getattr(cause, "object_type", None)
+    if not isinstance(cause, (ConfigAttributeError, ConfigKeyError)) or not key \
+            or schema is None or not is_dataclass(schema):
+        return ""
+    full_key = getattr(cause, "full_key", "") or str(key)
+    prefix = full_key.rsplit(".", 1)[0] + "." if "." in full_key else ""
+    names = difflib.get_close_matches(str(key), [f.name for f in fields(schema)], n=3)
+    return " or ".join(prefix + name for name in names)
 
 
 def compose_or_exit(argv: Sequence[str], config_name: str = "config") -> DictConfig:

@@ -180,8 +180,11 @@ class OptimizerConfig:
     weight_decay: float = 0.1
     """Decoupled weight decay (not applied to biases and norms)."""
     adam_beta1: float = 0.9
+    """Adam decay rate of the first moment."""
     adam_beta2: float = 0.95
+    """Adam decay rate of the second moment."""
     adam_eps: float = 1e-8
+    """Adam denominator epsilon."""
     clip_grad: float = 1.0
     """Global gradient-norm clipping threshold; 0 = no clipping."""
     schedule: Schedule = Schedule.cosine
@@ -294,15 +297,25 @@ class PlanConfig:
 @dataclass
 class TrainwrightConfig:
     model: ModelConfig = MISSING
+    """Architecture (group model)."""
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    """How the model and data are split over GPUs (group parallelism)."""
     data: DataConfig = MISSING
+    """Training data (group data)."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """Optimizer and learning-rate schedule (group optimizer)."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Batch, budget, precision and loop settings (group trainer)."""
     cluster: ClusterConfig = MISSING
+    """Machines and accelerators (group cluster)."""
     engine: EngineConfig = field(default_factory=EngineConfig)
+    """DeepSpeed or Megatron-Core data parallelism and optimizer (group engine)."""
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    """Experiment tracking (group logger)."""
     run: RunConfig = field(default_factory=RunConfig)
+    """Run directory naming."""
     plan: PlanConfig = field(default_factory=PlanConfig)
+    """Plan output and estimates."""
 
 
 def register_configs() -> None:

@@ -245,6 +245,10 @@ def _check_fits(plan: Plan) -> None:
                                  _overflow_message(plan))], plan=plan)
 
 
+def _stage_note(stage: str) -> str:
+    return "" if stage == "all" else f"; {stage} pipeline stage"
+
+
 def _overflow_message(plan: Plan) -> str:
     gib, mem = 2 ** 30, plan.memory_per_gpu
     fixes = []
@@ -258,7 +262,7 @@ def _overflow_message(plan: Plan) -> str:
                  "zero_stage)")
     return (f"memory per GPU {mem.total / gib:.1f} GiB (weights {mem.weights / gib:.1f}, grads "
             f"{mem.grads / gib:.1f}, optimizer {mem.optimizer / gib:.1f}, activations "
-            f"{mem.activations / gib:.1f}; {mem.stage} pipeline stage) exceeds the {plan.gpu}'s "
+            f"{mem.activations / gib:.1f}{_stage_note(mem.stage)}) exceeds the {plan.gpu}'s "
             f"{plan.gpu_memory_bytes / gib:.1f} GiB; try " + ", or ".join(fixes))
 
 

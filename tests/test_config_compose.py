@@ -1,0 +1,92 @@
+"""Every YAML option of conf/ composes into the typed schema and becomes a dataclass object."""
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from launcher.compose import CONF_DIR, ConfigError, compose_config, to_object
+from launcher.config import (ClusterConfig, DataConfig, EngineConfig, LoggerConfig, ModelConfig,
+                             OptimizerConfig, ParallelismConfig, Recompute, TrainerConfig,
+                             TrainwrightConfig)
+
+SCHEMA_OF_GROUP = {
+    "model": ModelConfig, "parallelism": ParallelismConfig, "data": DataConfig,
+    "optimizer": OptimizerConfig, "trainer": TrainerConfig, "cluster": ClusterConfig,
+    "engine": EngineConfig, "logger": LoggerConfig,
+}
+# Groups composed by other primary configs (tested next to their own app).
+OTHER_APPS = {"data_prep"}
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def test_every_group_directory_is_known():
+    groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
+    assert groups - OTHER_APPS == set(SCHEMA_OF_GROUP) | {"experiment"}
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in SCHEMA_OF_GROUP for o in _options(g)])
+def test_group_option_composes_to_object(group, option):
+    cfg = to_object(compose_config([f"{group}={option}"]))
+    assert isinstance(cfg, TrainwrightConfig)
+    node = getattr(cfg, group)
+    assert isinstance(node, SCHEMA_OF_GROUP[group])
+    raw = OmegaConf.load(CONF_DIR / group / f"{option}.yaml")
+    for key, value in raw.items():  # every value in the file reached the object
+        got = getattr(node, key)
+        assert (got.value if hasattr(got, "value") else got) == value, key
+
+
+@pytest.mark.parametrize("experiment", _options("experiment"))
+def test_experiment_composes_to_object(experiment):
+    cfg = to_object(compose_config([f"experiment={experiment}"]))
+    assert isinstance(cfg, TrainwrightConfig)
+
+
+def test_expected_presets_exist():
+    assert {"tiny", "gpt2_124m", "llama3_8b", "llama3_70b", "llama3_405b",
+            "mixtral_8x7b"} <= set(_options("model"))
+    assert {"local_cpu", "local_gpu", "slurm_h100", "slurm_h200"} <= set(_options("cluster"))
+    assert set(_options("engine")) == {"deepspeed", "megatron"}
+    assert set(_options("logger")) == {"none", "wandb"}
+    assert "llama3_70b_16k_h100" in _options("experiment")
+
+
+def test_enums_are_typed():
+    cfg = to_object(compose_config(["trainer.activation_recompute=selective"]))
+    assert cfg.trainer.activation_recompute is Recompute.selective
+
+
+@pytest.mark.parametrize("override,fragment", [
+    (["model.hidden_sizee=3"], "hidden_sizee"),
+    (["model.hidden_size=abc"], "hidden_size"),
+    (["trainer.activation_recompute=partial"], "activation_recompute"),
+    (["parallelism.sequence_parallel=maybe"], "sequence_parallel"),
+    (["model=no_such_model"], "no_such_model"),
+])
+def test_typos_and_wrong_types_fail_at_compose(override, fragment):
+    with pytest.raises(ConfigError) as info:
+        compose_config(override)
+    assert fragment in str(info.value)
+
+
+def test_seq_length_is_owned_by_model_only():
+    cfg = compose_config([])
+    owners = [group for group in cfg if isinstance(cfg[group], dict) or OmegaConf.is_dict(cfg[group])
+              if "seq_length" in cfg[group]]
+    assert owners == ["model"]
+
+
+def test_every_schema_field_has_a_docstring():
+    source = (Path(__file__).parent.parent / "launcher" / "config.py").read_text().splitlines()
+    undocumented = []
+    for i, line in enumerate(source[:-1]):
+        stripped = line.strip()
+        is_field = (line.startswith("    ") and not line.startswith("     ") and ":" in stripped
+                    and " = " in stripped and not stripped.startswith(("def ", '"', "#")))
+        if is_field and not source[i + 1].strip().startswith('"""'):
+            undocumented.append(stripped)
+    assert undocumented == []

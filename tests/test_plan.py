@@ -1,0 +1,202 @@
+"""The plan's derived numbers: layout, batch, parameters, memory and FLOPs."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from launcher.compose import compose_config, to_object
+from launcher.config import EngineName, Precision, Recompute
+from launcher.memory import ActivationSettings, layer_activation_bytes, state_bytes_per_param
+from launcher.params import count_parameters, model_dims
+from launcher.plan import PlanError, compute_plan, main
+
+EXP_70B = "experiment=llama3_70b_16k_h100"
+
+
+def plan_of(*overrides, world_size=None):
+    return compute_plan(to_object(compose_config(list(overrides))), world_size)
+
+
+def test_70b_16k_layout_and_batch():
+    p = plan_of(EXP_70B)
+    assert (p.world_size, p.nodes, p.gpus_per_node) == (16384, 2048, 8)
+    assert (p.tensor_parallel_size, p.pipeline_parallel_size) == (8, 4)
+    assert p.model_parallel_size == 32 and p.data_parallel_size == 512
+    assert p.tensor_parallel_groups == 2048 and p.pipeline_stages == 4
+    assert p.micro_batch_tokens == 32_768 and p.grad_accum_steps == 4
+    assert p.global_batch_size == 8192 and p.global_batch_tokens == 67_108_864
+    assert p.train_tokens == 15_000_000_000_000
+    assert p.train_steps == -(-15_000_000_000_000 // 67_108_864)  # ceil: 223,518
+
+
+def test_70b_global_batch_512_sequences():
+    p = plan_of(EXP_70B, "trainer.global_batch_size=512", "trainer.micro_batch_size=1")
+    assert p.global_batch_tokens == 4_194_304 and p.grad_accum_steps == 1
+    assert p.train_steps == 3_576_279  # about 3.58 million
+    assert round(p.train_steps / 1e6, 2) == 3.58
+
+
+def test_70b_fits_with_full_recompute_not_with_selective():
+    full = plan_of(EXP_70B)
+    assert full.memory_per_gpu.total < full.gpu_memory_bytes
+    with pytest.raises(PlanError) as info:
+        plan_of(EXP_70B, "trainer.activation_recompute=selective")
+    selective = info.value.plan
+    assert selective.memory_per_gpu.total > selective.gpu_memory_bytes
+    assert selective.memory_per_gpu.activations > 10 * full.memory_per_gpu.activations
+    assert "trainer.activation_recompute=full" in str(info.value)
+    # state does not depend on recompute
+    assert selective.memory_per_gpu.weights == full.memory_per_gpu.weights
+
+
+@pytest.mark.parametrize("preset,published", [
+    ("llama3_8b", 8_030_261_248), ("llama3_70b", 70_553_706_496),
+    ("llama3_405b", 405_853_388_800), ("mixtral_8x7b", 46_702_792_704),
+    ("gpt2_124m", 124_439_808),
+])
+def test_preset_parameter_totals_match_published(preset, published):
+    model = to_object(compose_config([f"model={preset}"])).model
+    counts = count_parameters(model)
+    assert counts.total_unpadded == published
+    parts = (counts.embedding + counts.attention + counts.mlp + counts.norms
+             + counts.output_layer)
+    assert parts == counts.total
+
+
+def test_vocab_padding_reported_separately():
+    p = plan_of("model=gpt2_124m")
+    assert p.padded_vocab_size == 50_304  # 50,257 rounded up to 128
+    assert p.vocab_padding_params == (50_304 - 50_257) * 768  # tied: one table
+    assert p.params_total - p.params_total_unpadded == p.vocab_padding_params
+    p8 = plan_of(EXP_70B)
+    assert p8.padded_vocab_size == 129_024  # 128,256 rounded up to 128 x TP 8
+
+
+def test_mixtral_active_parameters():
+    model = to_object(compose_config(["model=mixtral_8x7b"])).model
+    assert count_parameters(model).active_per_token == 12_879_925_248
+
+
+def test_params_per_gpu_split_by_tp_and_pp():
+    base = plan_of("cluster.gpus_per_node=1", "model=llama3_8b", "cluster.gpu=cpu",
+                   "trainer.micro_batch_size=1", "trainer.activation_recompute=full")
+    tp2 = plan_of("cluster.gpus_per_node=2", "model=llama3_8b", "cluster.gpu=cpu",
+                  "parallelism.tensor_parallel_size=2", "trainer.micro_batch_size=1",
+                  "trainer.activation_recompute=full")
+    norms = (2 * 32 + 1) * 4096  # replicated on every TP rank
+    assert tp2.params_per_gpu == (base.params_total - norms) // 2 + norms
+
+
+def _dims(**over):
+    model = to_object(compose_config(["model=gpt2_124m"] + [f"model.{k}={v}"
+                                                            for k, v in over.items()])).model
+    return model_dims(model)
+
+
+@pytest.mark.parametrize("tp,sp", [(1, False), (4, False), (4, True)])
+def test_activations_match_korthikanti_formula(tp, sp):
+    """GPT block, MHA, ffn=4h, dropout: sbh(10 + 24/t + 5as/(ht)) without SP, /t with SP."""
+    d = _dims()
+    s, b, h, a = 1024, 2, 768, 12
+    settings = ActivationSettings(b, s, tp, sp, Recompute.none, False, 2, True, True)
+    expected = s * b * h * ((34 / tp) if sp else (10 + 24 / tp)) + 5 * a * s * s * b / tp
+    assert layer_activation_bytes(d, settings) == pytest.approx(expected)
+    selective = ActivationSettings(b, s, tp, sp, Recompute.selective, False, 2, True, True)
+    assert layer_activation_bytes(d, selective) == pytest.approx(expected - 5 * a * s * s * b / tp)
+    full = ActivationSettings(b, s, tp, sp, Recompute.full, False, 2, True, True)
+    assert layer_activation_bytes(d, full) == pytest.approx(2 * s * b * h / (tp if sp else 1))
+
+
+def test_flops_match_megatron_formula():
+    """72 B s L h^2 (1 + s/6h + V/12hL) for a GPT block (Narayanan et al. 2021)."""
+    p = plan_of("model=gpt2_124m", "trainer.micro_batch_size=8")
+    B, s, L, h, V = p.global_batch_size, 1024, 12, 768, 50_304
+    expected = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+    assert p.flops_per_step == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_zero_stage_state_bytes(stage):
+    b = state_bytes_per_param(precision=Precision.bf16, engine=EngineName.deepspeed,
+                              zero_stage=stage, grad_fp32=False, offload_optimizer=False,
+                              offload_params=False, shards=8)
+    expected = {0: (2, 2, 12), 1: (2, 2, 1.5), 2: (2, 0.25, 1.5), 3: (0.25, 0.25, 1.5)}[stage]
+    assert (b.weights, b.grads, b.optimizer) == expected
+
+
+def test_megatron_distributed_optimizer_bytes():
+    """Megatron-Core docs: 6 + 12/d bytes per parameter with fp32 gradients."""
+    b = state_bytes_per_param(precision=Precision.bf16, engine=EngineName.megatron, zero_stage=1,
+                              grad_fp32=True, offload_optimizer=False, offload_params=False,
+                              shards=4)
+    assert b.weights + b.grads + b.optimizer == 6 + 12 / 4
+
+
+def test_memory_breakdown_sums_and_offload_moves_state_to_cpu():
+    on_gpu = plan_of("parallelism.zero_stage=3")
+    m = on_gpu.memory_per_gpu
+    assert m.total == pytest.approx(m.weights + m.grads + m.optimizer + m.activations, abs=4)
+    off = plan_of("parallelism=zero3_offload").memory_per_gpu
+    assert off.optimizer == 0 and off.cpu_offload > 0 and off.weights < m.weights
+
+
+def test_zero_stages_shrink_memory_monotonically():
+    totals = [plan_of(f"parallelism.zero_stage={s}", "cluster.gpus_per_node=8").memory_per_gpu
+              for s in range(4)]
+    state = [t.weights + t.grads + t.optimizer for t in totals]
+    assert state == sorted(state, reverse=True) and len(set(state)) == 4
+
+
+def test_redundant_state_shrinks_with_zero3():
+    z1 = plan_of("cluster.gpus_per_node=8", "parallelism.zero_stage=1")
+    z3 = plan_of("cluster.gpus_per_node=8", "parallelism.zero_stage=3")
+    assert z1.training_state_bytes == z3.training_state_bytes
+    assert z3.redundant_state_bytes < z1.redundant_state_bytes
+
+
+def test_step_budget_gives_tokens():
+    p = plan_of("trainer.train_steps=10", "trainer.train_tokens=0")
+    assert p.train_tokens == 10 * p.global_batch_tokens
+
+
+def test_time_estimates_consistent():
+    p = plan_of(EXP_70B)
+    assert p.step_time_s == pytest.approx(
+        p.flops_per_step / (p.world_size * p.peak_tflops_per_gpu * 1e12 * p.assumed_mfu)
+        * (1 + p.pipeline_bubble_fraction))
+    assert p.time_to_train_days == pytest.approx(p.train_steps * p.step_time_s / 86400)
+    assert p.tokens_per_s == pytest.approx(p.global_batch_tokens / p.step_time_s)
+
+
+def test_world_size_argument_overrides_cluster():
+    p = plan_of("cluster.gpus_per_node=1", world_size=4)
+    assert p.world_size == 4 and p.data_parallel_size == 4
+
+
+REQUIRED_JSON_KEYS = {
+    "world_size", "nodes", "gpus_per_node", "tensor_parallel_size", "pipeline_parallel_size",
+    "context_parallel_size", "expert_parallel_size", "data_parallel_size", "model_parallel_size",
+    "micro_batch_size", "micro_batch_tokens", "grad_accum_steps", "global_batch_size",
+    "global_batch_tokens", "train_steps", "train_tokens", "params_total", "params_per_gpu",
+    "memory_per_gpu", "training_state_bytes", "flops_per_step", "step_time_s",
+    "time_to_train_days",
+}
+
+
+def test_cli_json_is_one_object_with_required_keys():
+    out = subprocess.run([sys.executable, "-m", "launcher.plan", EXP_70B, "plan.format=json"],
+                         capture_output=True, text=True, check=True).stdout
+    data = json.loads(out)
+    assert REQUIRED_JSON_KEYS <= set(data)
+    assert set(data["memory_per_gpu"]) >= {"weights", "grads", "optimizer", "activations",
+                                            "total"}
+    assert data["global_batch_tokens"] == 67_108_864
+
+
+def test_cli_table(capsys):
+    assert main([EXP_70B]) == 0
+    out = capsys.readouterr().out
+    for text in ("16,384", "2,048 nodes", "67,108,864", "223,518", "fits"):
+        assert text in out

@@ -1,0 +1,128 @@
+"""Each validation rule: triggered, message names keys, values and a fix, exit code 2."""
+
+import subprocess
+import sys
+
+import pytest
+
+from launcher.compose import CONFIG_ERROR_EXIT
+from launcher.plan import main
+
+CASES = {
+    "world_not_multiple_of_model_parallel": (
+        ["cluster.gpus_per_node=6", "parallelism.tensor_parallel_size=4"],
+        ["world size 6", "TP x PP x CP = 4", "tensor_parallel_size=4", "multiple of 4"]),
+    "world_not_multiple_with_experts": (
+        ["model.num_experts=8", "parallelism.expert_parallel_size=4",
+         "cluster.gpus_per_node=6", "parallelism.tensor_parallel_size=1"],
+        ["TP x EP x PP = 4", "expert_parallel_size=4"]),
+    "heads_not_divisible_by_tp": (
+        ["model.num_attention_heads=12", "model.num_query_groups=12",
+         "model.hidden_size=384", "parallelism.tensor_parallel_size=8",
+         "cluster.gpus_per_node=8"],
+        ["model.num_attention_heads=12 is not divisible by parallelism.tensor_parallel_size=8",
+         "1, 2, 3, 4, 6, 12"]),
+    "query_groups_not_divisible_by_tp": (
+        ["model.num_query_groups=2", "parallelism.tensor_parallel_size=4",
+         "cluster.gpus_per_node=4"],
+        ["model.num_query_groups=2 is not divisible by parallelism.tensor_parallel_size=4",
+         "from 1, 2"]),
+    "layers_not_divisible_by_pp_vpp": (
+        ["parallelism.pipeline_parallel_size=2", "parallelism.virtual_pipeline_parallel_size=4",
+         "engine=megatron"],
+        ["model.num_layers=4", "2 x 4 = 8", "1, 2, 4"]),
+    "global_batch_not_divisible": (
+        ["trainer.global_batch_size=10", "trainer.micro_batch_size=4"],
+        ["trainer.global_batch_size=10", "4 x 2 = 8", "multiple of 8", "micro_batch_size from 1, 5"]),
+    "seq_not_divisible_by_2cp": (
+        ["model.seq_length=250", "parallelism.context_parallel_size=2", "engine=megatron"],
+        ["model.seq_length=250", "2 x context_parallel_size = 4"]),
+    "experts_not_divisible_by_ep": (
+        ["model.num_experts=6", "parallelism.expert_parallel_size=4",
+         "cluster.gpus_per_node=4"],
+        ["model.num_experts=6 is not divisible by parallelism.expert_parallel_size=4",
+         "1, 2, 3, 6"]),
+    "ep_without_experts": (
+        ["parallelism.expert_parallel_size=2"],
+        ["expert_parallel_size=2 needs a mixture-of-experts model"]),
+    "zero23_with_pipeline_on_deepspeed": (
+        ["parallelism.pipeline_parallel_size=2", "parallelism.zero_stage=3"],
+        ["zero_stage=3 with pipeline_parallel_size=2", "engine=megatron"]),
+    "megatron_zero_above_1": (
+        ["engine=megatron", "parallelism.zero_stage=2"],
+        ["engine=megatron supports parallelism.zero_stage 0", "got 2", "zero_stage=1"]),
+    "offload_on_megatron": (
+        ["engine=megatron", "parallelism.offload_optimizer=true"],
+        ["CPU offload", "engine=deepspeed"]),
+    "offload_params_without_zero3": (
+        ["parallelism.offload_params=true", "parallelism.zero_stage=2"],
+        ["offload_params=true needs zero_stage=3"]),
+    "zero_stage_out_of_range": (
+        ["parallelism.zero_stage=5"], ["parallelism.zero_stage=5 must be 0, 1, 2 or 3"]),
+    "sequence_parallel_without_tp": (
+        ["parallelism.sequence_parallel=true"],
+        ["sequence_parallel=true needs tensor_parallel_size > 1"]),
+    "vpp_without_pp": (
+        ["parallelism.virtual_pipeline_parallel_size=2", "engine=megatron"],
+        ["virtual_pipeline_parallel_size=2 needs pipeline_parallel_size > 1"]),
+    "tokens_and_steps_both_set": (
+        ["trainer.train_tokens=1000000", "trainer.train_steps=10"],
+        ["set exactly one of trainer.train_tokens=1000000 and trainer.train_steps=10"]),
+    "unknown_gpu": (
+        ["cluster.gpu=V100X"], ["cluster.gpu='V100X' is not a known device", "H100"]),
+    "non_positive_size": (
+        ["trainer.micro_batch_size=0"], ["trainer.micro_batch_size=0 must be a positive"]),
+    "memory_over_capacity": (
+        ["model=llama3_70b", "cluster=slurm_h100", "trainer.micro_batch_size=1"],
+        ["exceeds the H100's 79.6 GiB", "memory per GPU", "zero_stage"]),
+    "mfu_out_of_range": (["plan.mfu=1.5"], ["plan.mfu=1.5 must be in (0, 1]"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rule_reports_keys_values_fix_and_exit_2(name, capsys):
+    overrides, fragments = CASES[name]
+    assert main(overrides) == CONFIG_ERROR_EXIT
+    err = capsys.readouterr().err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+
+
+def test_all_problems_reported_at_once(capsys):
+    assert main(["parallelism.tensor_parallel_size=3", "parallelism.pipeline_parallel_size=3",
+                 "parallelism.sequence_parallel=false", "model.num_layers=5"]) == 2
+    err = capsys.readouterr().err
+    assert "5 problem(s)" in err
+    for fragment in ("world size 2", "num_attention_heads=8", "num_query_groups=4",
+                     "ffn_hidden_size=704", "num_layers=5"):
+        assert fragment in err
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["model.hidden_sizee=3"], "hidden_sizee"),
+    (["trainer.precision=fp8"], "precision"),
+    (["experiment=nope"], "nope"),
+])
+def test_compose_errors_exit_2_from_the_real_cli(argv, fragment):
+    proc = subprocess.run([sys.executable, "-m", "launcher.plan", *argv], capture_output=True,
+                          text=True)
+    assert proc.returncode == CONFIG_ERROR_EXIT
+    assert fragment in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_valid_config_exits_0():
+    proc = subprocess.run([sys.executable, "-m", "launcher.plan"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_typo_in_key_suggests_the_field(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["parallelism.tensor_paralel_size=2"])
+    assert info.value.code == CONFIG_ERROR_EXIT
+    assert "did you mean parallelism.tensor_parallel_size" in capsys.readouterr().err
+
+
+def test_bad_enum_value_lists_choices(capsys):
+    with pytest.raises(SystemExit):
+        main(["trainer.activation_recompute=partial"])
+    assert "expected one of [none, selective, full]" in capsys.readouterr().err
