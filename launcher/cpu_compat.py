@@ -30,7 +30,7 @@ _CUDA_TYPE_NAMES = {
 
 
 def _is_cuda_device(device) -> bool:
-    """True for "cuda", "cuda:N", torch.device("cuda") and bare ints (a CUDA index on CPU builds)."""
+    """True for "cuda", "cuda:N", torch.device("cuda") and ints (CUDA indices on CPU builds)."""
     if isinstance(device, torch.device):
         return device.type == "cuda"
     if isinstance(device, str):
@@ -54,7 +54,8 @@ class CudaToCpuMode(TorchFunctionMode):
             return _CUDA_TYPE_NAMES.get(name, name)
         if "device" in kwargs and _is_cuda_device(kwargs["device"]):
             # pipeline_parallel/schedules.py torch.zeros([], device="cuda"), optimizer/clip_grads.py
-            # and optimizer/optimizer.py torch.tensor(..., device='cuda'), transformer/utils.py masks.
+            # and optimizer/optimizer.py torch.tensor(..., device='cuda'), transformer/utils.py
+            # causal masks.
             kwargs = {**kwargs, "device": "cpu"}
         elif func is torch.Tensor.to and len(args) > 1 and _is_cuda_device(args[1]):
             # tensor.to("cuda") / tensor.to(torch.cuda.current_device()) style moves.
@@ -87,7 +88,7 @@ def _patch_recompute() -> None:
         # e.g. transformer/utils.py get_default_causal_mask torch.ones(..., device="cuda").
         fn_cls.backward = staticmethod(_under_mode(fn_cls.backward))
     if not getattr(hook_cls._recompute, "_trainwright_cpu", False):
-        # random.py CheckpointWithoutOutput._recompute is a backward hook (output-discarding recompute).
+        # random.py CheckpointWithoutOutput._recompute: backward hook (output-discarding recompute).
         hook_cls._recompute = _under_mode(hook_cls._recompute)
 
 
@@ -106,7 +107,7 @@ def _cpu_tracker_class():
     from megatron.core.tensor_parallel import random as mrandom
 
     class CpuRNGStatesTracker(mrandom.CudaRNGStatesTracker):
-        """Dropout on CPU draws from the default CPU generator, so the tracked streams live there."""
+        """CPU dropout draws from the default CPU generator; the tracked streams live there."""
 
         def add(self, name, seed):
             """Same contract as the CUDA tracker: a new named stream seeded with ``seed``."""
@@ -173,6 +174,15 @@ def _patch_torch_cuda() -> None:
     torch.cuda.empty_cache = lambda: None
 
 
+def _patch_moe_router() -> None:
+    """transformer/moe/moe_utils.py RouterGatingLinearFunction reads te_general_gemm, which is only
+    defined when Transformer Engine imports (NameError in every MoE forward without TE)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
 def enable() -> bool:
     """Apply every CPU redirect once; returns True when active (no CUDA), False otherwise."""
     if torch.cuda.is_available():
@@ -184,6 +194,7 @@ def enable() -> bool:
     _patch_torch_cuda()
     _patch_rng()
     _patch_recompute()
+    _patch_moe_router()
     _STATE["mode"] = CudaToCpuMode()
     _STATE["mode"].__enter__()
     _STATE["enabled"] = True

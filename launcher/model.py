@@ -83,7 +83,8 @@ def _moe_fields(model: ModelConfig, parallelism: ParallelismConfig) -> dict:
         moe_aux_loss_coeff=model.moe_aux_loss_coeff,
         moe_router_load_balancing_type="aux_loss",
         moe_expert_capacity_factor=model.moe_capacity_factor or None,
-        moe_token_dispatcher_type="alltoall" if parallelism.expert_parallel_size > 1 else "allgather",
+        moe_token_dispatcher_type="alltoall" if parallelism.expert_parallel_size > 1
+        else "allgather",
         moe_grouped_gemm=False,
     )
 
@@ -103,11 +104,13 @@ def _parallel_fields(parallelism: ParallelismConfig, dtype: torch.dtype) -> dict
 
 
 def _recompute_fields(recompute: Recompute) -> dict:
-    """Activation recompute: selective = core attention; full = whole layer, uniform, 1 per chunk."""
+    """Activation recompute: selective = core attention; full = each whole layer (uniform, 1)."""
     if recompute == Recompute.selective:
         return dict(recompute_granularity="selective")
     if recompute == Recompute.full:
-        return dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        return dict(
+            recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1
+        )
     return {}
 
 
@@ -174,7 +177,8 @@ def _with_sp_norms(block_spec):
             pre_mlp_layernorm=_SequenceParallelTorchNorm,
         )
         layers.append(dataclasses.replace(spec, submodules=subs))
-    return dataclasses.replace(block_spec, layer_specs=layers, layer_norm=_SequenceParallelTorchNorm)
+    norm = _SequenceParallelTorchNorm
+    return dataclasses.replace(block_spec, layer_specs=layers, layer_norm=norm)
 
 
 def _block_spec(config, vp_stage: Optional[int]):

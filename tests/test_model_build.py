@@ -1,0 +1,255 @@
+"""Real Megatron-Core GPTModels built from trainwright configs on CPU (gloo): structure follows the
+config, forward + backward give a finite loss, recompute replays dropout exactly, and TP=2
+reproduces the TP=1 loss with the planned per-rank parameter counts."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from launcher.config import (
+    Arch,
+    ModelConfig,
+    ParallelismConfig,
+    Precision,
+    Recompute,
+    TrainerConfig,
+)
+
+from tests._dist import gloo_group, run_distributed
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+FP32 = TrainerConfig(precision=Precision.fp32)
+in_process = pytest.mark.xdist_group(name="megatron_model_build")
+
+
+def preset(name: str, **overrides) -> ModelConfig:
+    """A conf/model preset, checked against the schema, with overrides."""
+    yaml = OmegaConf.load(CONF / "model" / f"{name}.yaml")
+    node = OmegaConf.merge(OmegaConf.structured(ModelConfig), yaml)
+    return OmegaConf.to_object(OmegaConf.merge(node, overrides))
+
+
+def small(**overrides) -> ModelConfig:
+    """A 2-layer model that builds and steps in well under a second."""
+    fields = dict(name="small", num_layers=2, hidden_size=64, ffn_hidden_size=128,
+                  num_attention_heads=4, vocab_size=1000, seq_length=32)
+    return ModelConfig(**{**fields, **overrides})
+
+
+def batch(vocab: int, seq: int, size: int = 2, seed: int = 0):
+    """Deterministic token ids and positions."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (size, seq), generator=gen)
+    return ids, torch.arange(seq).expand(size, seq)
+
+
+def build(model: ModelConfig, par=None, trainer=FP32, seed: int = 1234):
+    """Seed every stream as init_parallel_state does, then build the model."""
+    import torch
+    from megatron.core import tensor_parallel
+
+    from launcher.model import build_gpt_model
+
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    return build_gpt_model(model, par or ParallelismConfig(), trainer)
+
+
+def step(gpt, model: ModelConfig, seq: int = 32):
+    """One forward + backward; returns the mean loss."""
+    ids, pos = batch(model.vocab_size, seq)
+    loss = gpt(ids, pos, None, labels=ids).mean()
+    loss.backward()
+    return loss.item()
+
+
+@pytest.fixture(scope="module")
+def megatron_tp1():
+    """A 1-rank gloo group with Megatron's parallel state (TP=PP=1) and CPU redirects."""
+    with gloo_group():
+        from launcher.model import init_parallel_state
+
+        init_parallel_state(ParallelismConfig(), seed=1234)
+        yield
+
+
+def n_params(gpt) -> int:
+    return sum(p.numel() for p in gpt.parameters())
+
+
+@in_process
+def test_tiny_llama_structure_and_step(megatron_tp1):
+    import torch
+
+    from launcher.params import count_parameters
+
+    model = preset("tiny")
+    gpt = build(model)
+    layers = gpt.decoder.layers
+    assert len(layers) == model.num_layers
+    norms = [m for l in layers for m in (l.input_layernorm, l.pre_mlp_layernorm)]
+    assert all(isinstance(m, torch.nn.RMSNorm) for m in norms)
+    assert not any(isinstance(m, torch.nn.LayerNorm) for m in gpt.modules())
+    assert not hasattr(gpt.embedding, "position_embeddings") and gpt.rotary_pos_emb is not None
+    assert gpt.output_layer.weight is not None  # untied
+    linears = [m for l in layers for m in (l.self_attention.linear_qkv, l.mlp.linear_fc1)]
+    assert all(m.bias is None for m in linears)
+    assert gpt.embedding.word_embeddings.weight.shape[0] == 4096
+    assert n_params(gpt) == count_parameters(model).total
+    loss = step(gpt, model, seq=64)
+    assert math.isfinite(loss) and abs(loss - math.log(4096)) < 1.0
+    assert all(p.grad is not None for p in gpt.parameters())
+
+
+@in_process
+def test_gpt2_style_tied_learned_positions_biases(megatron_tp1):
+    import torch
+
+    from launcher.params import count_parameters
+
+    model = small(arch=Arch.gpt2, untie_embeddings_and_output_weights=False, add_bias_linear=True,
+                  hidden_dropout=0.1, attention_dropout=0.1)
+    gpt = build(model)
+    layer = gpt.decoder.layers[0]
+    assert isinstance(layer.input_layernorm, torch.nn.LayerNorm)
+    assert not any(isinstance(m, torch.nn.RMSNorm) for m in gpt.modules())
+    assert gpt.embedding.position_embeddings.weight.shape == (model.seq_length, model.hidden_size)
+    assert gpt.output_layer.weight is None  # tied: logits use the word embedding
+    assert gpt.shared_embedding_or_output_weight() is gpt.embedding.word_embeddings.weight
+    assert layer.self_attention.linear_qkv.bias is not None
+    assert layer.mlp.linear_fc1.bias is not None
+    assert layer.mlp.linear_fc1.weight.shape[0] == model.ffn_hidden_size  # GELU, not gated
+    assert gpt.embedding.word_embeddings.weight.shape[0] == 1024  # 1000 padded to 128
+    assert n_params(gpt) == count_parameters(model).total
+    assert math.isfinite(step(gpt, model))
+
+
+@in_process
+def test_grouped_query_attention_shapes(megatron_tp1):
+    model = small(num_attention_heads=8, num_query_groups=2, kv_channels=16)
+    gpt = build(model)
+    attn = gpt.decoder.layers[0].self_attention
+    assert attn.linear_qkv.weight.shape == ((8 + 2 * 2) * 16, 64)
+    assert attn.linear_proj.weight.shape == (64, 8 * 16)
+    assert gpt.decoder.layers[0].mlp.linear_fc1.weight.shape[0] == 2 * model.ffn_hidden_size
+    assert math.isfinite(step(gpt, model))
+
+
+@in_process
+def test_tiny_moe_routes_to_experts(megatron_tp1):
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+
+    from launcher.params import count_parameters
+
+    model = small(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=96)
+    gpt = build(model)
+    mlp = gpt.decoder.layers[0].mlp
+    assert isinstance(mlp, MoELayer)
+    assert mlp.router.weight.shape == (4, 64)
+    assert len(mlp.experts.local_experts) == 4
+    assert mlp.experts.local_experts[0].linear_fc1.weight.shape == (2 * 96, 64)
+    assert n_params(gpt) == count_parameters(model).total
+    assert math.isfinite(step(gpt, model))
+    assert mlp.router.weight.grad is not None and mlp.router.weight.grad.abs().sum() > 0
+
+
+@in_process
+@pytest.mark.parametrize("recompute", [Recompute.selective, Recompute.full])
+def test_recompute_replays_dropout_exactly(megatron_tp1, recompute):
+    model = small(hidden_dropout=0.2, attention_dropout=0.2)
+    results = []
+    for mode in (Recompute.none, recompute):
+        trainer = TrainerConfig(precision=Precision.fp32, activation_recompute=mode)
+        gpt = build(model, trainer=trainer)
+        loss = step(gpt, model)
+        results.append((loss, [p.grad.clone() for p in gpt.parameters()]))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert loss_a == loss_b
+    assert all((a == b).all() for a, b in zip(grads_a, grads_b))
+
+
+def test_transformer_config_translation():
+    import torch
+
+    from launcher.model import transformer_config
+
+    model = small(num_experts=4, moe_capacity_factor=0.0, num_query_groups=0)
+    par = ParallelismConfig(
+        tensor_parallel_size=2, pipeline_parallel_size=2, sequence_parallel=True
+    )
+    cfg = transformer_config(model, par, TrainerConfig(activation_recompute=Recompute.full))
+    assert cfg.params_dtype == torch.bfloat16 and cfg.bf16 and not cfg.fp16
+    assert (cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size) == (2, 2)
+    assert cfg.sequence_parallel and cfg.pipeline_dtype == torch.bfloat16
+    recompute = (cfg.recompute_granularity, cfg.recompute_method, cfg.recompute_num_layers)
+    assert recompute == ("full", "uniform", 1)
+    assert cfg.num_query_groups == 4 and cfg.kv_channels == 16
+    assert cfg.num_moe_experts == 4 and cfg.moe_ffn_hidden_size == 128
+    assert cfg.moe_expert_capacity_factor is None and cfg.normalization == "RMSNorm"
+
+
+def test_padded_vocab_size():
+    from launcher.model import padded_vocab_size
+
+    assert padded_vocab_size(4096, 128, 1) == 4096
+    assert padded_vocab_size(50257, 128, 1) == 50304
+    assert padded_vocab_size(50257, 128, 2) == 50432
+
+
+def rng_draws() -> dict:
+    """One draw from the model-parallel stream and one from the default stream (state restored)."""
+    import torch
+    from megatron.core import tensor_parallel
+
+    state = torch.get_rng_state()
+    with tensor_parallel.get_cuda_rng_tracker().fork():
+        tp_draw = torch.rand(1).item()
+    default_draw = torch.rand(1).item()
+    torch.set_rng_state(state)
+    return dict(tp_draw=tp_draw, default_draw=default_draw)
+
+
+def tp_worker(args: dict) -> dict:
+    """Per rank: loss, parameter count and RNG draws of one model at TP=1, TP=2 and TP=2 + SP."""
+    from megatron.core import parallel_state
+
+    from launcher.model import build_gpt_model, init_parallel_state
+    from launcher.params import stage_params
+
+    model = small(**args["model"])
+    out = {}
+    layouts = {
+        "tp1": ParallelismConfig(),
+        "tp2": ParallelismConfig(tensor_parallel_size=2),
+        "tp2sp": ParallelismConfig(tensor_parallel_size=2, sequence_parallel=True),
+    }
+    for name, par in layouts.items():
+        init_parallel_state(par, seed=args["seed"])
+        out[name] = rng_draws()
+        gpt = build_gpt_model(model, par, FP32)
+        out[name].update(loss=step(gpt, model), numel=n_params(gpt),
+                         planned=stage_params(model, par, first=True, last=True).total)
+        parallel_state.destroy_model_parallel()
+    return out
+
+
+@pytest.mark.slow
+def test_tensor_parallel_2_matches_tp1():
+    model = dict(num_query_groups=2, hidden_dropout=0.0, attention_dropout=0.0)
+    ranks = run_distributed("tests.test_model_build:tp_worker", 2, {"seed": 7, "model": model})
+    for rank in ranks:
+        assert rank["tp1"]["numel"] == rank["tp1"]["planned"]
+        for name in ("tp2", "tp2sp"):
+            assert rank[name]["numel"] == rank[name]["planned"] < rank["tp1"]["numel"]
+            assert abs(rank[name]["loss"] - rank["tp1"]["loss"]) < 1e-5, (name, rank)
+    assert ranks[0]["tp2"]["numel"] == ranks[1]["tp2"]["numel"]
+    # Dropout inside TP regions differs per TP rank; the default (data-parallel) stream does not.
+    assert ranks[0]["tp2"]["tp_draw"] != ranks[1]["tp2"]["tp_draw"]
+    assert ranks[0]["tp1"]["tp_draw"] == ranks[1]["tp1"]["tp_draw"]
+    assert ranks[0]["tp2"]["default_draw"] == ranks[1]["tp2"]["default_draw"]
