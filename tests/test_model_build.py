@@ -174,6 +174,28 @@ def test_recompute_replays_dropout_exactly(megatron_tp1, recompute):
     assert all((a == b).all() for a, b in zip(grads_a, grads_b))
 
 
+@in_process
+def test_cpu_compat_redirects_and_deepspeed_mpu(megatron_tp1):
+    import os
+
+    import torch
+
+    from launcher import cpu_compat
+
+    assert cpu_compat.enable() and cpu_compat.enable()  # idempotent
+    assert os.environ["DS_ACCELERATOR"] == "cpu"
+    assert torch.cuda.current_device() == torch.device("cpu")
+    assert torch.zeros([], device="cuda").device.type == "cpu"
+    x = torch.ones(2)
+    assert x.cuda() is x and x.to("cuda").device.type == "cpu"
+    assert x.type() == "torch.cuda.FloatTensor" and x.bfloat16().type() == "torch.cuda.BFloat16Tensor"
+    mpu = cpu_compat.DeepSpeedMPU()
+    assert (mpu.get_model_parallel_rank(), mpu.get_model_parallel_world_size()) == (0, 1)
+    assert (mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()) == (0, 1)
+    assert mpu.get_tensor_model_parallel_world_size() == 1
+    assert mpu.get_data_parallel_group_ranks() == [0]
+
+
 def test_transformer_config_translation():
     import torch
 
