@@ -1,0 +1,67 @@
+"""``python -m data_prep [overrides]``: compose conf/prepare.yaml, run, print the summary.
+
+Exit codes: 0 done; 2 config error; 3 bad data (strict=true, too many skipped records, or no
+documents); 1 any other failure, a crashed worker included.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Sequence
+
+import data_prep.config  # noqa: F401  (registers prepare_schema)
+from data_prep.errors import CONFIG_ERROR_EXIT, DataPrepError, FAILURE_EXIT
+
+USAGE = """usage: python -m data_prep input=<file|glob|dir|[a,b]> output=<dir> [key=value ...]
+  tokenizer.kind=hf|tiktoken|sentencepiece|byte tokenizer.path=<file|dir|encoding name>
+  workers=N  shard_tokens=N  shard_bytes=N  text_key=text  strict=true  max_bad_fraction=0.001
+  num_tasks=N task_index=I (default from SLURM_ARRAY_TASK_COUNT / SLURM_ARRAY_TASK_ID)
+Every key is documented in data_prep/config.py and docs/data_prep.md."""
+
+
+def normalize_overrides(argv: Sequence[str]) -> List[str]:
+    """Let ``input=<one path>`` stand for ``input=[<one path>]``."""
+    result = []
+    for arg in argv:
+        if arg.startswith("input=") and not arg[len("input="):].lstrip().startswith("["):
+            arg = f"input=[{arg[len('input='):]}]"
+        result.append(arg)
+    return result
+
+
+def compose(argv: Sequence[str], config_name: str = "prepare"):
+    """The composed config; prints the error and exits with code 2 when it does not compose."""
+    from launcher.compose import ConfigError, compose_config
+
+    try:
+        return compose_config(normalize_overrides(argv), config_name=config_name)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        raise SystemExit(CONFIG_ERROR_EXIT) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return 0
+    cfg = compose(argv)
+    from data_prep.progress import print_summary
+    from data_prep.run import check_bad_fraction, execute
+
+    try:
+        manifest = execute(cfg)
+        print_summary(manifest)
+        check_bad_fraction(manifest, cfg.max_bad_fraction)
+    except DataPrepError as exc:
+        print(f"data_prep: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("data_prep: interrupted; re-run the same command to resume", file=sys.stderr)
+        return FAILURE_EXIT
+    except Exception as exc:  # a worker's exception arrives here too
+        print(f"data_prep: failed: {type(exc).__name__}: {exc}; re-run the same command to resume "
+              "after fixing the cause", file=sys.stderr)
+        return FAILURE_EXIT
+    print(f"wrote {manifest['totals']['shards']} shard(s) and the manifest to {cfg.output}")
+    return 0

@@ -1,0 +1,122 @@
+"""Typed schema of ``python -m data_prep`` (primary config ``conf/prepare.yaml``).
+
+:class:`PrepareConfig` is registered in Hydra's ConfigStore as ``prepare_schema`` and is the first
+entry of ``conf/prepare.yaml``'s defaults list, so ``conf/data_prep/*.yaml`` and every command-line
+override are merged into a struct-mode config: an unknown key or a value of the wrong type fails at
+compose time (exit code 2). Schemas hold primitives only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import List
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class InputFormat(str, Enum):
+    auto = "auto"
+    """Decide per file from its name: .jsonl/.json/.ndjson (+ .gz/.zst), .parquet, anything else text."""
+    jsonl = "jsonl"
+    """One JSON object per line; the document is the string under ``text_key``."""
+    parquet = "parquet"
+    """One document per row of the string column ``text_key``."""
+    text = "text"
+    """Plain UTF-8 text; ``text_unit`` says whether a file or a line is one document."""
+
+
+class TextUnit(str, Enum):
+    file = "file"
+    """A whole plain-text file is one document."""
+    line = "line"
+    """Every non-empty line of a plain-text file is one document (line ending removed)."""
+
+
+class TokenizerKind(str, Enum):
+    hf = "hf"
+    """A HuggingFace ``tokenizer.json`` file, or a local directory holding one."""
+    tiktoken = "tiktoken"
+    """A ``.tiktoken`` rank file named after its encoding, or an encoding name available offline."""
+    sentencepiece = "sentencepiece"
+    """A SentencePiece ``.model`` file."""
+    byte = "byte"
+    """UTF-8 bytes as tokens 0-255, EOD 256, BOS 257; needs no file."""
+
+
+class Backend(str, Enum):
+    auto = "auto"
+    """gigatoken where it loads the tokenizer and matches the native library on a probe, else native."""
+    gigatoken = "gigatoken"
+    """Force gigatoken (fails if it cannot load the tokenizer)."""
+    native = "native"
+    """The tokenizer's own library: tokenizers, tiktoken or sentencepiece."""
+
+
+@dataclass
+class TokenizerConfig:
+    kind: TokenizerKind = TokenizerKind.byte
+    """Which tokenizer family ``path`` holds (see TokenizerKind)."""
+    path: str = ""
+    """Tokenizer file, directory or (tiktoken only) encoding name; empty only for kind=byte."""
+    backend: Backend = Backend.auto
+    """Which library encodes (see Backend); every backend yields the same token ids."""
+    append_eod: bool = True
+    """Append the end-of-document token after every document."""
+    eod_token_id: int = -1
+    """End-of-document token id; -1 = the tokenizer's own (<|endoftext|>, </s>, eos piece, 256)."""
+    prepend_bos: bool = False
+    """Put a beginning-of-sequence token before every document."""
+    bos_token_id: int = -1
+    """BOS token id; -1 = the tokenizer's own (<s>, <|begin_of_text|>, bos piece, 257)."""
+
+
+@dataclass
+class PrepareConfig:
+    input: List[str] = MISSING
+    """Input files, globs or directories (walked recursively), in this order; a single value works."""
+    output: str = MISSING
+    """Output directory for shards, manifest.json and data.yaml (created if missing)."""
+    name: str = ""
+    """Shard name stem: shards are <name>_<NNNNN>.bin/.idx; empty = the output directory's name."""
+    format: InputFormat = InputFormat.auto
+    """Input format of every file (see InputFormat); auto decides per file from its name."""
+    text_key: str = "text"
+    """JSON key (jsonl) or column (parquet) holding the document text."""
+    text_unit: TextUnit = TextUnit.file
+    """Plain-text inputs: one document per file or per line (see TextUnit)."""
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    """Tokenizer and special tokens."""
+    workers: int = 0
+    """Worker processes that read and tokenize; 0 = all cores; 1 = all work in this process."""
+    block_bytes: int = 8 * 1024 * 1024
+    """Input bytes per work unit (blocks end at a line or file boundary). Bounds memory per worker."""
+    shard_tokens: int = 0
+    """Close a shard at the first block boundary at or past this many tokens; 0 = no token limit."""
+    shard_bytes: int = 2 * 1024**3
+    """Close a shard at the first block boundary at or past this .bin size (bytes); 0 = no limit."""
+    num_tasks: int = 0
+    """Array tasks splitting the inputs; 0 = $SLURM_ARRAY_TASK_COUNT, or 1 when unset."""
+    task_index: int = -1
+    """This task's index, 0-based; -1 = $SLURM_ARRAY_TASK_ID - $SLURM_ARRAY_TASK_MIN, or 0 when unset."""
+    max_bad_fraction: float = 0.001
+    """Exit non-zero (code 3) when skipped records exceed this fraction of all records (0-1)."""
+    strict: bool = False
+    """Fail (code 3) at the first bad record, naming file and line, instead of skipping it."""
+    examples_per_reason: int = 5
+    """How many file:line examples of each skip reason the manifest and the summary keep."""
+    overwrite: bool = False
+    """Allow replacing an output directory that holds a different run (other inputs or settings)."""
+    progress: bool = True
+    """Show a live progress bar (stderr); the final summary is printed either way."""
+    split: str = "98,1,1"
+    """Train, validation, test proportions written into the generated data.yaml."""
+
+
+def register_configs() -> None:
+    """Register the schema; conf/prepare.yaml lists it first in its defaults."""
+    ConfigStore.instance().store(name="prepare_schema", node=PrepareConfig)
+
+
+register_configs()

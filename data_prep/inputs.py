@@ -1,0 +1,102 @@
+"""Turn ``input=`` specs (files, globs, directories) into an ordered list of input files.
+
+The order is the order of the specs; a glob or a directory contributes its files sorted by path.
+That order is the document order of the output, and :func:`split_for_task` cuts it into contiguous,
+size-balanced ranges for Slurm array tasks.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Sequence
+
+from data_prep.errors import ConfigError
+
+COMPRESSIONS = {".gz": "gz", ".zst": "zst", ".zstd": "zst"}
+JSONL_SUFFIXES = {".jsonl", ".json", ".ndjson"}
+SKIPPED_NAMES = {"manifest.json", "data.yaml"}
+
+
+@dataclass(frozen=True)
+class InputFile:
+    path: str
+    """Absolute path."""
+    format: str
+    """jsonl, parquet or text."""
+    compression: str
+    """'' (none), gz or zst."""
+    size: int
+    """File size in bytes (compressed size for compressed files)."""
+
+
+def detect_format(path: str, forced: str) -> tuple[str, str]:
+    """(format, compression) of ``path``: from its suffixes, or ``forced`` unless that is auto."""
+    suffixes = [s.lower() for s in Path(path).suffixes]
+    compression = COMPRESSIONS.get(suffixes[-1], "") if suffixes else ""
+    inner = suffixes[-2] if compression and len(suffixes) > 1 else (suffixes[-1] if suffixes else "")
+    if forced != "auto":
+        fmt = forced
+    elif inner == ".parquet":
+        fmt = "parquet"
+    elif inner in JSONL_SUFFIXES:
+        fmt = "jsonl"
+    else:
+        fmt = "text"
+    if fmt == "parquet" and compression:
+        raise ConfigError(f"{path}: parquet files compress internally; pass the .parquet file itself")
+    return fmt, compression
+
+
+def _expand_one(spec: str) -> List[str]:
+    """Files named by one spec, sorted within the spec."""
+    if os.path.isdir(spec):
+        found = []
+        for root, dirs, files in os.walk(spec):
+            dirs.sort()
+            found += [os.path.join(root, f) for f in files if not f.startswith(".")]
+        return sorted(p for p in found if os.path.basename(p) not in SKIPPED_NAMES)
+    if os.path.isfile(spec):
+        return [spec]
+    if glob.has_magic(spec):
+        return sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
+    raise ConfigError(f"input {spec!r} is not a file, directory or matching glob; "
+                      "check the path (input=<file|glob|dir> or input=[a,b,...])")
+
+
+def expand_inputs(specs: Sequence[str], forced_format: str) -> List[InputFile]:
+    """Every input file in output order; a file named twice is kept once (its first place)."""
+    if not specs:
+        raise ConfigError("input= is empty; name at least one file, glob or directory")
+    seen, result = set(), []
+    for spec in specs:
+        files = _expand_one(os.path.expanduser(spec))
+        if not files:
+            raise ConfigError(f"input {spec!r} matches no files; check the glob or directory")
+        for path in files:
+            path = os.path.abspath(path)
+            if path in seen:
+                continue
+            seen.add(path)
+            fmt, compression = detect_format(path, forced_format)
+            result.append(InputFile(path, fmt, compression, os.path.getsize(path)))
+    return result
+
+
+def split_for_task(files: Sequence[InputFile], num_tasks: int, task_index: int) -> List[InputFile]:
+    """The contiguous range of ``files`` that array task ``task_index`` of ``num_tasks`` prepares.
+
+    A file belongs to the task whose share of the total bytes holds the file's midpoint, so every
+    file goes to exactly one task, order is kept, and tasks get about equal bytes.
+    """
+    total = sum(f.size for f in files) or 1
+    chosen, before = [], 0
+    for f in files:
+        midpoint = before + f.size / 2
+        owner = min(int(midpoint * num_tasks // total), num_tasks - 1)
+        if owner == task_index:
+            chosen.append(f)
+        before += f.size
+    return chosen

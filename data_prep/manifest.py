@@ -1,0 +1,104 @@
+"""manifest.json: what a run (or one array task) wrote, and what a re-run may keep.
+
+A manifest is rewritten atomically after every committed shard with ``"complete": false``; the
+last write sets it to true. A re-run with the same fingerprint keeps every listed shard whose files
+still have the recorded sizes and sha256, and resumes at the block after the last one kept.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import re
+from typing import List, Optional, Tuple
+
+from data_prep.errors import ConfigError
+from data_prep.shards import TMP_SUFFIX, write_atomic
+
+MANIFEST = "manifest.json"
+
+
+def manifest_name(num_tasks: int, task_index: int) -> str:
+    return MANIFEST if num_tasks == 1 else f"manifest.task-{task_index:05d}-of-{num_tasks:05d}.json"
+
+
+def shard_stem(name: str, num_tasks: int, task_index: int) -> str:
+    """Shards are <stem>_<NNNNN>; array tasks put their index into the stem."""
+    return name if num_tasks == 1 else f"{name}_task{task_index:05d}"
+
+
+def load_manifest(path: str) -> Optional[dict]:
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def write_manifest(path: str, manifest: dict) -> None:
+    write_atomic(path, (json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode("utf-8"))
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def shard_is_intact(out_dir: str, entry: dict) -> bool:
+    """Both files exist with the recorded sizes and sha256."""
+    for ext in ("bin", "idx"):
+        path = os.path.join(out_dir, f"{entry['prefix']}.{ext}")
+        if not os.path.isfile(path) or os.path.getsize(path) != entry[f"{ext}_bytes"]:
+            return False
+        if file_sha256(path) != entry[f"{ext}_sha256"]:
+            return False
+    return True
+
+
+def _remove(paths: List[str]) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def shard_files(out_dir: str, stem: str) -> List[str]:
+    pattern = re.compile(re.escape(stem) + r"_\d{5,}\.(bin|idx)(" + re.escape(TMP_SUFFIX) + ")?$")
+    return sorted(p for p in glob.glob(os.path.join(glob.escape(out_dir), "*"))
+                  if pattern.match(os.path.basename(p)))
+
+
+def kept_shards(out_dir: str, stem: str, previous: Optional[dict], fingerprint: dict,
+                overwrite: bool) -> List[dict]:
+    """Shard entries of ``previous`` that a re-run keeps; deletes every other file of ``stem``."""
+    existing = shard_files(out_dir, stem)
+    if previous is not None and previous.get("fingerprint") != fingerprint and not overwrite:
+        raise ConfigError(f"{out_dir} holds a run with other inputs or settings "
+                          f"(see its {os.path.basename(MANIFEST)}); use another output= or overwrite=true")
+    if previous is None and existing and not overwrite:
+        raise ConfigError(f"{out_dir} holds shard files of {stem!r} but no manifest for them; "
+                          "use another output= or overwrite=true")
+    kept: List[dict] = []
+    if previous is not None and previous.get("fingerprint") == fingerprint:
+        for entry in previous.get("shards", []):
+            if not shard_is_intact(out_dir, entry):
+                break
+            kept.append(entry)
+    keep_names = {os.path.join(out_dir, f"{e['prefix']}.{x}") for e in kept for x in ("bin", "idx")}
+    _remove([p for p in existing if p not in keep_names])
+    return kept
+
+
+def resume_position(kept: List[dict]) -> Tuple[int, int, int]:
+    """(first block to process, index of the file last read, lines of that file already read)."""
+    if not kept:
+        return 0, -1, 0
+    return kept[-1]["next_block"], kept[-1]["last_file"], kept[-1]["last_file_lines"]

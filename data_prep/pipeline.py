@@ -1,0 +1,55 @@
+"""Run blocks through worker processes, at most ``window`` at a time, and yield results in order.
+
+Results come back in block order whatever the number of workers, which is what makes the output
+byte-identical for 1 or N workers. A worker that raises or dies (killed, out of memory) ends the
+run with :class:`~data_prep.errors.WorkerError`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Iterable, Iterator, Tuple
+
+from data_prep.blocks import Block
+from data_prep.errors import WorkerError
+from data_prep.worker import BlockResult, init_worker, process_block
+
+
+def _in_process(blocks: Iterable[Block], init_args: tuple) -> Iterator[Tuple[Block, BlockResult]]:
+    init_worker(*init_args)
+    for block in blocks:
+        result = process_block(block)
+        block.data = None
+        yield block, result
+
+
+def _in_pool(blocks: Iterable[Block], workers: int, init_args: tuple) -> Iterator[Tuple[Block, BlockResult]]:
+    window = 2 * workers + 1
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=init_worker, initargs=init_args)
+    pending: deque = deque()
+    try:
+        for block in blocks:
+            pending.append((block, pool.submit(process_block, block)))
+            block.data = None
+            while len(pending) >= window:
+                done, future = pending.popleft()
+                yield done, future.result()
+        while pending:
+            done, future = pending.popleft()
+            yield done, future.result()
+    except BrokenProcessPool as exc:
+        raise WorkerError(f"a worker process died ({exc}); nothing was committed after the last "
+                          "complete shard: re-run the same command to resume") from None
+    finally:
+        pool.shutdown(wait=not pending, cancel_futures=True)
+
+
+def ordered_results(blocks: Iterable[Block], workers: int, init_args: tuple) -> Iterator[Tuple[Block, BlockResult]]:
+    """(block, result) pairs in block order; ``workers=1`` works in this process."""
+    if workers <= 1:
+        return _in_process(blocks, init_args)
+    return _in_pool(blocks, workers, init_args)

@@ -1,0 +1,96 @@
+"""Everything a run needs decided up front, from the composed config: files, tokenizer, names."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import List
+
+from data_prep.assemble import token_dtype
+from data_prep.errors import ConfigError
+from data_prep.inputs import InputFile, expand_inputs, split_for_task
+from data_prep.manifest import manifest_name, shard_stem
+from data_prep.tokenizer_choice import resolve_tokenizer
+from data_prep.tokenizer_spec import TokenizerInfo
+
+
+@dataclass
+class RunPlan:
+    out_dir: str
+    name: str
+    stem: str
+    files: List[InputFile]
+    """This task's input files, in output order."""
+    info: TokenizerInfo
+    dtype: type
+    workers: int
+    num_tasks: int
+    task_index: int
+    manifest_path: str
+    settings: dict
+    """Worker settings: text_key, append_eod, prepend_bos, examples_per_reason, strict."""
+
+
+def _value(x) -> str:
+    return str(getattr(x, "value", x))
+
+
+def task_layout(num_tasks: int, task_index: int) -> tuple:
+    """(num_tasks, task_index) from the config, else from Slurm array variables, else (1, 0)."""
+    env = os.environ
+    if num_tasks <= 0:
+        num_tasks = int(env.get("SLURM_ARRAY_TASK_COUNT", "1") or 1)
+    if task_index < 0:
+        task_id = env.get("SLURM_ARRAY_TASK_ID")
+        task_index = int(task_id) - int(env.get("SLURM_ARRAY_TASK_MIN", "0") or 0) if task_id else 0
+    if not 0 <= task_index < num_tasks:
+        raise ConfigError(f"task_index={task_index} is outside 0..{num_tasks - 1} (num_tasks={num_tasks})")
+    return num_tasks, task_index
+
+
+def default_name(out_dir: str, name: str) -> str:
+    name = name or os.path.basename(os.path.normpath(out_dir)) or "shard"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise ConfigError(f"name={name!r}: use letters, digits, '_', '-' and '.' (it names files "
+                          "and the data config); set name=<stem>")
+    return name
+
+
+def _check_numbers(cfg) -> None:
+    if cfg.block_bytes < 1024:
+        raise ConfigError(f"block_bytes={cfg.block_bytes} is too small; use at least 1024")
+    if cfg.shard_tokens < 0 or cfg.shard_bytes < 0:
+        raise ConfigError("shard_tokens and shard_bytes must be >= 0 (0 = no limit)")
+    if not 0.0 <= cfg.max_bad_fraction <= 1.0:
+        raise ConfigError(f"max_bad_fraction={cfg.max_bad_fraction} must be between 0 and 1")
+    if cfg.workers < 0:
+        raise ConfigError(f"workers={cfg.workers} must be >= 0 (0 = all cores)")
+
+
+def make_plan(cfg) -> RunPlan:
+    _check_numbers(cfg)
+    num_tasks, task_index = task_layout(cfg.num_tasks, cfg.task_index)
+    out_dir = os.path.abspath(cfg.output)
+    name = default_name(out_dir, cfg.name)
+    files = split_for_task(expand_inputs(list(cfg.input), _value(cfg.format)), num_tasks, task_index)
+    info = resolve_tokenizer(cfg.tokenizer)
+    workers = cfg.workers or len(os.sched_getaffinity(0))
+    settings = {"text_key": cfg.text_key, "append_eod": bool(cfg.tokenizer.append_eod),
+                "prepend_bos": bool(cfg.tokenizer.prepend_bos),
+                "examples_per_reason": int(cfg.examples_per_reason), "strict": bool(cfg.strict)}
+    return RunPlan(out_dir, name, shard_stem(name, num_tasks, task_index), files, info,
+                   token_dtype(info.vocab_size), workers, num_tasks, task_index,
+                   os.path.join(out_dir, manifest_name(num_tasks, task_index)), settings)
+
+
+def fingerprint(plan: RunPlan, cfg) -> dict:
+    """What must be unchanged for a re-run to keep shards already written."""
+    return {"inputs": [[f.path, f.size, os.stat(f.path).st_mtime_ns] for f in plan.files],
+            "format": _value(cfg.format), "text_key": cfg.text_key, "text_unit": _value(cfg.text_unit),
+            "block_bytes": cfg.block_bytes, "shard_tokens": cfg.shard_tokens,
+            "shard_bytes": cfg.shard_bytes, "stem": plan.stem,
+            "tokenizer": {"kind": plan.info.kind, "sha256": plan.info.sha256,
+                          "vocab_size": plan.info.vocab_size},
+            "eod_id": plan.info.eod_id if plan.settings["append_eod"] else -1,
+            "bos_id": plan.info.bos_id if plan.settings["prepend_bos"] else -1}

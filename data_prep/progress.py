@@ -1,0 +1,90 @@
+"""Live progress bar (documents/s, tokens/s, MB/s, ETA) and the final summary table."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from data_prep.records import BAD_REASONS, NEUTRAL_REASONS, REPAIRS
+from data_prep.stats import Stats
+
+
+class RatesColumn(ProgressColumn):
+    """documents/s, tokens/s and input MB/s since the start of this run."""
+
+    def __init__(self, owner: "RunProgress") -> None:
+        super().__init__()
+        self.owner = owner
+
+    def render(self, task) -> Text:
+        elapsed = max(1e-9, time.perf_counter() - self.owner.started)
+        done = self.owner.done
+        return Text(f"{done.documents / elapsed:,.0f} docs/s  {done.tokens / elapsed / 1e6:,.2f}M tok/s  "
+                    f"{done.input_bytes / elapsed / 1e6:,.1f} MB/s", style="cyan")
+
+
+class RunProgress:
+    """Context manager around a rich progress bar over input bytes; silent when disabled."""
+
+    def __init__(self, total_bytes: int, already_done_bytes: int, enabled: bool) -> None:
+        self.done = Stats()
+        self.started = time.perf_counter()
+        self.enabled = enabled
+        self.total = max(1, total_bytes)
+        self.initial = min(already_done_bytes, self.total)
+        self.progress = None
+
+    def __enter__(self) -> "RunProgress":
+        if self.enabled:
+            self.progress = Progress(TextColumn("[bold]data_prep"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
+                                     RatesColumn(self), TimeRemainingColumn(),
+                                     console=Console(stderr=True), transient=False)
+            self.progress.__enter__()
+            self.task = self.progress.add_task("tokenize", total=self.total, completed=self.initial)
+        return self
+
+    def advance(self, stats: Stats) -> None:
+        self.done.merge(stats, 0)
+        if self.progress is not None:
+            self.progress.update(self.task, advance=stats.input_bytes)
+
+    def __exit__(self, *exc) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+
+def summary_table(manifest: dict) -> Table:
+    totals = manifest["totals"]
+    wall = max(1e-9, manifest.get("wall_time_s", 0.0))
+    table = Table(title=f"data_prep: {manifest['name']} (task {manifest['task']['index'] + 1}"
+                        f"/{manifest['task']['count']})", show_header=True)
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    rows = [("documents", f"{totals['documents']:,}"), ("tokens", f"{totals['tokens']:,}"),
+            ("shards", f"{totals['shards']}"), ("dtype", manifest["dtype"]),
+            ("tokenizer", f"{manifest['tokenizer']['kind']} via {manifest['tokenizer']['backend']}"),
+            ("input MB", f"{totals['input_bytes'] / 1e6:,.1f}"), ("wall time s", f"{wall:,.2f}"),
+            ("tokens/s", f"{totals['tokens'] / wall:,.0f}"), ("MB/s", f"{totals['input_bytes'] / wall / 1e6:,.1f}")]
+    for reason in BAD_REASONS + NEUTRAL_REASONS:
+        if totals["skipped"].get(reason):
+            rows.append((f"skipped: {reason}", f"{totals['skipped'][reason]:,}"))
+    for reason in REPAIRS:
+        if totals["repaired"].get(reason):
+            rows.append((f"repaired: {reason}", f"{totals['repaired'][reason]:,}"))
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def print_summary(manifest: dict, stream=None) -> None:
+    console = Console(file=stream or sys.stdout, width=120)
+    console.print(summary_table(manifest))
+    for reason, examples in manifest["totals"].get("examples", {}).items():
+        console.print(f"[yellow]{reason}[/yellow] first examples:", highlight=False)
+        for example in examples:
+            console.print(f"  {example}", highlight=False, markup=False)

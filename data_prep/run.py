@@ -1,0 +1,113 @@
+"""One data_prep run (or one array task): plan, resume, tokenize, write shards and manifest."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import List, Optional
+
+import numpy as np
+
+import data_prep
+from data_prep.assembler import ShardAssembler, total_stats
+from data_prep.blocks import iter_blocks
+from data_prep.data_config import data_config, write_data_config
+from data_prep.errors import BadDataError
+from data_prep.manifest import file_sha256, kept_shards, load_manifest, resume_position, write_manifest
+from data_prep.pipeline import ordered_results
+from data_prep.plan import RunPlan, fingerprint, make_plan
+from data_prep.progress import RunProgress
+from data_prep.stats import Stats
+
+
+class InputHasher(threading.Thread):
+    """sha256 of every input file, computed beside the run (hashlib releases the GIL)."""
+
+    def __init__(self, paths: List[str]) -> None:
+        super().__init__(daemon=True)
+        self.paths, self.digests = paths, {}
+
+    def run(self) -> None:
+        for path in self.paths:
+            self.digests[path] = file_sha256(path)
+
+
+def build_manifest(plan: RunPlan, cfg, entries: List[dict], trailing: Stats, complete: bool,
+                   wall: float, digests: dict) -> dict:
+    totals = total_stats(entries, trailing, cfg.examples_per_reason)
+    return {"tool": "data_prep", "version": data_prep.__version__, "complete": complete,
+            "name": plan.name, "task": {"index": plan.task_index, "count": plan.num_tasks},
+            "wall_time_s": round(wall, 3), "workers": plan.workers,
+            "dtype": np.dtype(plan.dtype).name, "eod_id": plan.info.eod_id if cfg.tokenizer.append_eod else -1,
+            "bos_id": plan.info.bos_id if cfg.tokenizer.prepend_bos else -1,
+            "tokenizer": plan.info.to_dict(),
+            "inputs": [{"path": f.path, "size": f.size, "format": f.format, "compression": f.compression,
+                        "sha256": digests.get(f.path, "")} for f in plan.files],
+            "totals": dict(totals.to_dict(), shards=len(entries), bad_records=totals.bad,
+                           records=totals.records),
+            "trailing": trailing.to_dict(), "shards": entries,
+            "fingerprint": fingerprint(plan, cfg)}
+
+
+def check_bad_fraction(manifest: dict, max_bad_fraction: float) -> None:
+    totals = manifest["totals"]
+    if totals["documents"] == 0:
+        raise BadDataError("no documents were accepted from the inputs; check text_key/format "
+                           "and the skip reasons above")
+    fraction = totals["bad_records"] / max(1, totals["records"])
+    if fraction > max_bad_fraction:
+        raise BadDataError(f"{totals['bad_records']} of {totals['records']} records were skipped "
+                           f"({fraction:.2%} > max_bad_fraction={max_bad_fraction}); the output is "
+                           "complete, but check the reasons above, or raise max_bad_fraction")
+
+
+def finish_outputs(plan: RunPlan, cfg, manifest: dict) -> None:
+    """Write the final manifest and (single task) the data config."""
+    write_manifest(plan.manifest_path, manifest)
+    if plan.num_tasks == 1:
+        write_data_config(plan.out_dir, data_config(plan.name, plan.out_dir, manifest["shards"],
+                                                    cfg.split, manifest["eod_id"], plan.info.path))
+
+
+def _tokenize_all(plan: RunPlan, cfg, kept: List[dict], progress: RunProgress, started: float,
+                  hasher: InputHasher) -> tuple:
+    def on_commit(entries: List[dict]) -> None:
+        write_manifest(plan.manifest_path, build_manifest(plan, cfg, entries, Stats(), False,
+                                                          time.perf_counter() - started, {}))
+
+    resume = resume_position(kept)
+    assembler = ShardAssembler(plan.out_dir, plan.stem, plan.dtype, (cfg.shard_tokens, cfg.shard_bytes),
+                               cfg.examples_per_reason, kept, resume, on_commit)
+    blocks = (b for b in iter_blocks(plan.files, cfg.text_key, str(getattr(cfg.text_unit, "value", cfg.text_unit)),
+                                     cfg.block_bytes) if b.index >= resume[0])
+    try:
+        for block, result in ordered_results(blocks, plan.workers, (plan.info, plan.settings)):
+            progress.advance(assembler.consume(block, result))
+        trailing = assembler.finish()
+    except BaseException:
+        assembler.abort()
+        raise
+    return assembler.entries, trailing
+
+
+def execute(cfg, plan: Optional[RunPlan] = None) -> dict:
+    """Run (or resume) and return the final manifest; raises DataPrepError subclasses."""
+    started = time.perf_counter()
+    plan = plan or make_plan(cfg)
+    os.makedirs(plan.out_dir, exist_ok=True)
+    previous = load_manifest(plan.manifest_path)
+    kept = kept_shards(plan.out_dir, plan.stem, previous, fingerprint(plan, cfg), cfg.overwrite)
+    if previous and previous.get("complete") and len(kept) == len(previous.get("shards", [])):
+        finish_outputs(plan, cfg, previous)
+        return previous
+    hasher = InputHasher([f.path for f in plan.files])
+    hasher.start()
+    kept_bytes = sum(Stats.from_dict(e["stats"]).input_bytes for e in kept)
+    with RunProgress(sum(f.size for f in plan.files), kept_bytes, cfg.progress) as progress:
+        entries, trailing = _tokenize_all(plan, cfg, kept, progress, started, hasher)
+    hasher.join()
+    manifest = build_manifest(plan, cfg, entries, trailing, True, time.perf_counter() - started,
+                              hasher.digests)
+    finish_outputs(plan, cfg, manifest)
+    return manifest

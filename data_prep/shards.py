@@ -1,0 +1,103 @@
+"""Write Megatron-Core indexed-dataset shards crash-safely.
+
+The ``.bin`` is the documents' ids back to back; the ``.idx`` is byte-identical to what
+``megatron.core.datasets.indexed_dataset.IndexedDatasetBuilder`` writes for one sequence per
+document (tests compare the two). Both are written under ``*.tmp`` names, fsynced, then renamed
+(.bin first, .idx last) and the directory fsynced, so a final name never holds a partial file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from typing import Dict, List
+
+import numpy as np
+
+INDEX_HEADER = b"MMIDIDX\x00\x00"
+DTYPE_CODES = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3,
+               np.dtype(np.int32): 4, np.dtype(np.int64): 5, np.dtype(np.float64): 6,
+               np.dtype(np.float32): 7, np.dtype(np.uint16): 8}
+TMP_SUFFIX = ".tmp"
+
+
+def index_bytes(lengths: np.ndarray, dtype) -> bytes:
+    """The .idx contents for documents of ``lengths`` ids (one sequence per document)."""
+    lengths = np.asarray(lengths, dtype=np.int32)
+    itemsize = np.dtype(dtype).itemsize
+    pointers = np.zeros(len(lengths), dtype=np.int64)
+    if len(lengths) > 1:
+        np.cumsum(lengths[:-1].astype(np.int64) * itemsize, out=pointers[1:])
+    document_indices = np.arange(len(lengths) + 1, dtype=np.int64)
+    return b"".join([INDEX_HEADER, struct.pack("<Q", 1), struct.pack("<B", DTYPE_CODES[np.dtype(dtype)]),
+                     struct.pack("<Q", len(lengths)), struct.pack("<Q", len(document_indices)),
+                     lengths.tobytes(), pointers.tobytes(), document_indices.tobytes()])
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a fsynced temporary file and a rename."""
+    tmp = path + TMP_SUFFIX
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+class ShardWriter:
+    """One shard being written: ids stream to ``<prefix>.bin.tmp``; lengths stay in memory."""
+
+    def __init__(self, out_dir: str, prefix: str, dtype) -> None:
+        self.out_dir, self.prefix, self.dtype = out_dir, prefix, np.dtype(dtype)
+        self.bin_path = os.path.join(out_dir, prefix + ".bin")
+        self.idx_path = os.path.join(out_dir, prefix + ".idx")
+        self._handle = open(self.bin_path + TMP_SUFFIX, "wb")
+        self._digest = hashlib.sha256()
+        self._lengths: List[np.ndarray] = []
+        self.tokens = 0
+        self.documents = 0
+
+    @property
+    def bin_bytes(self) -> int:
+        return self.tokens * self.dtype.itemsize
+
+    def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        data = memoryview(np.ascontiguousarray(tokens, dtype=self.dtype)).cast("B")
+        self._handle.write(data)
+        self._digest.update(data)
+        self._lengths.append(lengths)
+        self.tokens += len(tokens)
+        self.documents += len(lengths)
+
+    def commit(self) -> Dict[str, object]:
+        """Make the shard final; returns its manifest fields (sizes and sha256 of both files)."""
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._handle.close()
+        lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int32)
+        index = index_bytes(lengths, self.dtype)
+        with open(self.idx_path + TMP_SUFFIX, "wb") as handle:
+            handle.write(index)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(self.bin_path + TMP_SUFFIX, self.bin_path)
+        os.replace(self.idx_path + TMP_SUFFIX, self.idx_path)
+        fsync_dir(self.out_dir)
+        return {"prefix": self.prefix, "documents": self.documents, "tokens": self.tokens,
+                "bin_bytes": self.bin_bytes, "idx_bytes": len(index),
+                "bin_sha256": self._digest.hexdigest(), "idx_sha256": hashlib.sha256(index).hexdigest()}
+
+    def abandon(self) -> None:
+        """Drop the temporary file (the shard had no documents)."""
+        self._handle.close()
+        os.unlink(self.bin_path + TMP_SUFFIX)

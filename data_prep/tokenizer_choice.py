@@ -1,0 +1,101 @@
+"""Pick the tokenizer file, its special ids and the fastest backend that gives the native ids."""
+
+from __future__ import annotations
+
+import os
+from typing import Tuple
+
+import numpy as np
+
+from data_prep.errors import ConfigError
+from data_prep.tokenizer_spec import (BOS_CANDIDATES, BYTE_BOS, BYTE_EOD, BYTE_VOCAB, EOD_CANDIDATES,
+                                      PROBE_TEXTS, TokenizerInfo, _hf_named_token, gigatoken_encoder,
+                                      hf_tokenizer_file, native_encoder, sha256_of, tiktoken_rank_file)
+
+
+def _resolve_file(kind: str, path: str) -> str:
+    if kind == "byte":
+        return ""
+    if not path:
+        raise ConfigError(f"tokenizer.kind={kind} needs tokenizer.path=<file>; "
+                          "or use tokenizer.kind=byte, which needs no file")
+    if kind == "tiktoken":
+        return tiktoken_rank_file(path)
+    if kind == "hf":
+        return hf_tokenizer_file(path)
+    if not os.path.isfile(path):
+        raise ConfigError(f"tokenizer.path={path!r}: no such SentencePiece .model file")
+    return os.path.abspath(path)
+
+
+def _native_special_ids(kind: str, file: str, native) -> Tuple[int, int, int]:
+    """(vocab size, EOD id or -1, BOS id or -1) as the tokenizer itself defines them."""
+    if kind == "byte":
+        return BYTE_VOCAB, BYTE_EOD, BYTE_BOS
+    if kind == "tiktoken":
+        enc = native.encoding
+        eod = enc._special_tokens.get("<|endoftext|>", -1)
+        return enc.n_vocab, eod, -1
+    if kind == "hf":
+        tok = native.tokenizer
+        eod_text = _hf_named_token(file, "eos_token", EOD_CANDIDATES)
+        bos_text = _hf_named_token(file, "bos_token", BOS_CANDIDATES)
+        eod = tok.token_to_id(eod_text) if eod_text else None
+        bos = tok.token_to_id(bos_text) if bos_text else None
+        return (tok.get_vocab_size(with_added_tokens=True),
+                -1 if eod is None else eod, -1 if bos is None else bos)
+    sp = native.processor
+    return sp.get_piece_size(), sp.eos_id(), sp.bos_id()
+
+
+def _special_ids(cfg, vocab: int, eod: int, bos: int) -> Tuple[int, int]:
+    eod = cfg.eod_token_id if cfg.eod_token_id >= 0 else eod
+    bos = cfg.bos_token_id if cfg.bos_token_id >= 0 else bos
+    if cfg.append_eod and eod < 0:
+        raise ConfigError("this tokenizer defines no end-of-document token; set "
+                          "tokenizer.eod_token_id=<id> or tokenizer.append_eod=false")
+    if cfg.prepend_bos and bos < 0:
+        raise ConfigError("this tokenizer defines no BOS token; set tokenizer.bos_token_id=<id> "
+                          "or tokenizer.prepend_bos=false")
+    return eod, bos
+
+
+def _probe_agrees(fast, native) -> bool:
+    fast_ids, fast_lengths = fast.encode_batch(list(PROBE_TEXTS))
+    native_ids, native_lengths = native.encode_batch(list(PROBE_TEXTS))
+    return np.array_equal(fast_lengths, native_lengths) and np.array_equal(fast_ids, native_ids)
+
+
+def _choose_backend(kind: str, file: str, wanted: str, native) -> Tuple[str, str]:
+    if kind == "byte" or wanted == "native":
+        return "native", "byte tokenizer" if kind == "byte" else "backend=native requested"
+    try:
+        fast = gigatoken_encoder(kind, file, parallel=False)
+    except Exception as exc:  # gigatoken refuses some tokenizer types (e.g. unigram models)
+        if wanted == "gigatoken":
+            raise ConfigError(f"gigatoken cannot load {file}: {exc}; use tokenizer.backend=auto") from None
+        return "native", f"gigatoken cannot load it ({type(exc).__name__}: {exc})"
+    if wanted == "gigatoken":
+        return "gigatoken", "backend=gigatoken requested"
+    if not _probe_agrees(fast, native):
+        return "native", "gigatoken ids differ from the native library on the probe texts"
+    return "gigatoken", "gigatoken loads it and matches the native library on the probe texts"
+
+
+def resolve_tokenizer(cfg) -> TokenizerInfo:
+    """Resolve ``cfg`` (the ``tokenizer`` section) into a TokenizerInfo; ConfigError when unusable."""
+    kind = str(getattr(cfg.kind, "value", cfg.kind))
+    file = _resolve_file(kind, cfg.path)
+    try:
+        native = native_encoder(kind, file)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"cannot load {kind} tokenizer {file}: {type(exc).__name__}: {exc}; "
+                          "check tokenizer.kind matches the file") from None
+    vocab, eod, bos = _native_special_ids(kind, file, native)
+    eod, bos = _special_ids(cfg, vocab, eod, bos)
+    backend, note = _choose_backend(kind, file, str(getattr(cfg.backend, "value", cfg.backend)), native)
+    return TokenizerInfo(kind=kind, path=file, sha256=sha256_of(file) if file else "",
+                         vocab_size=max(vocab, eod + 1, bos + 1), eod_id=eod, bos_id=bos,
+                         backend=backend, backend_note=note)

@@ -1,0 +1,110 @@
+"""What one worker does with one block: read it, keep the valid texts, tokenize, add EOD/BOS.
+
+Workers are plain functions over module state set once by :func:`init_worker` (the pool's
+initializer, or the main process itself when ``workers=1``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from data_prep import records
+from data_prep.assemble import token_dtype, with_specials
+from data_prep.blocks import Block, read_block_bytes, read_whole
+from data_prep.tokenizer_spec import TokenizerInfo, build_encoder
+
+_STATE: dict = {}
+
+
+@dataclass
+class BlockResult:
+    index: int
+    tokens: np.ndarray
+    """All ids of the block's documents, EOD/BOS included, in the shard dtype."""
+    lengths: np.ndarray
+    """Ids per document (int32)."""
+    lines: int
+    """Lines (rows) the block spans; lets the writer number lines of later blocks."""
+    counts: Counter = field(default_factory=Counter)
+    """Skip and repair reasons -> records."""
+    examples: Dict[str, List[Tuple[str, int, str]]] = field(default_factory=dict)
+    """reason -> (path, line, detail); line is relative to the block when first_line is 0."""
+    failure: Optional[Tuple[str, int, str, str]] = None
+    """strict=true: (path, line, reason, detail) of the first bad record."""
+    input_bytes: int = 0
+    text_bytes: int = 0
+
+
+def init_worker(info: TokenizerInfo, settings: dict, parallel: bool = False) -> None:
+    """Build this process's encoder; ``settings`` holds text_key, append_eod, prepend_bos,
+    examples_per_reason and strict."""
+    _STATE.clear()
+    _STATE.update(settings)
+    _STATE["encoder"] = build_encoder(info, parallel=parallel)
+    _STATE["dtype"] = token_dtype(info.vocab_size)
+    _STATE["eod"] = info.eod_id if settings["append_eod"] else -1
+    _STATE["bos"] = info.bos_id if settings["prepend_bos"] else -1
+
+
+def _parse(block: Block, sink: records.RecordSink) -> Tuple[int, List[Tuple[str, int, str]]]:
+    """Fill ``sink``; returns (lines, examples of text_files blocks with their own paths)."""
+    key = _STATE["text_key"]
+    if block.fmt == "jsonl":
+        return records.parse_jsonl(read_block_bytes(block), key, sink, block.at_file_end), []
+    if block.fmt == "text_lines":
+        return records.parse_text_lines(read_block_bytes(block), sink), []
+    if block.fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.ParquetFile(block.path).read_row_group(block.start, columns=[key])
+        values = table.column(0).to_pylist()
+        records.parse_column(values, key, sink)
+        return len(values), []
+    return 0, _parse_text_files(block, sink)
+
+
+def _parse_text_files(block: Block, sink: records.RecordSink) -> List[Tuple[str, int, str]]:
+    located = []
+    for path, compression in block.files:
+        before = {reason: len(kept) for reason, kept in sink.examples.items()}
+        records.parse_text_file(read_whole(path, compression), sink)
+        for reason, kept in sink.examples.items():
+            located += [(reason, path, line, detail) for line, detail in kept[before.get(reason, 0):]]
+        if sink.failure:
+            sink.failure = (path,) + sink.failure
+            break
+    sink.examples = {}
+    return located
+
+
+def process_block(block: Block) -> BlockResult:
+    sink = records.RecordSink(_STATE["examples_per_reason"], _STATE["strict"])
+    lines, located = _parse(block, sink)
+    offset = block.first_line - 1 if block.first_line else 0
+    examples: Dict[str, List[Tuple[str, int, str]]] = {}
+    for reason, kept in sink.examples.items():
+        examples[reason] = [(block.path, line + offset, detail) for line, detail in kept]
+    for reason, path, line, detail in located:
+        examples.setdefault(reason, []).append((path, line, detail))
+    failure = None
+    if sink.failure:
+        failure = sink.failure if len(sink.failure) == 4 else (block.path, sink.failure[0] + offset,
+                                                                sink.failure[1], sink.failure[2])
+    tokens, lengths = _tokenize(sink.texts) if not failure else _empty()
+    return BlockResult(block.index, tokens, lengths, lines, sink.counts, examples, failure,
+                       block.input_bytes, sum(len(t) for t in sink.texts))
+
+
+def _empty():
+    return np.zeros(0, dtype=_STATE["dtype"]), np.zeros(0, dtype=np.int32)
+
+
+def _tokenize(texts: List[str]):
+    if not texts:
+        return _empty()
+    flat, lengths = _STATE["encoder"].encode_batch(texts)
+    return with_specials(flat, lengths, _STATE["dtype"], _STATE["eod"], _STATE["bos"])
