@@ -221,6 +221,23 @@ class TrainerConfig:
     """Micro-batches per validation pass."""
     save_interval: int = 0
     """Optimizer steps between checkpoints; 0 = only at the end."""
+    keep_last: int = 2
+    """Complete checkpoints kept; older ones are deleted after a new one is complete; 0 = all."""
+    load: str = ""
+    """Checkpoint directory to start from; empty = resume from the run directory's latest, if any."""
+    straggler_interval: int = 50
+    """Optimizer steps between cross-rank comparisons of step and data-wait times; 0 = never."""
+    straggler_threshold: float = 1.2
+    """A rank slower than this multiple of the median step or data-wait time is named."""
+    nan_policy: str = "abort"
+    """On a non-finite loss or gradient norm: abort (exit non-zero, no checkpoint of the bad
+    step) or skip (drop the step's update; abort after max_consecutive_skips in a row)."""
+    max_consecutive_skips: int = 5
+    """nan_policy=skip: consecutive skipped steps that abort the run."""
+    spike_factor: float = 3.0
+    """A loss above this multiple of the recent maximum is flagged as a spike; 0 = off."""
+    stop_signal: str = "SIGUSR1"
+    """Early-warning signal (besides SIGTERM) that makes every rank save and exit for requeue."""
 
 
 @dataclass
