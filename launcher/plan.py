@@ -12,7 +12,7 @@ import math
 import sys
 from dataclasses import asdict, dataclass
 
-from launcher.config import AttentionBackend, Precision, TrainwrightConfig
+from launcher.config import AttentionBackend, EngineName, Precision, TrainwrightConfig
 from launcher.flops import train_flops_per_token
 from launcher.hardware import Device, resolve_device
 from launcher.memory import (ActivationSettings, in_flight_microbatches, stage_activation_bytes,
@@ -147,7 +147,7 @@ def _memory(cfg: TrainwrightConfig, world: int, batch: _Batch, flash: bool) -> M
         sp = stage_params(m, p, first, last)
         part = {k: getattr(dense_b, k) * sp.dense + getattr(expert_b, k) * sp.expert
                 for k in ("weights", "grads", "optimizer", "cpu")}
-        if p.zero_stage >= 3 and e.name.value == "deepspeed":  # gathered layer + prefetched one
+        if p.zero_stage >= 3 and e.name == EngineName.deepspeed:  # gathered layer + prefetched one
             part["weights"] += 2 * sp.largest_layer * acts.elem_bytes
         stage_flight = in_flight if first else (1.0 if pp > 1 else in_flight)
         activations = stage_activation_bytes(d, acts, layers=m.num_layers // pp,
