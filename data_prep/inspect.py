@@ -1,0 +1,87 @@
+"""``python -m data_prep.inspect <output dir>``: totals, dtype, length histogram, decoded samples.
+
+Shards are read with Megatron-Core's own ``IndexedDataset``, so what is shown is what training reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import List
+
+import numpy as np
+
+from data_prep.manifest import MANIFEST, load_manifest
+from data_prep.tokenizer_spec import TokenizerInfo, build_encoder
+
+
+def open_shards(out_dir: str, manifest: dict) -> list:
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    return [IndexedDataset(os.path.join(out_dir, s["prefix"]), mmap=True) for s in manifest["shards"]]
+
+
+def length_histogram(lengths: np.ndarray) -> List[str]:
+    """Rows 'lo-hi tokens | count | bar' over power-of-two bins."""
+    if len(lengths) == 0:
+        return ["(no documents)"]
+    edges = 2 ** np.arange(0, int(np.ceil(np.log2(max(2, lengths.max())))) + 2)
+    counts, _ = np.histogram(lengths, bins=edges)
+    width = max(counts.max(), 1)
+    return [f"{edges[i]:>9,}-{edges[i + 1] - 1:<9,} {c:>9,} {'#' * int(40 * c / width)}"
+            for i, c in enumerate(counts) if c]
+
+
+def decode_document(encoder, ids: np.ndarray, specials: set, max_chars: int) -> str:
+    text = encoder.decode([int(i) for i in ids if int(i) not in specials])
+    return text if len(text) <= max_chars else text[:max_chars] + f" ... [{len(text) - max_chars} more chars]"
+
+
+def _document_refs(datasets: list) -> List[tuple]:
+    return [(d, i) for d in datasets for i in range(len(d))]
+
+
+def report(out_dir: str, first: int, random: int, seed: int, max_chars: int, stream=sys.stdout) -> None:
+    manifest = load_manifest(os.path.join(out_dir, MANIFEST))
+    if manifest is None:
+        raise SystemExit(f"{out_dir}: no {MANIFEST}; run python -m data_prep (or data_prep.merge) first")
+    datasets = open_shards(out_dir, manifest)
+    lengths = np.concatenate([d.sequence_lengths for d in datasets]) if datasets else np.zeros(0, int)
+    totals = manifest["totals"]
+    print(f"{out_dir}: {totals['documents']:,} documents, {totals['tokens']:,} tokens, "
+          f"{len(datasets)} shard(s), dtype {manifest['dtype']}, EOD {manifest['eod_id']}, "
+          f"tokenizer {manifest['tokenizer']['kind']} {manifest['tokenizer']['path']}", file=stream)
+    if len(lengths):
+        print(f"document length (tokens): min {lengths.min():,}  median {int(np.median(lengths)):,}  "
+              f"mean {lengths.mean():,.1f}  max {lengths.max():,}", file=stream)
+    print("length histogram (tokens, documents):", file=stream)
+    for row in length_histogram(lengths):
+        print("  " + row, file=stream)
+    encoder = build_encoder(TokenizerInfo(**manifest["tokenizer"]), parallel=False)
+    specials = {manifest["eod_id"], manifest["bos_id"]} - {-1}
+    refs = _document_refs(datasets)
+    picks = [("first", r) for r in refs[:first]]
+    if refs and random:
+        chosen = np.random.default_rng(seed).choice(len(refs), size=min(random, len(refs)), replace=False)
+        picks += [("random", refs[int(i)]) for i in sorted(chosen)]
+    for label, (dataset, index) in picks:
+        print(f"--- {label} document {index} of {os.path.basename(dataset.path_prefix)} "
+              f"({len(dataset[index])} tokens) ---", file=stream)
+        print(decode_document(encoder, dataset[index], specials, max_chars), file=stream)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m data_prep.inspect", description=__doc__.split("\n")[0])
+    parser.add_argument("output", help="a data_prep output directory (with manifest.json)")
+    parser.add_argument("--first", type=int, default=2, help="decode this many first documents")
+    parser.add_argument("--random", type=int, default=2, help="decode this many random documents")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random pick")
+    parser.add_argument("--max-chars", type=int, default=400, help="cut decoded text after this")
+    args = parser.parse_args(argv)
+    report(os.path.abspath(args.output), args.first, args.random, args.seed, args.max_chars)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

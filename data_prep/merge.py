@@ -1,0 +1,107 @@
+"""``python -m data_prep.merge <output dir>``: combine the manifests of a Slurm array's tasks.
+
+Every task of ``num_tasks`` must have finished (``manifest.task-IIIII-of-NNNNN.json`` with
+``"complete": true``) with the same tokenizer and dtype. The merge writes ``manifest.json`` and
+``data.yaml`` listing every task's shards in task order, which is the input order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import sys
+import time
+from typing import List
+
+import data_prep
+from data_prep.data_config import data_config, write_data_config
+from data_prep.errors import BadDataError, ConfigError, DataPrepError
+from data_prep.manifest import MANIFEST, load_manifest, write_manifest
+from data_prep.stats import Stats
+
+TASK_MANIFEST = re.compile(r"manifest\.task-(\d{5})-of-(\d{5})\.json$")
+
+
+def task_manifests(out_dir: str) -> List[dict]:
+    """The task manifests of ``out_dir`` in task order; ConfigError if any is missing or partial."""
+    found = {}
+    for path in glob.glob(os.path.join(glob.escape(out_dir), "manifest.task-*-of-*.json")):
+        match = TASK_MANIFEST.search(os.path.basename(path))
+        if match:
+            found[(int(match.group(1)), int(match.group(2)))] = path
+    if not found:
+        raise ConfigError(f"{out_dir} has no manifest.task-*-of-*.json; run the array tasks first "
+                          "(num_tasks=N task_index=I, or a Slurm array)")
+    counts = {count for _, count in found}
+    if len(counts) != 1:
+        raise ConfigError(f"{out_dir} mixes task manifests of different num_tasks {sorted(counts)}")
+    count = counts.pop()
+    missing = [i for i in range(count) if (i, count) not in found]
+    loaded = {i: load_manifest(found[(i, count)]) for i in range(count) if (i, count) in found}
+    partial = [i for i, m in loaded.items() if not m or not m.get("complete")]
+    if missing or partial:
+        raise ConfigError(f"tasks not finished: missing {missing}, incomplete {partial} of {count}; "
+                          "re-run those task indices, then merge again")
+    return [loaded[i] for i in sorted(loaded)]
+
+
+def _check_compatible(manifests: List[dict]) -> None:
+    first = manifests[0]
+    for m in manifests[1:]:
+        for key in ("dtype", "eod_id", "bos_id", "name"):
+            if m[key] != first[key]:
+                raise BadDataError(f"task {m['task']['index']} has {key}={m[key]!r} but task 0 has "
+                                   f"{first[key]!r}; all tasks must run with the same settings")
+        if m["tokenizer"]["sha256"] != first["tokenizer"]["sha256"]:
+            raise BadDataError(f"task {m['task']['index']} used another tokenizer file than task 0")
+
+
+def merge_manifests(manifests: List[dict], limit: int = 5) -> dict:
+    _check_compatible(manifests)
+    totals = Stats()
+    for m in manifests:
+        for entry in m["shards"]:
+            totals.merge(Stats.from_dict(entry["stats"]), limit)
+        totals.merge(Stats.from_dict(m["trailing"]), limit)
+    first = manifests[0]
+    shards = [dict(entry, task=m["task"]["index"]) for m in manifests for entry in m["shards"]]
+    return {"tool": "data_prep", "version": data_prep.__version__, "complete": True,
+            "name": first["name"], "task": {"index": 0, "count": 1}, "merged_tasks": len(manifests),
+            "wall_time_s": round(sum(m["wall_time_s"] for m in manifests), 3),
+            "workers": first["workers"], "dtype": first["dtype"], "eod_id": first["eod_id"],
+            "bos_id": first["bos_id"], "tokenizer": first["tokenizer"],
+            "inputs": [f for m in manifests for f in m["inputs"]],
+            "totals": dict(totals.to_dict(), shards=len(shards), bad_records=totals.bad,
+                           records=totals.records),
+            "trailing": Stats().to_dict(), "shards": shards, "merged_at": time.time()}
+
+
+def merge(out_dir: str, split: str = "98,1,1") -> dict:
+    """Write the combined manifest.json and data.yaml of ``out_dir``; returns the manifest."""
+    manifest = merge_manifests(task_manifests(out_dir))
+    write_manifest(os.path.join(out_dir, MANIFEST), manifest)
+    write_data_config(out_dir, data_config(manifest["name"], out_dir, manifest["shards"], split,
+                                           manifest["eod_id"], manifest["tokenizer"]["path"]))
+    return manifest
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m data_prep.merge", description=__doc__.split("\n")[0])
+    parser.add_argument("output", help="the output directory the array tasks wrote into")
+    parser.add_argument("--split", default="98,1,1", help="train,valid,test split for data.yaml")
+    args = parser.parse_args(argv)
+    try:
+        manifest = merge(os.path.abspath(args.output), args.split)
+    except DataPrepError as exc:
+        print(f"data_prep.merge: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    from data_prep.progress import print_summary
+
+    print_summary(manifest)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
