@@ -1,0 +1,131 @@
+"""distributed.py: Slurm hostlists and env mapping; elastic local launch (gloo all_reduce, exit code
+propagation of REQUEUE_EXIT_CODE from one worker).
+
+The launch tests run this file as a script (``__main__`` guard below), so the spawned workers
+re-import it safely and the launcher's own process exit code is what the test checks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.distributed import (expand_hostlist, in_distributed_launch, torch_env_from_slurm,
+                                  _tasks_on_node)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("text, hosts", [
+    ("node01", ["node01"]),
+    ("node[01-03,07],gpu5", ["node01", "node02", "node03", "node07", "gpu5"]),
+    ("gpu[8-11]", ["gpu8", "gpu9", "gpu10", "gpu11"]),
+    ("a[1-2]-b[01-02]", ["a1-b01", "a1-b02", "a2-b01", "a2-b02"]),
+    ("x[009-011]y,z", ["x009y", "x010y", "x011y", "z"]),
+    ("h1,h2, h3", ["h1", "h2", "h3"]),
+])
+def test_expand_hostlist(text, hosts):
+    assert expand_hostlist(text) == hosts
+
+
+@pytest.mark.parametrize("bad", ["node[01-03", "node]1[", "n[a-b]", "n[3-1]", "", "n[[1]]"])
+def test_expand_hostlist_rejects_malformed(bad):
+    with pytest.raises(ValueError):
+        expand_hostlist(bad)
+
+
+def test_tasks_per_node_syntax():
+    assert [_tasks_on_node("2(x3),1", i) for i in range(4)] == [2, 2, 2, 1]
+    assert _tasks_on_node("8", 5) == 8
+
+
+SLURM = {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8", "SLURM_NODEID": "2",
+         "SLURM_TASKS_PER_NODE": "2(x4)", "SLURM_JOB_NODELIST": "gpu[07-10]",
+         "SLURM_JOB_ID": "123456", "SLURM_STEP_ID": "0"}
+
+
+def test_torch_env_from_slurm():
+    assert torch_env_from_slurm(SLURM) == {
+        "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "gpu07", "MASTER_PORT": str(20000 + 123456 % 20000)}
+
+
+def test_torch_env_from_slurm_keeps_explicit_master_and_ntasks_per_node():
+    env = dict(SLURM, MASTER_ADDR="10.0.0.1", MASTER_PORT="29500", SLURM_NTASKS_PER_NODE="4")
+    out = torch_env_from_slurm(env)
+    assert (out["MASTER_ADDR"], out["MASTER_PORT"], out["LOCAL_WORLD_SIZE"]) == \
+        ("10.0.0.1", "29500", "4")
+    with pytest.raises(ValueError, match="SLURM_PROCID"):
+        torch_env_from_slurm({"SLURM_NTASKS": "2"})
+
+
+def test_in_distributed_launch():
+    assert in_distributed_launch({"RANK": "0", "WORLD_SIZE": "1"})
+    assert in_distributed_launch(SLURM)
+    assert not in_distributed_launch({})
+    assert not in_distributed_launch(dict(SLURM, SLURM_NTASKS="1"))
+    batch_script = {k: v for k, v in SLURM.items() if k != "SLURM_STEP_ID"}
+    assert not in_distributed_launch(batch_script)  # sbatch script itself, not an srun task
+
+
+def _launch(tmp_path: Path, mode: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT),
+                                                        os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, __file__, mode, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+
+
+@pytest.mark.slow
+def test_launch_local_world_forms_gloo_group(tmp_path):
+    proc = _launch(tmp_path, "ok")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["world"] == 2 and r["sum"] == 3.0 and r["backend"] == "gloo" for r in results)
+
+
+@pytest.mark.slow
+def test_launch_local_world_propagates_requeue_exit_code(tmp_path):
+    proc = _launch(tmp_path, "requeue")
+    assert proc.returncode == 75, proc.stderr[-3000:]
+    assert "rank 1 failed with exit code 75" in proc.stderr
+    assert (tmp_path / "rank1.json").exists()  # it got past the all_reduce before exiting
+    assert list((tmp_path / "logs").rglob("*.log")), "worker logs not written under log_dir"
+
+
+def worker(mode: str, out_dir: str) -> None:
+    """Join the group through init_distributed, all_reduce rank+1, record, maybe exit 75."""
+    import torch
+    import torch.distributed as dist
+
+    from launcher.distributed import destroy_distributed, init_distributed
+    from launcher.signals import REQUEUE_EXIT_CODE
+
+    rank, local_rank, world = init_distributed(timeout_s=60)
+    value = torch.tensor([float(rank + 1)])
+    dist.all_reduce(value)
+    result = {"rank": rank, "local_rank": local_rank, "world": world, "sum": value.item(),
+              "backend": dist.get_backend()}
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    if mode == "requeue" and rank == 1:
+        raise SystemExit(REQUEUE_EXIT_CODE)
+    if mode == "requeue":
+        time.sleep(60)  # the agent stops rank 0 (SIGTERM) once rank 1 has failed
+    destroy_distributed()
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO_ROOT))
+    from launcher.distributed import launch_local_world
+
+    mode_arg, out = sys.argv[1], sys.argv[2]
+    log_dir = Path(out, "logs") if mode_arg == "requeue" else None
+    launch_local_world(worker, (mode_arg, out), nprocs=2, run_id=f"test_{mode_arg}",
+                       log_dir=log_dir)
