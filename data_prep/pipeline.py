@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 from collections import deque
+from dataclasses import replace
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Iterable, Iterator, Tuple
@@ -33,8 +34,8 @@ def _in_pool(blocks: Iterable[Block], workers: int, init_args: tuple) -> Iterato
     pending: deque = deque()
     try:
         for block in blocks:
-            pending.append((block, pool.submit(process_block, block)))
-            block.data = None
+            future = pool.submit(process_block, block)  # pickled later, by the executor's thread
+            pending.append((replace(block, data=None), future))
             while len(pending) >= window:
                 done, future = pending.popleft()
                 yield done, future.result()

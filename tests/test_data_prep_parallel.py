@@ -1,0 +1,90 @@
+"""1 vs N workers, Slurm-array split plus merge, and the generated data config."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from data_prep_fixtures import load, prepare, read_documents, run_module, shard_bytes, stdlib_documents, write_jsonl
+
+from launcher.compose import compose_config
+
+pytestmark = pytest.mark.xdist_group("data_prep_parallel")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    docs = stdlib_documents(90, offset=300, max_chars=20_000)
+    for i in range(3):
+        write_jsonl(root / f"part{i}.jsonl", docs[i * 30:(i + 1) * 30])
+    write_jsonl(root / "part3.jsonl.gz", docs[:10])
+    specs = f"input=[{root}/part*.jsonl,{root}/part3.jsonl.gz]"
+    return specs, docs + docs[:10]
+
+
+COMMON = ["tokenizer.kind=tiktoken", "tokenizer.path=cl100k_base", "block_bytes=65536", "shard_tokens=60000",
+          "name=corpus"]
+
+
+@pytest.mark.slow
+def test_one_and_two_workers_write_identical_bytes(corpus, tmp_path):
+    specs, docs = corpus
+    prepare(specs, f"output={tmp_path / 'w1'}", "workers=1", *COMMON)
+    prepare(specs, f"output={tmp_path / 'w2'}", "workers=2", *COMMON)
+    one, two = shard_bytes(tmp_path / "w1"), shard_bytes(tmp_path / "w2")
+    assert len(one) >= 6 and one == two
+    m1, m2 = load(tmp_path / "w1" / "manifest.json"), load(tmp_path / "w2" / "manifest.json")
+    assert m1["shards"] == m2["shards"] and m1["totals"] == m2["totals"]
+    assert m1["totals"]["documents"] == len(docs)
+
+
+@pytest.mark.slow
+def test_array_split_and_merge_equal_a_single_run(corpus, tmp_path):
+    specs, docs = corpus
+    single, split = tmp_path / "single", tmp_path / "split"
+    prepare(specs, f"output={single}", "workers=1", *COMMON)
+    for task in range(2):
+        prepare(specs, f"output={split}", "workers=1", "num_tasks=2", f"task_index={task}", *COMMON)
+    assert not (split / "manifest.json").exists()
+    merged = run_module("data_prep.merge", str(split), check=True)
+    assert "corpus" in merged.stdout
+    one, two = load(single / "manifest.json"), load(split / "manifest.json")
+    assert two["merged_tasks"] == 2 and two["complete"]
+    for key in ("documents", "tokens", "skipped", "records"):
+        assert one["totals"][key] == two["totals"][key]
+    assert [f["path"] for f in one["inputs"]] == [f["path"] for f in two["inputs"]]
+    a, b = read_documents(single), read_documents(split)
+    assert len(a) == len(b) == len(docs) and all(np.array_equal(x, y) for x, y in zip(a, b))
+    data = compose_config([f"hydra.searchpath=[file://{split}/conf]", "data=corpus"]).data
+    assert list(data.prefixes) == [str(split / s["prefix"]) for s in two["shards"]]
+    assert {p.split("/")[-1].rsplit("_", 1)[0] for p in data.prefixes} == {"corpus_task00000", "corpus_task00001"}
+
+
+def test_merge_refuses_missing_tasks(corpus, tmp_path):
+    specs, _ = corpus
+    prepare(specs, f"output={tmp_path}", "workers=1", "num_tasks=3", "task_index=1", *COMMON)
+    proc = run_module("data_prep.merge", str(tmp_path))
+    assert proc.returncode == 2 and "missing [0, 2]" in proc.stderr
+
+
+def test_slurm_variables_pick_the_task(corpus, tmp_path, monkeypatch):
+    from data_prep.plan import task_layout
+
+    monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "4")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "7")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_MIN", "5")
+    assert task_layout(0, -1) == (4, 2)
+    assert task_layout(2, 1) == (2, 1)
+
+
+def test_data_yaml_composes_into_the_training_config(corpus, tmp_path):
+    specs, _ = corpus
+    out = tmp_path / "out"
+    prepare(specs, f"output={out}", "workers=1", *COMMON)
+    manifest = load(out / "manifest.json")
+    cfg = compose_config([f"hydra.searchpath=[file://{out}/conf]", "data=corpus"])
+    assert cfg.data.name == "corpus" and cfg.data.eod_token_id == 100257
+    assert list(cfg.data.prefixes) == [str(out / s["prefix"]) for s in manifest["shards"]]
+    assert list(cfg.data.weights) == [float(s["tokens"]) for s in manifest["shards"]]
+    assert cfg.data.tokenizer_path == manifest["tokenizer"]["path"]
+    assert (out / "data.yaml").read_text() == (out / "conf" / "data" / "corpus.yaml").read_text()
