@@ -129,3 +129,43 @@ if __name__ == "__main__":
     log_dir = Path(out, "logs") if mode_arg == "requeue" else None
     launch_local_world(worker, (mode_arg, out), nprocs=2, run_id=f"test_{mode_arg}",
                        log_dir=log_dir)
+
+
+INIT_SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+if __name__ == "__main__":
+    import torch, torch.distributed as dist
+    from launcher.distributed import init_distributed, destroy_distributed
+    rank, local_rank, world = init_distributed(timeout_s=60)
+    value = torch.tensor([float(rank + 1)])
+    dist.all_reduce(value)
+    print(json.dumps([rank, local_rank, world, value.item(), dist.get_backend()]))
+    destroy_distributed()
+"""
+
+
+def _slurm_task(procid: int, ntasks: int, port: int) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(SLURM_PROCID=str(procid), SLURM_LOCALID=str(procid), SLURM_NTASKS=str(ntasks),
+               SLURM_TASKS_PER_NODE=str(ntasks), SLURM_JOB_NODELIST="127.0.0.[1]",
+               SLURM_STEP_ID="0", SLURM_JOB_ID="1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    return env
+
+
+@pytest.mark.slow
+def test_init_distributed_under_srun_variables_and_alone():
+    from tests._dist import free_port
+
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", INIT_SCRIPT, str(REPO_ROOT)],
+                              env=_slurm_task(r, 2, port), stdout=subprocess.PIPE, text=True)
+             for r in range(2)]
+    outs = [p.communicate(timeout=90)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert [json.loads(o) for o in outs] == [[0, 0, 2, 3.0, "gloo"], [1, 1, 2, 3.0, "gloo"]]
+    alone = {k: v for k, v in _slurm_task(0, 1, port).items() if not k.startswith("SLURM")}
+    out = subprocess.run([sys.executable, "-c", INIT_SCRIPT, str(REPO_ROOT)], env=alone,
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert json.loads(out) == [0, 0, 1, 1.0, "gloo"]
