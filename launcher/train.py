@@ -1,0 +1,150 @@
+"""``python -m launcher.train [overrides]``: train the configured model.
+
+compose (exit 2 on config errors) -> plan (exit 2 on plan problems) -> start one process per
+local GPU when not already launched -> init process groups -> run directory -> data, engine ->
+resume -> :class:`launcher.loop.TrainLoop` -> close. Exit codes: 0 done, 2 config error,
+3 non-finite loss/gradient (launcher.loop), 75 stopped for requeue (launcher.signals), 1 other.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Sequence
+
+from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
+from launcher.distributed import in_distributed_launch, launch_local_world
+from launcher.plan import PlanError, compute_plan
+
+
+def plan_or_exit(cfg, world_size=None):
+    try:
+        return compute_plan(cfg, world_size)
+    except PlanError as exc:
+        print(f"plan: {len(exc.problems)} problem(s):\n{exc}", file=sys.stderr)
+        raise SystemExit(CONFIG_ERROR_EXIT) from None
+
+
+def build_data(cfg, plan, run_dir: Path, consumed_samples: int):
+    """(next_batch, eval_batches) for this rank (collective: datasets are built on all ranks)."""
+    from megatron.core import parallel_state
+
+    from launcher.data import build_datasets, make_loader, split_sizes
+
+    t, dp_size = cfg.trainer, plan.data_parallel_size
+    dp_rank = parallel_state.get_data_parallel_rank()
+    eval_samples = t.eval_iters * t.micro_batch_size * dp_size
+    train, valid, _ = build_datasets(
+        cfg.data, seq_length=cfg.model.seq_length, vocab_size=cfg.model.vocab_size,
+        seed=t.seed, cache_dir=cfg.data.cache_dir or str(run_dir / "cache"),
+        sizes=split_sizes(train_samples=plan.train_steps * plan.global_batch_size,
+                          eval_samples=eval_samples))
+    common = dict(micro_batch_size=t.micro_batch_size, dp_rank=dp_rank, dp_size=dp_size)
+    iterator = iter(make_loader(train, consumed_samples=consumed_samples,
+                                num_workers=cfg.data.num_workers,
+                                total_samples=plan.train_steps * plan.global_batch_size, **common))
+
+    def eval_batches():
+        loader = make_loader(valid, consumed_samples=0, num_workers=0,
+                             total_samples=eval_samples, **common)
+        return itertools.islice(loader, t.eval_iters)
+    return (lambda: next(iterator)), (eval_batches if valid is not None and t.eval_interval
+                                      else None)
+
+
+def build_engine_for_run(cfg, plan, run_dir: Path, rank: int):
+    """The DeepSpeed engine; rank 0 writes the generated ds_config.json into the run dir."""
+    from launcher.atomic import atomic_write_json
+    from launcher.engine import build_engine, deepspeed_config
+
+    ds_config = deepspeed_config(plan, parallelism=cfg.parallelism, optimizer=cfg.optimizer,
+                                 trainer=cfg.trainer, engine=cfg.engine)
+    if rank == 0:
+        atomic_write_json(run_dir / "ds_config.json", ds_config)
+    return build_engine(plan, model=cfg.model, parallelism=cfg.parallelism,
+                        optimizer=cfg.optimizer, trainer=cfg.trainer, engine=cfg.engine,
+                        ds_config=ds_config)
+
+
+def run_worker(argv: Sequence[str]) -> int:
+    """Body of every training process; returns its exit code."""
+    import torch
+
+    from launcher import checkpoint
+    from launcher.distributed import destroy_distributed, init_distributed
+    from launcher.loop import LoopState, TrainLoop, TrainingAborted
+    from launcher.metrics import make_metrics_logger
+    from launcher.model import init_parallel_state
+    from launcher.rundir import prepare_run_dir, run_dir_path, to_plain
+    from launcher.signals import StopRequest
+    from launcher.timers import PhaseTimer
+
+    raw = compose_or_exit(argv)
+    cfg = to_object(raw)
+    stop = StopRequest(cfg.trainer.stop_signal)
+    rank, _, world = init_distributed()
+    plan = plan_or_exit(cfg, world)
+    init_parallel_state(cfg.parallelism, seed=cfg.trainer.seed)
+    run_dir = run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name)
+    config = to_plain(raw)
+    if rank == 0:
+        prepare_run_dir(run_dir, config=config, plan=plan)
+    torch.distributed.barrier()
+    metrics = make_metrics_logger(rank, run_dir=run_dir, logger=cfg.logger,
+                                  run_name=run_dir.name, config=config)
+    try:
+        resume = checkpoint.find_resume(run_dir, cfg.trainer.load)
+        engine = build_engine_for_run(cfg, plan, run_dir, rank)
+        state = LoopState()
+        if resume is not None:
+            checkpoint.load(engine.ds, resume)
+            state = LoopState(step=resume.step, consumed_samples=resume.consumed_samples,
+                              last_saved=resume.step)
+            metrics.log_event("resume", f"resumed from {resume.path} at step {resume.step}")
+        next_batch, eval_batches = build_data(cfg, plan, run_dir, state.consumed_samples)
+        sync = torch.cuda.synchronize if torch.cuda.is_available() else None
+        loop = TrainLoop(engine=engine, plan=plan, trainer=cfg.trainer, optimizer=cfg.optimizer,
+                         next_batch=next_batch, eval_batches=eval_batches, metrics=metrics,
+                         timer=PhaseTimer(sync=sync), stop=stop,
+                         checkpoints_dir=run_dir / "checkpoints", state=state,
+                         saved_extras={"config": config, "plan": plan.to_dict()})
+        return loop.run()
+    except (TrainingAborted, checkpoint.CheckpointError) as exc:
+        metrics.log_event("abort", str(exc))
+        print(f"train: rank {rank}: {exc}", file=sys.stderr, flush=True)
+        return getattr(exc, "exit_code", 1)
+    finally:
+        metrics.close()
+        stop.restore()
+        destroy_distributed()
+
+
+def _worker_entry(argv: list) -> None:
+    """Module-level (picklable) entry of spawned workers: exit with the worker's code."""
+    code = run_worker(argv)
+    if code:
+        raise SystemExit(code)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cfg = to_object(compose_or_exit(argv))
+    plan = plan_or_exit(cfg)
+    nprocs = cfg.cluster.gpus_per_node
+    if in_distributed_launch() or (cfg.cluster.nodes == 1 and nprocs == 1):
+        return run_worker(argv)
+    if cfg.cluster.nodes > 1:
+        print(f"train: cluster.nodes={cfg.cluster.nodes} needs a multi-node launcher (srun or "
+              f"torchrun); this process only starts workers on one machine", file=sys.stderr)
+        return CONFIG_ERROR_EXIT
+    del plan  # checked here; every worker recomputes it for its world size
+    launch_local_world(_worker_entry, (argv,), nprocs, run_id=f"tw-{uuid.uuid4().hex[:8]}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
