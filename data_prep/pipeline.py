@@ -12,11 +12,11 @@ from collections import deque
 from dataclasses import replace
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Iterable, Iterator, Tuple
+from typing import Iterable, Iterator, Optional, Tuple
 
 from data_prep.blocks import Block
 from data_prep.errors import WorkerError
-from data_prep.worker import BlockResult, init_worker, process_block
+from data_prep.worker import BlockResult, init_worker, process_block, process_block_with, warm_up
 
 
 def _in_process(blocks: Iterable[Block], init_args: tuple) -> Iterator[Tuple[Block, BlockResult]]:
@@ -27,14 +27,24 @@ def _in_process(blocks: Iterable[Block], init_args: tuple) -> Iterator[Tuple[Blo
         yield block, result
 
 
-def _in_pool(blocks: Iterable[Block], workers: int, init_args: tuple) -> Iterator[Tuple[Block, BlockResult]]:
+def start_pool(workers: int) -> Optional[ProcessPoolExecutor]:
+    """Start ``workers`` processes now, importing their libraries while the caller goes on;
+    None for ``workers <= 1`` (work then happens in the calling process)."""
+    if workers <= 1:
+        return None
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    for _ in range(workers):
+        pool.submit(warm_up)
+    return pool
+
+
+def _in_pool(blocks: Iterable[Block], pool: ProcessPoolExecutor, workers: int,
+             init_args: tuple) -> Iterator[Tuple[Block, BlockResult]]:
     window = 2 * workers + 1
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=init_worker, initargs=init_args)
     pending: deque = deque()
     try:
         for block in blocks:
-            future = pool.submit(process_block, block)  # pickled later, by the executor's thread
+            future = pool.submit(process_block_with, block, *init_args)  # pickled later, by the executor
             pending.append((replace(block, data=None), future))
             while len(pending) >= window:
                 done, future = pending.popleft()
@@ -49,8 +59,9 @@ def _in_pool(blocks: Iterable[Block], workers: int, init_args: tuple) -> Iterato
         pool.shutdown(wait=not pending, cancel_futures=True)
 
 
-def ordered_results(blocks: Iterable[Block], workers: int, init_args: tuple) -> Iterator[Tuple[Block, BlockResult]]:
-    """(block, result) pairs in block order; ``workers=1`` works in this process."""
-    if workers <= 1:
+def ordered_results(blocks: Iterable[Block], pool: Optional[ProcessPoolExecutor], workers: int,
+                    init_args: tuple) -> Iterator[Tuple[Block, BlockResult]]:
+    """(block, result) pairs in block order; without a pool the work happens in this process."""
+    if pool is None:
         return _in_process(blocks, init_args)
-    return _in_pool(blocks, workers, init_args)
+    return _in_pool(blocks, pool, workers, init_args)

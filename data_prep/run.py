@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import List, Optional
+from typing import List
 
 import numpy as np
 
@@ -15,7 +15,7 @@ from data_prep.blocks import iter_blocks
 from data_prep.data_config import data_config, write_data_config
 from data_prep.errors import BadDataError
 from data_prep.manifest import file_sha256, kept_shards, load_manifest, resume_position, write_manifest
-from data_prep.pipeline import ordered_results
+from data_prep.pipeline import ordered_results, start_pool
 from data_prep.plan import RunPlan, fingerprint, make_plan
 from data_prep.progress import RunProgress
 from data_prep.stats import Stats
@@ -71,7 +71,7 @@ def finish_outputs(plan: RunPlan, cfg, manifest: dict) -> None:
 
 
 def _tokenize_all(plan: RunPlan, cfg, kept: List[dict], progress: RunProgress, started: float,
-                  hasher: InputHasher) -> tuple:
+                  pool) -> tuple:
     def on_commit(entries: List[dict]) -> None:
         write_manifest(plan.manifest_path, build_manifest(plan, cfg, entries, Stats(), False,
                                                           time.perf_counter() - started, {}))
@@ -82,7 +82,7 @@ def _tokenize_all(plan: RunPlan, cfg, kept: List[dict], progress: RunProgress, s
     blocks = (b for b in iter_blocks(plan.files, cfg.text_key, str(getattr(cfg.text_unit, "value", cfg.text_unit)),
                                      cfg.block_bytes) if b.index >= resume[0])
     try:
-        for block, result in ordered_results(blocks, plan.workers, (plan.info, plan.settings)):
+        for block, result in ordered_results(blocks, pool, plan.workers, (plan.info, plan.settings)):
             progress.advance(assembler.consume(block, result))
         trailing = assembler.finish()
     except BaseException:
@@ -91,10 +91,19 @@ def _tokenize_all(plan: RunPlan, cfg, kept: List[dict], progress: RunProgress, s
     return assembler.entries, trailing
 
 
-def execute(cfg, plan: Optional[RunPlan] = None) -> dict:
+def execute(cfg) -> dict:
     """Run (or resume) and return the final manifest; raises DataPrepError subclasses."""
     started = time.perf_counter()
-    plan = plan or make_plan(cfg)
+    pools = []
+    try:
+        plan = make_plan(cfg, before_tokenizer=lambda workers: pools.append(start_pool(workers)))
+        return _execute_plan(cfg, plan, pools[0], started)
+    finally:
+        if pools and pools[0] is not None:
+            pools[0].shutdown(wait=False, cancel_futures=True)
+
+
+def _execute_plan(cfg, plan: RunPlan, pool, started: float) -> dict:
     os.makedirs(plan.out_dir, exist_ok=True)
     previous = load_manifest(plan.manifest_path)
     kept = kept_shards(plan.out_dir, plan.stem, previous, fingerprint(plan, cfg), cfg.overwrite)
@@ -105,7 +114,7 @@ def execute(cfg, plan: Optional[RunPlan] = None) -> dict:
     hasher.start()
     kept_bytes = sum(Stats.from_dict(e["stats"]).input_bytes for e in kept)
     with RunProgress(sum(f.size for f in plan.files), kept_bytes, cfg.progress) as progress:
-        entries, trailing = _tokenize_all(plan, cfg, kept, progress, started, hasher)
+        entries, trailing = _tokenize_all(plan, cfg, kept, progress, started, pool)
     hasher.join()
     manifest = build_manifest(plan, cfg, entries, trailing, True, time.perf_counter() - started,
                               hasher.digests)

@@ -6,6 +6,7 @@ initializer, or the main process itself when ``workers=1``).
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -39,11 +40,21 @@ class BlockResult:
     text_bytes: int = 0
 
 
+def warm_up() -> int:
+    """Import what encoding needs while the main process is still resolving the tokenizer."""
+    import awkward  # noqa: F401  (gigatoken returns awkward arrays)
+    import gigatoken  # noqa: F401
+    import orjson  # noqa: F401
+
+    return os.getpid()
+
+
 def init_worker(info: TokenizerInfo, settings: dict, parallel: bool = False) -> None:
     """Build this process's encoder; ``settings`` holds text_key, append_eod, prepend_bos,
     examples_per_reason and strict."""
     _STATE.clear()
     _STATE.update(settings)
+    _STATE["key"] = (info, tuple(sorted(settings.items())))
     _STATE["encoder"] = build_encoder(info, parallel=parallel)
     _STATE["dtype"] = token_dtype(info.vocab_size)
     _STATE["eod"] = info.eod_id if settings["append_eod"] else -1
@@ -79,6 +90,13 @@ def _parse_text_files(block: Block, sink: records.RecordSink) -> List[Tuple[str,
             break
     sink.examples = {}
     return located
+
+
+def process_block_with(block: Block, info: TokenizerInfo, settings: dict) -> BlockResult:
+    """process_block in a pool worker, building the encoder on the first call."""
+    if _STATE.get("key") != (info, tuple(sorted(settings.items()))):
+        init_worker(info, settings)
+    return process_block(block)
 
 
 def process_block(block: Block) -> BlockResult:
