@@ -116,3 +116,42 @@ def test_missing_explicit_checkpoint_fails_with_its_name(tmp_path):
                  f"trainer.load={tmp_path / 'nope' / 'step_000004'}", expect=1)
     assert "step_000004 does not exist" in proc.stderr
     assert not (tmp_path / "bad" / "checkpoints" / "latest").exists()
+
+
+@pytest.mark.slow
+def test_non_finite_loss_aborts_or_skips_then_aborts(tmp_path):
+    """Weights initialised with std 1e38 overflow the forward: the loss is NaN from step 1."""
+    one = ["cluster.gpus_per_node=1", "trainer.train_steps=6", "model.init_method_std=1e38"]
+    proc = train(tmp_path, "abort", *one, expect=3)
+    assert "non-finite loss" in proc.stderr and "nan_policy=abort" in proc.stderr
+    assert not list((tmp_path / "abort" / "checkpoints").iterdir())
+    proc = train(tmp_path, "skip", *one, "trainer.nan_policy=skip",
+                 "trainer.max_consecutive_skips=2", expect=3)
+    assert "2 consecutive non-finite steps" in proc.stderr
+    events = (tmp_path / "skip" / "events.jsonl").read_text()
+    assert events.count("nan_skip") == 2
+
+
+@pytest.mark.slow
+def test_stop_signal_saves_and_exits_for_requeue(tmp_path):
+    import signal
+    import time
+
+    from launcher.signals import REQUEUE_EXIT_CODE
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    args = [sys.executable, "-m", "launcher.train", *TINY, f"run.output_root={tmp_path}",
+            "run.name=stop", "cluster.gpus_per_node=1", "trainer.train_steps=100000"]
+    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "stop" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == REQUEUE_EXIT_CODE, err[-3000:]
+    latest = (tmp_path / "stop" / "checkpoints" / "latest").read_text().strip()
+    step = int(latest.split("_")[1])
+    assert step >= 2 and step == max(json.loads(l)["step"] for l in metrics.read_text().splitlines())
