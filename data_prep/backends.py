@@ -83,23 +83,21 @@ class SentencePieceEncoder:
 
 
 class GigatokenEncoder:
-    """gigatoken's Rust encoder; documents spelling a special token go to ``fallback`` instead.
+    """gigatoken's Rust encoder; documents spelling a special token go to the fallback instead.
 
-    gigatoken always matches special tokens inside text, while tiktoken's encode_ordinary does not,
-    so for tiktoken vocabularies those (rare) documents are re-encoded by tiktoken itself.
+    gigatoken always matches special tokens inside text, while tiktoken's encode_ordinary does not.
+    A document yields a special id only if its text spells that special token, so the (rare)
+    documents whose ids contain one are re-encoded by the library built by ``fallback_factory``.
     """
 
     name = "gigatoken"
 
-    def __init__(self, tokenizer, parallel: bool, special_texts: Sequence[str] = (), fallback_factory=None):
+    def __init__(self, tokenizer, parallel: bool, special_ids: Sequence[int] = (), fallback_factory=None):
         self.tokenizer = tokenizer
         self.parallel = parallel
-        self.special_texts = tuple(special_texts)
+        self.special_ids = np.array(sorted(special_ids), dtype=np.uint32)
         self.fallback_factory = fallback_factory
         self._fallback = None
-
-    def _needs_fallback(self, text: str) -> bool:
-        return any(s in text for s in self.special_texts)
 
     def encode_batch(self, texts: List[str]) -> Encoded:
         encoded = self.tokenizer.encode_batch(texts, parallel=self.parallel)
@@ -107,16 +105,20 @@ class GigatokenEncoder:
         offsets = np.asarray(layout.offsets.data, dtype=np.int64)
         flat = np.asarray(layout.content.data, dtype=np.uint32)[offsets[0]:offsets[-1]]
         lengths = np.diff(offsets)
-        if self.special_texts and self.fallback_factory is not None:
-            flat, lengths = self._patch_special_documents(texts, flat, lengths)
+        odd = self._documents_with_special_ids(flat, lengths)
+        if odd:
+            flat, lengths = self._reencode(texts, flat, lengths, odd)
         return flat, lengths
 
-    def _patch_special_documents(self, texts: List[str], flat: np.ndarray, lengths: np.ndarray) -> Encoded:
-        marker = self.special_texts[0][:2] if all(s[:2] == self.special_texts[0][:2]
-                                                   for s in self.special_texts) else ""
-        odd = [i for i, t in enumerate(texts) if (not marker or marker in t) and self._needs_fallback(t)]
-        if not odd:
-            return flat, lengths
+    def _documents_with_special_ids(self, flat: np.ndarray, lengths: np.ndarray) -> List[int]:
+        if self.fallback_factory is None or not len(self.special_ids) or not len(flat):
+            return []
+        if flat.max() < self.special_ids[0]:
+            return []
+        positions = np.flatnonzero(np.isin(flat, self.special_ids))
+        return np.unique(np.searchsorted(np.cumsum(lengths), positions, side="right")).tolist()
+
+    def _reencode(self, texts: List[str], flat: np.ndarray, lengths: np.ndarray, odd: List[int]) -> Encoded:
         if self._fallback is None:
             self._fallback = self.fallback_factory()
         pieces = np.split(flat, np.cumsum(lengths)[:-1])

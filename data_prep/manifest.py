@@ -2,7 +2,7 @@
 
 A manifest is rewritten atomically after every committed shard with ``"complete": false``; the
 last write sets it to true. A re-run with the same fingerprint keeps every listed shard whose files
-still have the recorded sizes and sha256, and resumes at the block after the last one kept.
+still have the recorded sizes and CRC-32, and resumes at the block after the last one kept.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import zlib
 from typing import List, Optional, Tuple
 
 from data_prep.errors import ConfigError
@@ -51,13 +52,22 @@ def file_sha256(path: str) -> str:
     return digest.hexdigest()
 
 
+def file_crc32(path: str) -> int:
+    crc = 0
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
 def shard_is_intact(out_dir: str, entry: dict) -> bool:
-    """Both files exist with the recorded sizes and sha256."""
+    """Both files exist with the recorded sizes and CRC-32 (a check against truncation and
+    damage, cheap enough to run over every shard on every re-run)."""
     for ext in ("bin", "idx"):
         path = os.path.join(out_dir, f"{entry['prefix']}.{ext}")
         if not os.path.isfile(path) or os.path.getsize(path) != entry[f"{ext}_bytes"]:
             return False
-        if file_sha256(path) != entry[f"{ext}_sha256"]:
+        if file_crc32(path) != entry[f"{ext}_crc32"]:
             return False
     return True
 

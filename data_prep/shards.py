@@ -8,9 +8,9 @@ document (tests compare the two). Both are written under ``*.tmp`` names, fsynce
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
+import zlib
 from typing import Dict, List
 
 import numpy as np
@@ -62,7 +62,7 @@ class ShardWriter:
         self.bin_path = os.path.join(out_dir, prefix + ".bin")
         self.idx_path = os.path.join(out_dir, prefix + ".idx")
         self._handle = open(self.bin_path + TMP_SUFFIX, "wb")
-        self._digest = hashlib.sha256()
+        self._crc = 0
         self._lengths: List[np.ndarray] = []
         self.tokens = 0
         self.documents = 0
@@ -74,13 +74,13 @@ class ShardWriter:
     def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
         data = memoryview(np.ascontiguousarray(tokens, dtype=self.dtype)).cast("B")
         self._handle.write(data)
-        self._digest.update(data)
+        self._crc = zlib.crc32(data, self._crc)
         self._lengths.append(lengths)
         self.tokens += len(tokens)
         self.documents += len(lengths)
 
     def commit(self) -> Dict[str, object]:
-        """Make the shard final; returns its manifest fields (sizes and sha256 of both files)."""
+        """Make the shard final; returns its manifest fields (sizes and CRC-32 of both files)."""
         self._handle.flush()
         os.fsync(self._handle.fileno())
         self._handle.close()
@@ -95,7 +95,7 @@ class ShardWriter:
         fsync_dir(self.out_dir)
         return {"prefix": self.prefix, "documents": self.documents, "tokens": self.tokens,
                 "bin_bytes": self.bin_bytes, "idx_bytes": len(index),
-                "bin_sha256": self._digest.hexdigest(), "idx_sha256": hashlib.sha256(index).hexdigest()}
+                "bin_crc32": self._crc, "idx_crc32": zlib.crc32(index)}
 
     def abandon(self) -> None:
         """Drop the temporary file (the shard had no documents)."""
