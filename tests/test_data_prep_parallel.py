@@ -88,3 +88,30 @@ def test_data_yaml_composes_into_the_training_config(corpus, tmp_path):
     assert list(cfg.data.weights) == [float(s["tokens"]) for s in manifest["shards"]]
     assert cfg.data.tokenizer_path == manifest["tokenizer"]["path"]
     assert (out / "data.yaml").read_text() == (out / "conf" / "data" / "corpus.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_sbatch_recipe_runs_a_task_and_queues_the_merge(corpus, tmp_path):
+    """The recipe with Slurm's array variables and a stand-in sbatch that records the merge job."""
+    import os
+    import subprocess
+
+    from data_prep_fixtures import PYTHON, REPO
+
+    specs, _ = corpus
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "sbatch").write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'sbatch_args'}\n")
+    (bindir / "sbatch").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", PYTHON=PYTHON, PYTHONPATH=str(REPO),
+               SLURM_ARRAY_JOB_ID="42", SLURM_ARRAY_TASK_ID="0", SLURM_ARRAY_TASK_MIN="0",
+               SLURM_ARRAY_TASK_COUNT="2", SLURM_CPUS_PER_TASK="1",
+               DATA_PREP_ARGS="tokenizer.kind=byte name=corpus")
+    glob_spec = specs[len("input=["):-1].split(",")[0]
+    proc = subprocess.run(["bash", str(REPO / "recipes" / "data_prep_array.sbatch"), glob_spec, str(tmp_path / "out")],
+                          env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    task = load(tmp_path / "out" / "manifest.task-00000-of-00002.json")
+    assert task["complete"] and task["task"] == {"index": 0, "count": 2}
+    recorded = (tmp_path / "sbatch_args").read_text()
+    assert "--dependency=afterok:42" in recorded and "data_prep.merge" in recorded

@@ -119,3 +119,15 @@ def test_manifest_fields(tokenizers_dir, tmp_path):
     for shard in on_disk["shards"]:
         assert (tmp_path / "out" / f"{shard['prefix']}.bin").stat().st_size == shard["tokens"] * 4
     assert on_disk["version"] and on_disk["wall_time_s"] > 0 and on_disk["dtype"] == "int32"
+
+
+def test_eod_bos_placement_loop_and_vectorized_agree():
+    from data_prep.assemble import LOOP_MIN_MEAN_LENGTH, with_specials
+
+    rng = np.random.default_rng(1)
+    for lengths in (rng.integers(0, 3, 500), rng.integers(LOOP_MIN_MEAN_LENGTH, 400, 30)):
+        flat = rng.integers(0, 60000, int(lengths.sum())).astype(np.uint32)
+        ids, new_lengths = with_specials(flat, lengths, np.uint16, eod=65000, bos=65001)
+        docs = np.split(ids, np.cumsum(new_lengths)[:-1])
+        src = np.split(flat, np.cumsum(lengths)[:-1])
+        assert all(d[0] == 65001 and d[-1] == 65000 and np.array_equal(d[1:-1], s) for d, s in zip(docs, src))
