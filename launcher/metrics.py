@@ -55,9 +55,13 @@ def _scalar(value: Any) -> Any:
 
 
 def _with_all_phases(metrics: Dict[str, Any]) -> Dict[str, Any]:
-    """Add ``time/<phase>`` = 0.0 for phases neither present nor part of a fused key."""
+    """In a step record (one with any ``time/`` key), add ``time/<phase>`` = 0.0 for phases
+    neither present nor part of a fused key. Other records (eval lines) are left alone, so a
+    second wandb.log at the same step cannot overwrite the step's phase times with zeros."""
     covered = {part for key in metrics if key.startswith("time/")
                for part in key[len("time/"):].split("+")}
+    if not covered:
+        return metrics
     for phase in PHASES:
         if phase not in covered:
             metrics[f"time/{phase}"] = 0.0
@@ -128,8 +132,8 @@ class MetricsLogger(NullMetricsLogger):
                 raise
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Append one JSON line (``step`` first, every ``time/<phase>`` present), print the
-        progress line, and log to wandb at ``step``."""
+        """Append one JSON line (``step`` first; in step records every ``time/<phase>``
+        present), print the progress line, and log to wandb at ``step``."""
         record = {"step": int(step)}
         record.update(_with_all_phases({str(k): _scalar(v) for k, v in metrics.items()
                                         if k != "step"}))

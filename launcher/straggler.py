@@ -32,9 +32,9 @@ def find_stragglers(step_times: List[float], data_times: List[float],
     """
     if len(step_times) != len(data_times):
         raise ValueError(f"{len(step_times)} step times but {len(data_times)} data times")
-    if threshold <= 1.0:
-        raise ValueError(f"straggler threshold must be > 1 (a multiple of the median), "
-                         f"got {threshold}")
+    if not threshold > 0:
+        raise ValueError(f"straggler threshold must be a positive multiple of the median "
+                         f"(e.g. 1.2), got {threshold}")
     if not step_times:
         return []
     step_median, slow_step = _slow_ranks(step_times, threshold)

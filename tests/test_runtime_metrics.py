@@ -44,9 +44,11 @@ def test_metrics_jsonl_and_console(tmp_path, capsys):
     with metrics:
         for step in range(1, 4):
             metrics.log(step, _step_metrics(step, fused=step == 3))
-        metrics.log(4, {"loss": float("nan"), "grad_norm": float("inf")})
+        metrics.log(4, {"loss": float("nan"), "grad_norm": float("inf"), "time/data": 0.1})
+        metrics.log(4, {"eval/loss": 2.5})
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [line["step"] for line in lines] == [1, 2, 3, 4]
+    assert [line["step"] for line in lines] == [1, 2, 3, 4, 4]
+    assert lines.pop() == {"step": 4, "eval/loss": 2.5}  # not a step record: no phase keys
     assert all(next(iter(line)) == "step" for line in lines)
     for line in lines[:2] + lines[3:]:
         assert {f"time/{p}" for p in PHASES} <= set(line)
