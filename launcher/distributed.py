@@ -16,10 +16,11 @@ from __future__ import annotations
 import datetime
 import os
 import re
+import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 DEFAULT_TIMEOUT_S = 1800.0
 """Default collective timeout (seconds) of the default process group."""
@@ -157,7 +158,8 @@ def _failure_exit_code(exc) -> tuple[int, int, str]:
 
 
 def launch_local_world(entrypoint: Callable, args: tuple, nprocs: int, run_id: str,
-                       log_dir: Optional[Path] = None) -> None:
+                       log_dir: Optional[Path] = None,
+                       ignore_signals: Sequence[str] = ("SIGUSR1",)) -> None:
     """Run ``entrypoint(*args)`` in ``nprocs`` worker processes on this machine and wait.
 
     Uses torch's elastic launcher with a c10d rendezvous on 127.0.0.1 at a free port; workers see
@@ -167,8 +169,15 @@ def launch_local_world(entrypoint: Callable, args: tuple, nprocs: int, run_id: s
 
     If any worker fails, prints which one to stderr and raises ``SystemExit`` with that worker's
     exit code (so REQUEUE_EXIT_CODE from a worker becomes the launcher's exit code).
+
+    While the workers run, this process ignores ``ignore_signals`` (the stop signal, which Slurm
+    and terminals deliver to the whole process group): the workers' StopRequest handles it and
+    they exit with REQUEUE_EXIT_CODE, which is passed on. If the launcher itself is terminated
+    (SIGTERM, SIGINT, ...), the elastic agent stops the workers and this raises ``SystemExit``
+    with 128 + the signal number.
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -178,12 +187,21 @@ def launch_local_world(entrypoint: Callable, args: tuple, nprocs: int, run_id: s
         min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=run_id, role="trainer",
         rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0,
         monitor_interval=0.1, start_method="spawn", local_addr="127.0.0.1", logs_specs=logs)
+    previous = {sig: signal.signal(sig, signal.SIG_IGN)
+                for sig in (getattr(signal, name) for name in ignore_signals)}
     try:
         elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as exc:
         rank, code, message = _failure_exit_code(exc)
         print(f"launch_local_world: {message}; exiting with {code}", file=sys.stderr, flush=True)
         raise SystemExit(code) from exc
+    except SignalException as exc:
+        print(f"launch_local_world: received {exc.sigval.name}; workers stopped",
+              file=sys.stderr, flush=True)
+        raise SystemExit(128 + int(exc.sigval)) from exc
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _single_process_env() -> None:

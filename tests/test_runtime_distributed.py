@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -100,6 +101,40 @@ def test_launch_local_world_propagates_requeue_exit_code(tmp_path):
     assert list((tmp_path / "logs").rglob("*.log")), "worker logs not written under log_dir"
 
 
+@pytest.mark.slow
+def test_stop_signal_to_process_group_requeues(tmp_path):
+    """As under Slurm: SIGUSR1 reaches the launcher and every worker; the launcher survives,
+    the workers agree to stop and exit 75, and the launcher exits 75."""
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT),
+                                                        os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen([sys.executable, __file__, "signal", str(tmp_path)], env=env,
+                            cwd=REPO_ROOT, start_new_session=True, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 90
+    while not all((tmp_path / f"ready{r}").exists() for r in range(2)):
+        assert proc.poll() is None and time.monotonic() < deadline, "workers never got ready"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGUSR1)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 75, err[-3000:]
+    assert sorted(p.name for p in tmp_path.glob("stopped*")) == ["stopped0", "stopped1"]
+
+
+def _wait_for_stop(out_dir: str, rank: int) -> None:
+    """Steps until every rank agrees to stop (after a SIGUSR1 to the process group)."""
+    from launcher.signals import REQUEUE_EXIT_CODE, StopRequest
+
+    stop = StopRequest("SIGUSR1")
+    Path(out_dir, f"ready{rank}").touch()
+    for _ in range(2000):
+        time.sleep(0.02)
+        if stop.agree():
+            Path(out_dir, f"stopped{rank}").touch()
+            raise SystemExit(REQUEUE_EXIT_CODE)
+    raise RuntimeError("no stop signal arrived")
+
+
 def worker(mode: str, out_dir: str) -> None:
     """Join the group through init_distributed, all_reduce rank+1, record, maybe exit 75."""
     import torch
@@ -109,6 +144,8 @@ def worker(mode: str, out_dir: str) -> None:
     from launcher.signals import REQUEUE_EXIT_CODE
 
     rank, local_rank, world = init_distributed(timeout_s=60)
+    if mode == "signal":
+        _wait_for_stop(out_dir, rank)
     value = torch.tensor([float(rank + 1)])
     dist.all_reduce(value)
     result = {"rank": rank, "local_rank": local_rank, "world": world, "sum": value.item(),
@@ -138,6 +175,8 @@ if __name__ == "__main__":
     import torch, torch.distributed as dist
     from launcher.distributed import init_distributed, destroy_distributed
     rank, local_rank, world = init_distributed(timeout_s=60)
+    if mode == "signal":
+        _wait_for_stop(out_dir, rank)
     value = torch.tensor([float(rank + 1)])
     dist.all_reduce(value)
     print(json.dumps([rank, local_rank, world, value.item(), dist.get_backend()]))
