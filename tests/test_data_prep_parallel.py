@@ -115,3 +115,37 @@ def test_sbatch_recipe_runs_a_task_and_queues_the_merge(corpus, tmp_path):
     assert task["complete"] and task["task"] == {"index": 0, "count": 2}
     recorded = (tmp_path / "sbatch_args").read_text()
     assert "--dependency=afterok:42" in recorded and "data_prep.merge" in recorded
+
+
+TRAINING_READER = """
+import sys, numpy as np, torch.distributed as dist
+from launcher.compose import compose_config
+from launcher.data import SplitSizes, build_datasets
+out, cache = sys.argv[1], sys.argv[2]
+dist.init_process_group("gloo", init_method=f"file://{cache}/pg", rank=0, world_size=1)
+import faulthandler; faulthandler.dump_traceback_later(150, exit=True)
+cfg = compose_config([f"hydra.searchpath=[file://{out}/conf]", "data=corpus"])
+train, valid, test = build_datasets(cfg.data, seq_length=32, vocab_size=100352, seed=1,
+                                    sizes=SplitSizes(40, 4, 4), cache_dir=cache)
+tokens = np.concatenate([train[i]["tokens"].numpy() for i in range(len(train))])
+print(len(train), int(tokens.max()), int((tokens == cfg.data.eod_token_id).sum()))
+"""
+
+
+@pytest.mark.slow
+def test_training_data_pipeline_reads_the_output(corpus, tmp_path):
+    """launcher.data builds Megatron GPTDatasets straight from the generated data config."""
+    import subprocess
+
+    from data_prep_fixtures import PYTHON, REPO
+
+    specs, _ = corpus
+    out = tmp_path / "out"
+    # Megatron splits every prefix on its own: each shard needs enough documents for every split.
+    prepare(specs, f"output={out}", "workers=1", "split='90,5,5'", *COMMON[:3], "name=corpus")
+    (tmp_path / "cache").mkdir()
+    proc = subprocess.run([PYTHON, "-c", TRAINING_READER, str(out), str(tmp_path / "cache")], cwd=REPO,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    samples, max_id, eods = map(int, proc.stdout.split()[-3:])
+    assert samples >= 40 and 0 < max_id <= 100257 and eods >= 0
