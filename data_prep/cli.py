@@ -46,12 +46,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE)
         return 0
     cfg = compose(argv)
-    from data_prep.progress import print_summary
+    from data_prep.progress import print_summary, small_shard_warnings
     from data_prep.run import check_bad_fraction, execute
 
     try:
         manifest = execute(cfg)
         print_summary(manifest)
+        for warning in small_shard_warnings(manifest, cfg.split):
+            print(f"data_prep: warning: {warning}", file=sys.stderr)
         check_bad_fraction(manifest, cfg.max_bad_fraction)
     except DataPrepError as exc:
         print(f"data_prep: error: {exc}", file=sys.stderr)

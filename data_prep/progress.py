@@ -88,3 +88,20 @@ def print_summary(manifest: dict, stream=None) -> None:
         console.print(f"[yellow]{reason}[/yellow] first examples:", highlight=False)
         for example in examples:
             console.print(f"  {example}", highlight=False, markup=False)
+
+
+def small_shard_warnings(manifest: dict, split: str) -> list:
+    """Megatron splits every prefix on its own; a shard too small to give each non-zero split at
+    least one document makes that split empty (GPTDataset cannot sample from it)."""
+    try:
+        parts = [float(x) for x in str(split).split(",")]
+    except ValueError:
+        return [f"split={split!r} is not a comma-separated list of numbers"]
+    shares = [p / sum(parts) for p in parts if p > 0] if sum(parts) > 0 else []
+    smallest = min(shares) if shares else 0.0
+    tiny = [s["prefix"] for s in manifest["shards"] if smallest and s["documents"] * smallest < 1]
+    if not tiny:
+        return []
+    return [f"{len(tiny)} shard(s) (e.g. {tiny[0]}) hold too few documents for split={split}: "
+            "some splits of those shards are empty; use larger shards (shard_bytes/shard_tokens) "
+            "or a split without tiny shares"]
