@@ -175,8 +175,6 @@ if __name__ == "__main__":
     import torch, torch.distributed as dist
     from launcher.distributed import init_distributed, destroy_distributed
     rank, local_rank, world = init_distributed(timeout_s=60)
-    if mode == "signal":
-        _wait_for_stop(out_dir, rank)
     value = torch.tensor([float(rank + 1)])
     dist.all_reduce(value)
     print(json.dumps([rank, local_rank, world, value.item(), dist.get_backend()]))
