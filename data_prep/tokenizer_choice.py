@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
+from data_prep.backend_cache import cache_path, cached_verdict, store_verdict, verdict_key
 from data_prep.errors import ConfigError
 from data_prep.tokenizer_spec import (BOS_CANDIDATES, BYTE_BOS, BYTE_EOD, BYTE_VOCAB, EOD_CANDIDATES,
                                       PROBE_TEXTS, TokenizerInfo, _hf_named_token, gigatoken_encoder,
@@ -68,7 +69,7 @@ def _probe_agrees(fast, native) -> bool:
     return all(np.array_equal(fast.tokenizer.encode(text), ids) for text, ids in zip(PROBE_TEXTS, expected))
 
 
-def _choose_backend(kind: str, file: str, wanted: str, native) -> Tuple[str, str]:
+def _choose_backend(kind: str, file: str, wanted: str, native, sha256: str) -> Tuple[str, str]:
     if kind == "byte" or wanted == "native":
         return "native", "byte tokenizer" if kind == "byte" else "backend=native requested"
     try:
@@ -79,15 +80,38 @@ def _choose_backend(kind: str, file: str, wanted: str, native) -> Tuple[str, str
         return "native", f"gigatoken cannot load it ({type(exc).__name__}: {exc})"
     if wanted == "gigatoken":
         return "gigatoken", "backend=gigatoken requested"
-    if not _probe_agrees(fast, native):
+    key = verdict_key(kind, sha256)
+    agrees = _probe_agrees(fast, native)
+    store_verdict(key, agrees)
+    if not agrees:
         return "native", "gigatoken ids differ from the native library on the probe texts"
     return "gigatoken", "gigatoken loads it and matches the native library on the probe texts"
+
+
+def _from_cached_verdict(cfg, kind: str, file: str, sha256: str) -> Optional[TokenizerInfo]:
+    """tiktoken files that gigatoken already matched (same file and versions): the ids, vocabulary
+    and special tokens come from gigatoken, and tiktoken's slow rank-file load is skipped."""
+    wanted = str(getattr(cfg.backend, "value", cfg.backend))
+    if kind != "tiktoken" or wanted != "auto" or cached_verdict(verdict_key(kind, sha256)) is not True:
+        return None
+    fast = gigatoken_encoder(kind, file, parallel=False)
+    eod = fast.tokenizer._special_tokens().get("<|endoftext|>", -1)
+    vocab = fast.tokenizer.vocab_size
+    eod, bos = _special_ids(cfg, vocab, eod, -1)
+    return TokenizerInfo(kind=kind, path=file, sha256=sha256, vocab_size=max(vocab, eod + 1, bos + 1),
+                         eod_id=eod, bos_id=bos, backend="gigatoken",
+                         backend_note="gigatoken matches the native library on the probe texts "
+                                      f"(verdict cached in {cache_path()})")
 
 
 def resolve_tokenizer(cfg) -> TokenizerInfo:
     """Resolve ``cfg`` (the ``tokenizer`` section) into a TokenizerInfo; ConfigError when unusable."""
     kind = str(getattr(cfg.kind, "value", cfg.kind))
     file = _resolve_file(kind, cfg.path)
+    sha256 = sha256_of(file) if file else ""
+    cached = _from_cached_verdict(cfg, kind, file, sha256)
+    if cached is not None:
+        return cached
     try:
         native = native_encoder(kind, file)
     except ConfigError:
@@ -97,7 +121,7 @@ def resolve_tokenizer(cfg) -> TokenizerInfo:
                           "check tokenizer.kind matches the file") from None
     vocab, eod, bos = _native_special_ids(kind, file, native)
     eod, bos = _special_ids(cfg, vocab, eod, bos)
-    backend, note = _choose_backend(kind, file, str(getattr(cfg.backend, "value", cfg.backend)), native)
-    return TokenizerInfo(kind=kind, path=file, sha256=sha256_of(file) if file else "",
+    backend, note = _choose_backend(kind, file, str(getattr(cfg.backend, "value", cfg.backend)), native, sha256)
+    return TokenizerInfo(kind=kind, path=file, sha256=sha256,
                          vocab_size=max(vocab, eod + 1, bos + 1), eod_id=eod, bos_id=bos,
                          backend=backend, backend_note=note)

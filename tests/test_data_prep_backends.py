@@ -56,3 +56,17 @@ def test_tiktoken_special_text_is_ordinary(corpus):
 def test_native_backend_can_be_forced(tokenizer_files):
     info = resolve_tokenizer(TokenizerConfig(kind="hf", path=tokenizer_files["hf"], backend="native"))
     assert info.backend == "native" and info.eod_id == 0 and info.vocab_size == 1200
+
+
+def test_probe_verdict_is_cached_per_file_and_versions(tmp_path, monkeypatch):
+    from data_prep import tokenizer_spec
+    from data_prep.backend_cache import cache_path
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = resolve_tokenizer(TokenizerConfig(kind="tiktoken", path="cl100k_base"))
+    assert "cached" not in first.backend_note and (tmp_path / "trainwright").is_dir()
+    tokenizer_spec.native_encoder.cache_clear()
+    second = resolve_tokenizer(TokenizerConfig(kind="tiktoken", path="cl100k_base"))
+    assert "cached" in second.backend_note and cache_path().startswith(str(tmp_path))
+    assert (second.vocab_size, second.eod_id, second.backend) == (first.vocab_size, first.eod_id, first.backend)
+    assert tokenizer_spec.native_encoder.cache_info().currsize == 0, "tiktoken itself was not loaded"
