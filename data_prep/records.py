@@ -75,11 +75,16 @@ def _text_of(obj: object, key: str) -> Tuple[Optional[str], str, str]:
     return text, "", ""
 
 
-def _lines(data: bytes, sink: RecordSink):
-    """(line number, line) for every line, after removing CR line endings and BOMs."""
+def _split_lines(data: bytes) -> List[bytes]:
+    """The lines of ``data`` without their newlines (a final newline ends the last line)."""
     lines = data.split(b"\n")
-    if data.endswith(b"\n"):
+    if data.endswith(b"\n") or not data:
         lines.pop()
+    return lines
+
+
+def _lines(lines: List[bytes], sink: RecordSink):
+    """(line number, line) for every line, after removing CR line endings and BOMs."""
     for number, line in enumerate(lines, start=1):
         if line.endswith(b"\r"):
             line = line[:-1]
@@ -93,8 +98,9 @@ def _lines(data: bytes, sink: RecordSink):
 def parse_jsonl(data: bytes, key: str, sink: RecordSink, at_file_end: bool) -> int:
     """Append the texts of JSON lines in ``data`` to ``sink``; returns the number of lines."""
     unterminated_last = at_file_end and not data.endswith(b"\n")
-    count = data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
-    for number, line in _lines(data, sink):
+    lines = _split_lines(data)
+    count = len(lines)
+    for number, line in _lines(lines, sink):
         if not line or line.isspace():
             sink.skip(number, "blank_line", "")
             continue
@@ -135,8 +141,9 @@ def _encodable(text: str) -> bool:
 
 def parse_text_lines(data: bytes, sink: RecordSink) -> int:
     """One document per non-empty line; returns the number of lines."""
-    count = data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
-    for number, line in _lines(data, sink):
+    lines = _split_lines(data)
+    count = len(lines)
+    for number, line in _lines(lines, sink):
         if not line or line.isspace():
             sink.skip(number, "blank_line", "")
             continue

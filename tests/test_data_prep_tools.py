@@ -1,0 +1,35 @@
+"""The inspect and train_tokenizer commands, run as a user runs them."""
+
+from __future__ import annotations
+
+from data_prep_fixtures import load, prepare, run_module, stdlib_documents, write_jsonl
+
+
+def test_inspect_shows_totals_histogram_and_decoded_documents(tmp_path):
+    docs = stdlib_documents(12, max_chars=2000)
+    write_jsonl(tmp_path / "a.jsonl", docs)
+    prepare(f"input={tmp_path / 'a.jsonl'}", f"output={tmp_path / 'out'}", "tokenizer.kind=tiktoken",
+            "tokenizer.path=cl100k_base", "workers=1")
+    tokens = load(tmp_path / "out" / "manifest.json")["totals"]["tokens"]
+    proc = run_module("data_prep.inspect", str(tmp_path / "out"), "--first", "2", "--random", "1",
+                      "--max-chars", "100000", check=True)
+    assert f"12 documents, {tokens:,} tokens, 1 shard(s), dtype int32, EOD 100257" in proc.stdout
+    assert "length histogram" in proc.stdout and "#" in proc.stdout
+    assert docs[0] in proc.stdout and docs[1] in proc.stdout
+    assert proc.stdout.count("--- random document") == 1
+
+
+def test_train_tokenizer_builds_a_bpe_of_the_requested_size(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", stdlib_documents(30, offset=60))
+    proc = run_module("data_prep.train_tokenizer", "--input", str(tmp_path / "a.jsonl"), "--vocab-size", "700",
+                      "--output", str(tmp_path / "tok"), check=False)
+    assert proc.returncode == 0, proc.stderr
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tmp_path / "tok"))
+    assert tokenizer.get_vocab_size() == 700 and tokenizer.token_to_id("<|endoftext|>") == 0
+    text = "def main():\n    return 'naïve — 東京'\n"
+    assert tokenizer.decode(tokenizer.encode(text).ids) == text
+    too_small = run_module("data_prep.train_tokenizer", "--input", str(tmp_path / "a.jsonl"), "--vocab-size",
+                           "100", "--output", str(tmp_path / "t2"))
+    assert too_small.returncode == 2 and "at least 257" in too_small.stderr
