@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from data_prep_fixtures import load, prepare, read_documents, write_parquet
+from data_prep_fixtures import prepare, read_documents, write_parquet
 
 from data_prep.cli import compose
 from data_prep.run import execute
