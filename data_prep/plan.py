@@ -57,6 +57,13 @@ def default_name(out_dir: str, name: str) -> str:
     return name
 
 
+def auto_workers(files: List[InputFile], block_bytes: int) -> int:
+    """workers=0: all cores, but no more processes than the input has blocks (small inputs are
+    done faster in one process than it takes to start a pool)."""
+    total = sum(f.size * (4 if f.compression else 1) for f in files)
+    return max(1, min(len(os.sched_getaffinity(0)), -(-total // block_bytes)))
+
+
 def _check_numbers(cfg) -> None:
     if cfg.block_bytes < 1024:
         raise ConfigError(f"block_bytes={cfg.block_bytes} is too small; use at least 1024")
@@ -76,7 +83,7 @@ def make_plan(cfg, before_tokenizer: Callable[[int], None] = lambda workers: Non
     out_dir = os.path.abspath(cfg.output)
     name = default_name(out_dir, cfg.name)
     files = split_for_task(expand_inputs(list(cfg.input), _value(cfg.format)), num_tasks, task_index)
-    workers = cfg.workers or len(os.sched_getaffinity(0))
+    workers = cfg.workers or auto_workers(files, cfg.block_bytes)
     before_tokenizer(workers)
     info = resolve_tokenizer(cfg.tokenizer)
     settings = {"text_key": cfg.text_key, "append_eod": bool(cfg.tokenizer.append_eod),

@@ -24,8 +24,8 @@ class RatesColumn(ProgressColumn):
     def render(self, task) -> Text:
         elapsed = max(1e-9, time.perf_counter() - self.owner.started)
         done = self.owner.done
-        return Text(f"{done.documents / elapsed:,.0f} docs/s  {done.tokens / elapsed / 1e6:,.2f}M tok/s  "
-                    f"{done.input_bytes / elapsed / 1e6:,.1f} MB/s", style="cyan")
+        return Text(f"{done.documents / elapsed:,.0f} docs/s {done.tokens / elapsed / 1e6:,.2f}M tok/s "
+                    f"{done.input_bytes / elapsed / 1e6:,.1f}MB/s", style="cyan")
 
 
 class RunProgress:
@@ -41,7 +41,8 @@ class RunProgress:
 
     def __enter__(self) -> "RunProgress":
         if self.enabled:
-            self.progress = Progress(TextColumn("[bold]data_prep"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
+            self.progress = Progress(TextColumn("[bold]data_prep"), BarColumn(bar_width=24),
+                                     TextColumn("{task.percentage:>5.1f}%"),
                                      RatesColumn(self), TimeRemainingColumn(),
                                      console=Console(stderr=True), transient=False)
             self.progress.__enter__()
