@@ -73,10 +73,11 @@ def _fmt(value: Any, spec: str) -> str:
 
 
 def progress_line(step: int, m: Mapping[str, Any]) -> str:
-    """The compact console line: step, loss, lr, grad_norm, tokens/s and phase times."""
+    """The compact console line: step, loss, lr, grad_norm, tokens/s, eval loss and phase times."""
     parts = [f"step {step}"]
     for key, label, spec in (("loss", "loss", ".4f"), ("lr", "lr", ".3e"),
-                             ("grad_norm", "gnorm", ".3f"), ("tokens_per_s", "tok/s", ",.0f")):
+                             ("grad_norm", "gnorm", ".3f"), ("tokens_per_s", "tok/s", ",.0f"),
+                             ("eval/loss", "eval loss", ".4f"), ("eval/perplexity", "ppl", ",.1f")):
         if key in m:
             parts.append(f"{label} {_fmt(m[key], spec)}")
     phases = " ".join(f"{k[5:]} {_fmt(v, '.3f')}" for k, v in m.items()

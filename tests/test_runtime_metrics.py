@@ -197,3 +197,8 @@ def _script_main(run_dir: str, first_step: int) -> None:
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO_ROOT))
     _script_main(sys.argv[1], int(sys.argv[2]))
+
+
+def test_progress_line_shows_eval_loss_and_perplexity():
+    line = progress_line(40, {"eval/loss": 6.44, "eval/perplexity": 627.3})
+    assert line == "step 40 | eval loss 6.4400 | ppl 627.3"
