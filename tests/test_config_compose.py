@@ -90,3 +90,13 @@ def test_every_schema_field_has_a_docstring():
         if is_field and not source[i + 1].strip().startswith('"""'):
             undocumented.append(stripped)
     assert undocumented == []
+
+
+@pytest.mark.parametrize("option", _options("data_prep"))
+def test_data_prep_option_composes_to_object(option):
+    import data_prep.config as prep  # registers prepare_schema
+
+    cfg = to_object(compose_config([f"data_prep={option}", "input=[corpus.jsonl]", "output=out"],
+                                   config_name="prepare"))
+    assert isinstance(cfg, prep.PrepareConfig)
+    assert cfg.input == ["corpus.jsonl"] and cfg.output == "out"
