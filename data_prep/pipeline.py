@@ -8,6 +8,8 @@ run with :class:`~data_prep.errors.WorkerError`.
 from __future__ import annotations
 
 import multiprocessing
+import queue
+import threading
 from collections import deque
 from dataclasses import replace
 from concurrent.futures import ProcessPoolExecutor
@@ -16,15 +18,53 @@ from typing import Iterable, Iterator, Optional, Tuple
 
 from data_prep.blocks import Block
 from data_prep.errors import WorkerError
-from data_prep.worker import BlockResult, init_worker, process_block, process_block_with, warm_up
+from data_prep.worker import BlockResult, init_worker, parse_block, process_block_with, tokenize_into, warm_up
+
+
+_DONE = object()
+
+
+def _put(parsed: queue.Queue, item, stop: threading.Event) -> bool:
+    """Put ``item`` unless the consumer has stopped; False when it has."""
+    while not stop.is_set():
+        try:
+            parsed.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _parse_ahead(blocks: Iterable[Block], parsed: queue.Queue, stop: threading.Event) -> None:
+    """Reader thread: read and parse blocks ahead of the tokenizer (two at most)."""
+    try:
+        for block in blocks:
+            item = (block, *parse_block(block))
+            block.data = None
+            if not _put(parsed, item, stop):
+                return
+        _put(parsed, _DONE, stop)
+    except BaseException as exc:  # handed to the consumer, which re-raises it
+        _put(parsed, exc, stop)
 
 
 def _in_process(blocks: Iterable[Block], init_args: tuple) -> Iterator[Tuple[Block, BlockResult]]:
+    """One process: a thread reads and parses while this thread tokenizes (the tokenizers
+    release the GIL), so the two overlap."""
     init_worker(*init_args)
-    for block in blocks:
-        result = process_block(block)
-        block.data = None
-        yield block, result
+    parsed: queue.Queue = queue.Queue(maxsize=2)
+    stop = threading.Event()
+    reader = threading.Thread(target=_parse_ahead, args=(blocks, parsed, stop), daemon=True)
+    reader.start()
+    try:
+        while (item := parsed.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            block, result, texts = item
+            yield block, tokenize_into(result, texts)
+    finally:
+        stop.set()
+        reader.join(timeout=5)
 
 
 def start_pool(workers: int) -> Optional[ProcessPoolExecutor]:

@@ -99,7 +99,8 @@ def process_block_with(block: Block, info: TokenizerInfo, settings: dict) -> Blo
     return process_block(block)
 
 
-def process_block(block: Block) -> BlockResult:
+def parse_block(block: Block) -> Tuple[BlockResult, List[str]]:
+    """First stage: read and check the records; the result still lacks tokens."""
     sink = records.RecordSink(_STATE["examples_per_reason"], _STATE["strict"])
     lines, located = _parse(block, sink)
     offset = block.first_line - 1 if block.first_line else 0
@@ -112,9 +113,21 @@ def process_block(block: Block) -> BlockResult:
     if sink.failure:
         failure = sink.failure if len(sink.failure) == 4 else (block.path, sink.failure[0] + offset,
                                                                 sink.failure[1], sink.failure[2])
-    tokens, lengths = _tokenize(sink.texts) if not failure else _empty()
+    texts = [] if failure else sink.texts
+    tokens, lengths = _empty()
     return BlockResult(block.index, tokens, lengths, lines, sink.counts, examples, failure,
-                       block.input_bytes, sum(len(t) for t in sink.texts))
+                       block.input_bytes, sum(len(t) for t in texts)), texts
+
+
+def tokenize_into(result: BlockResult, texts: List[str]) -> BlockResult:
+    """Second stage: the documents' ids, with EOD/BOS, in the shard dtype."""
+    if texts:
+        result.tokens, result.lengths = _tokenize(texts)
+    return result
+
+
+def process_block(block: Block) -> BlockResult:
+    return tokenize_into(*parse_block(block))
 
 
 def _empty():
