@@ -18,7 +18,7 @@ from launcher.hardware import Device, resolve_device
 from launcher.memory import (ActivationSettings, in_flight_microbatches, stage_activation_bytes,
                              state_bytes_per_param)
 from launcher.params import ParamCounts, count_parameters, model_dims, stage_params
-from launcher.validate import Problem, check_batch, check_static
+from launcher.validate import Problem, check_batch, check_schedule, check_static
 
 
 class PlanError(Exception):
@@ -190,7 +190,11 @@ def compute_plan(cfg: TrainwrightConfig, world_size: int | None = None) -> Plan:
     problems = check_batch(cfg, dp)
     if problems:
         raise PlanError(problems)
-    return _derive(cfg, world, device, _batch(cfg, dp))
+    batch = _batch(cfg, dp)
+    problems = check_schedule(cfg, batch.steps)
+    if problems:
+        raise PlanError(problems)
+    return _derive(cfg, world, device, batch)
 
 
 def _derive(cfg: TrainwrightConfig, world: int, device: Device, batch: _Batch) -> Plan:

@@ -167,6 +167,18 @@ def check_batch(cfg: TrainwrightConfig, data_parallel_size: int) -> list[Problem
     return problems
 
 
+def check_schedule(cfg: TrainwrightConfig, train_steps: int) -> list[Problem]:
+    """The learning-rate schedule fits in the step budget."""
+    o = cfg.optimizer
+    if o.warmup_steps >= train_steps:
+        return [Problem(("optimizer.warmup_steps", "trainer.train_steps"),
+                        f"optimizer.warmup_steps={o.warmup_steps} is not below the {train_steps} "
+                        f"optimizer steps of the run (trainer.train_steps/train_tokens); the lr "
+                        f"would never reach optimizer.lr={o.lr}; use warmup_steps < {train_steps}, "
+                        f"e.g. optimizer.warmup_steps={max(0, train_steps // 10)}")]
+    return []
+
+
 def _batch_options(global_batch: int, dp: int) -> list[int]:
     return [m for m in divisors(global_batch) if global_batch % (m * dp) == 0]
 

@@ -157,7 +157,7 @@ def test_redundant_state_shrinks_with_zero3():
 
 
 def test_step_budget_gives_tokens():
-    p = plan_of("trainer.train_steps=10", "trainer.train_tokens=0")
+    p = plan_of("trainer.train_steps=10", "trainer.train_tokens=0", "optimizer.warmup_steps=2")
     assert p.train_tokens == 10 * p.global_batch_tokens
 
 

@@ -112,7 +112,7 @@ def test_config_and_plan_errors_exit_2(tmp_path):
 
 @pytest.mark.slow
 def test_missing_explicit_checkpoint_fails_with_its_name(tmp_path):
-    proc = train(tmp_path, "bad", "cluster.gpus_per_node=1", "trainer.train_steps=2",
+    proc = train(tmp_path, "bad", "cluster.gpus_per_node=1", "trainer.train_steps=3",
                  f"trainer.load={tmp_path / 'nope' / 'step_000004'}", expect=1)
     assert "step_000004 does not exist" in proc.stderr
     assert not (tmp_path / "bad" / "checkpoints" / "latest").exists()

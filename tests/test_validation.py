@@ -76,6 +76,10 @@ CASES = {
         ["model=llama3_70b", "cluster=slurm_h100", "trainer.micro_batch_size=1"],
         ["exceeds the H100's 79.6 GiB", "memory per GPU", "zero_stage"]),
     "mfu_out_of_range": (["plan.mfu=1.5"], ["plan.mfu=1.5 must be in (0, 1]"]),
+    "warmup_not_below_steps": (
+        ["trainer.train_steps=100", "optimizer.warmup_steps=100"],
+        ["optimizer.warmup_steps=100 is not below the 100 optimizer steps",
+         "optimizer.warmup_steps=10"]),
 }
 
 
