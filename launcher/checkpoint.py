@@ -20,9 +20,11 @@ naming the file.
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import re
 import shutil
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -175,15 +177,45 @@ def find_resume(run_dir: Path, load: str = "") -> Optional[Resume]:
     return None
 
 
+def unreadable_files(step_dir: Path) -> list[Path]:
+    """The ``.pt`` files under ``step_dir`` that are not complete torch (zip) archives, e.g.
+    truncated by a full disk or a partial copy (cheap: reads only each file's zip directory)."""
+    bad = []
+    for file in sorted(Path(step_dir).rglob("*.pt")):
+        try:
+            with zipfile.ZipFile(file):
+                pass
+        except (OSError, zipfile.BadZipFile):
+            bad.append(file)
+    return bad
+
+
+def _load_error(resume: Resume, exc: BaseException) -> CheckpointError:
+    bad = unreadable_files(resume.path)
+    where = (f"corrupt or truncated file(s): {', '.join(map(str, bad))}" if bad
+             else f"no truncated file found under {resume.path}")
+    return CheckpointError(f"cannot load checkpoint {resume.path} ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else ''}); {where}")
+
+
 def load(ds_engine, resume: Resume) -> None:
-    """Restore engine state (weights, optimizer, ZeRO partitions) and this rank's RNG streams."""
+    """Restore engine state (weights, optimizer, ZeRO partitions) and this rank's RNG streams.
+
+    A shard that cannot be read raises :class:`CheckpointError` naming the file."""
     rank = torch.distributed.get_rank()
-    path, _ = ds_engine.load_checkpoint(str(resume.path.parent), tag=resume.path.name,
-                                        load_optimizer_states=True,
-                                        load_lr_scheduler_states=False)
+    try:
+        path, _ = ds_engine.load_checkpoint(str(resume.path.parent), tag=resume.path.name,
+                                            load_optimizer_states=True,
+                                            load_lr_scheduler_states=False)
+    except (RuntimeError, OSError, EOFError, ValueError, KeyError, pickle.UnpicklingError) as exc:
+        raise _load_error(resume, exc) from exc
     if path is None:
         raise CheckpointError(f"DeepSpeed could not load {resume.path}")
     rng_file = resume.path / "rng" / f"rank_{rank}.pt"
     if not rng_file.is_file():
         raise CheckpointError(f"{rng_file} is missing (saved with a different world size?)")
-    _set_rng_state(torch.load(rng_file, weights_only=False))
+    try:
+        state = torch.load(rng_file, weights_only=False)
+    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+        raise _load_error(resume, exc) from exc
+    _set_rng_state(state)

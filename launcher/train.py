@@ -69,6 +69,15 @@ def build_engine_for_run(cfg, plan, run_dir: Path, rank: int):
                         ds_config=ds_config)
 
 
+def write_pid_file(run_dir: Path, rank: int) -> None:
+    """``run_dir/logs/rank_<r>.pid``: this rank's process id, so that an operator (or a test) can
+    signal one rank, e.g. the early-warning stop signal."""
+    from launcher.atomic import atomic_write_text
+
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "logs" / f"rank_{rank}.pid", f"{os.getpid()}\n")
+
+
 def run_worker(argv: Sequence[str]) -> int:
     """Body of every training process; returns its exit code."""
     import torch
@@ -93,6 +102,7 @@ def run_worker(argv: Sequence[str]) -> int:
     if rank == 0:
         prepare_run_dir(run_dir, config=config, plan=plan)
     torch.distributed.barrier()
+    write_pid_file(run_dir, rank)
     metrics = make_metrics_logger(rank, run_dir=run_dir, logger=cfg.logger,
                                   run_name=run_dir.name, config=config)
     try:

@@ -1,0 +1,82 @@
+"""``python -m launcher.train logger=wandb`` offline with secrets in the environment: the wandb
+offline run inside the run directory holds the metrics, and neither the run directory (every file,
+read as bytes) nor the captured console output contains a secret's value."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_train_loop import REPO, TINY, steps_of
+
+STEPS = 4
+
+
+def wandb_records(path: Path):
+    """The protobuf records of a ``.wandb`` file (a leveldb-style log: 32 KiB blocks of
+    checksum/length/type-framed chunks after a 7-byte ``:W&B`` header)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, block, buf = path.read_bytes(), 7, 32768, b""
+    assert data[:4] == b":W&B", data[:8]
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # block trailer padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        buf = chunk if kind in (1, 2) else buf + chunk  # FULL/FIRST start, MIDDLE/LAST extend
+        if kind in (1, 4) and buf:
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(buf)
+            yield record
+
+
+def wandb_history(run_file: Path) -> list:
+    rows = []
+    for record in wandb_records(run_file):
+        if record.WhichOneof("record_type") == "history":
+            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                         for item in record.history.item})
+    return rows
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_has_metrics_and_no_secret_is_written(tmp_path):
+    api_key, hf_token = secrets.token_hex(20), secrets.token_urlsafe(30)
+    assert len(api_key) == 40
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WANDB_MODE": "offline",
+           "WANDB_API_KEY": api_key, "HF_TOKEN": hf_token}
+    args = [sys.executable, "-m", "launcher.train", *TINY, f"run.output_root={tmp_path}",
+            "run.name=wb", f"trainer.train_steps={STEPS}", "trainer.global_batch_size=8",
+            "optimizer.warmup_steps=1", "trainer.eval_interval=0", "logger=wandb",
+            "logger.tags=[secret-check,offline]"]
+    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:].decode(errors="replace")
+    run_dir = tmp_path / "wb"
+
+    runs = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1, list((run_dir / "wandb").rglob("*"))
+    assert runs[0].name == f"run-{(run_dir / 'wandb_id').read_text().strip()}.wandb"
+    history = {row["_step"]: row for row in wandb_history(runs[0]) if "loss" in row}
+    steps = steps_of(run_dir)
+    assert sorted(history) == sorted(steps) == list(range(1, STEPS + 1))
+    for step, row in steps.items():
+        for key in ("loss", "grad_norm", "lr", "consumed_samples", "time/forward"):
+            assert history[step][key] == pytest.approx(row[key], rel=1e-12), (step, key)
+
+    files = [p for p in run_dir.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert len(files) > 10
+    for secret in (api_key, hf_token):
+        needle = secret.encode()
+        assert needle not in out
+        leaked = [str(p) for p in files if needle in p.read_bytes()]
+        assert not leaked, leaked
