@@ -68,6 +68,14 @@ class AttentionBackend(str, Enum):
     """Plain softmax(QK^T)V: scores (and their dropout mask) are stored for the backward pass."""
 
 
+class LaunchMode(str, Enum):
+    srun = "srun"
+    """One srun task per GPU; every task maps Slurm's variables to its rank."""
+    torchrun = "torchrun"
+    """One elastic agent per node (srun, one task per node) with a c10d rendezvous on the first
+    node; each agent starts gpus_per_node training processes."""
+
+
 class PlanFormat(str, Enum):
     table = "table"
     json = "json"
@@ -262,6 +270,27 @@ class ClusterConfig:
     """Slurm account; empty = the user's default."""
     time_limit: str = "04:00:00"
     """Slurm wall-clock limit (HH:MM:SS or D-HH:MM:SS)."""
+    cpus_per_task: int = 0
+    """Slurm CPUs per training process (per agent in torchrun mode: times gpus_per_node);
+    0 = the cluster's default."""
+    mem: str = ""
+    """Slurm memory per node (``--mem``, e.g. 0 for all, 512G); empty = the cluster's default."""
+    qos: str = ""
+    """Slurm quality of service; empty = the account's default."""
+    exclusive: bool = False
+    """Ask Slurm for whole nodes (``--exclusive``)."""
+    constraint: str = ""
+    """Slurm node features the nodes must have (``--constraint``); empty = any."""
+    container_image: str = ""
+    """Container image for every srun task (pyxis ``--container-image``); empty = no container."""
+    container_mounts: str = ""
+    """pyxis ``--container-mounts`` (``src:dst[,src:dst]``); only with container_image."""
+    signal_lead_s: int = 120
+    """Seconds before the time limit at which Slurm sends trainer.stop_signal to the training
+    processes (``--signal``); 0 = no early warning."""
+    max_restarts: int = 3
+    """Times the job requeues itself after a stop for requeue (exit 75); other failures never
+    requeue."""
 
 
 @dataclass
@@ -312,6 +341,20 @@ class PlanConfig:
 
 
 @dataclass
+class LaunchConfig:
+    mode: LaunchMode = LaunchMode.srun
+    """How a Slurm job starts its training processes (see LaunchMode)."""
+    rdzv_port: int = 29500
+    """torchrun mode: TCP port of the c10d rendezvous on the job's first node."""
+
+
+@dataclass
+class SubmitConfig:
+    dry_run: bool = False
+    """launcher.submit: print the sbatch script instead of writing and submitting it."""
+
+
+@dataclass
 class TrainwrightConfig:
     model: ModelConfig = MISSING
     """Architecture (group model)."""
@@ -333,6 +376,10 @@ class TrainwrightConfig:
     """Run directory naming."""
     plan: PlanConfig = field(default_factory=PlanConfig)
     """Plan output and estimates."""
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    """How a Slurm job starts the training processes (launcher.submit)."""
+    submit: SubmitConfig = field(default_factory=SubmitConfig)
+    """launcher.submit options."""
 
 
 def register_configs() -> None:

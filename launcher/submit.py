@@ -1,0 +1,77 @@
+"""``python -m launcher.submit [overrides]``: submit a training run as one Slurm batch job.
+
+compose (exit 2) -> plan (exit 2) -> render the sbatch script (:mod:`launcher.sbatch`; exit 2 for
+a value that cannot go into ``#SBATCH``) -> write ``<run dir>/submit.sbatch`` -> ``sbatch`` ->
+print the job id on stdout. ``submit.dry_run=true`` prints the script instead and writes nothing.
+The job runs ``python -m launcher.train`` with exactly the overrides given here. The Python of the
+job is this interpreter (``sys.executable``) unless ``TRAINWRIGHT_PYTHON`` is set in the job's
+environment. Secrets (WANDB_API_KEY, ...) are never written; the job inherits the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
+from launcher.rundir import run_dir_path
+from launcher.sbatch import SbatchError, render
+from launcher.train import plan_or_exit
+
+SCRIPT_NAME = "submit.sbatch"
+"""File name of the rendered script inside the run directory."""
+
+
+def render_or_exit(cfg, plan, argv: Sequence[str], run_dir: Path) -> str:
+    """The script for this config, or exit 2 with the reason."""
+    if cfg.cluster.launcher != "slurm":
+        print(f"submit: cluster={cfg.cluster.name} has launcher={cfg.cluster.launcher}; pick a "
+              f"Slurm cluster (cluster=slurm_h100, slurm_cpu, ...) or run launcher.train",
+              file=sys.stderr)
+        raise SystemExit(CONFIG_ERROR_EXIT)
+    python = os.environ.get("TRAINWRIGHT_PYTHON") or sys.executable
+    try:
+        return render(cfg, plan, argv, run_dir=run_dir, workdir=Path.cwd(), python=python)
+    except SbatchError as exc:
+        print(f"submit: {exc}", file=sys.stderr)
+        raise SystemExit(CONFIG_ERROR_EXIT) from None
+
+
+def sbatch(script: Path) -> str:
+    """Submit ``script``; return the job id (SystemExit(1) with sbatch's message on failure)."""
+    try:
+        proc = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,
+                              text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"submit: sbatch failed: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    if proc.returncode != 0:
+        print(f"submit: sbatch exited {proc.returncode}: {proc.stderr.strip()}", file=sys.stderr)
+        raise SystemExit(1)
+    return proc.stdout.strip().split(";")[0]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cfg = to_object(compose_or_exit(argv))
+    plan = plan_or_exit(cfg)
+    run_dir = run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name).resolve()
+    script = render_or_exit(cfg, plan, argv, run_dir)
+    if cfg.submit.dry_run:
+        sys.stdout.write(script)
+        return 0
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    path = run_dir / SCRIPT_NAME
+    path.write_text(script)
+    path.chmod(0o755)
+    job_id = sbatch(path)
+    print(f"submit: job {job_id}: {path}; logs in {run_dir / 'logs'}", file=sys.stderr)
+    print(job_id)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

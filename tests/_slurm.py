@@ -1,0 +1,83 @@
+"""The one-node Slurm cluster of the Slurm tests, and helpers to submit jobs and wait for them.
+
+Import the fixture in a test module (``from tests._slurm import slurm``). The fixture starts the
+cluster with ``.ci/slurm_up.sh`` (once per test process, under a file lock); the tests are skipped
+only when the Slurm packages are missing and cannot be installed (not root, apt failing).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+LOCK = Path("/tmp/trainwright_slurm_up.lock")
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+_TOOLS = ("sbatch", "srun", "scontrol", "squeue", "slurmctld", "slurmd", "munged")
+
+
+def _have_packages() -> bool:
+    return all(shutil.which(t) or Path(f"/usr/sbin/{t}").exists() for t in _TOOLS)
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A running one-node Slurm (partition debug); skip only if it cannot be installed."""
+    had_packages = _have_packages()
+    with open(LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.run(["bash", str(REPO / ".ci" / "slurm_up.sh")], capture_output=True,
+                              text=True, timeout=900)
+    if proc.returncode != 0:
+        reason = f".ci/slurm_up.sh exited {proc.returncode}: {proc.stderr.strip()[-800:]}"
+        if not had_packages and not _have_packages():
+            pytest.skip(f"Slurm packages cannot be installed here ({reason})")
+        pytest.fail(f"Slurm is installed but did not start: {reason}")
+    return True
+
+
+def job_env(**extra: str) -> dict:
+    """Environment of a test job (inherited by Slurm): fast CPU settings, no wandb network."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
+            "PYTHONPATH": str(REPO), "TRAINWRIGHT_PYTHON": sys.executable, **extra}
+
+
+def sbatch(*args: str, env: dict, cwd: Path = REPO) -> str:
+    """``sbatch --parsable args``; returns the job id."""
+    proc = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+def job_info(job_id: str) -> dict:
+    """``scontrol show job -o`` as a dict (JobState, ExitCode, Restarts, ...)."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
+                         text=True, timeout=30).stdout
+    return dict(item.split("=", 1) for item in out.split() if "=" in item)
+
+
+def wait_job(job_id: str, timeout: float = 300, logs: Path | None = None) -> dict:
+    """Wait until the job is in a terminal state; cancel it and fail on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = job_info(job_id)
+        if info.get("JobState") in TERMINAL:
+            return info
+        time.sleep(0.5)
+    subprocess.run(["scancel", job_id], timeout=30)
+    text = "".join(p.read_text()[-3000:] for p in sorted(logs.glob("slurm-*"))) if logs else ""
+    pytest.fail(f"job {job_id} did not finish in {timeout}s: {job_info(job_id)}\n{text}")
+
+
+def read_logs(logs: Path) -> str:
+    """All Slurm output and error files of a run's logs directory."""
+    return "\n".join(f"== {p.name}\n{p.read_text()}" for p in sorted(logs.glob("slurm-*")))
