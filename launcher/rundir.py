@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import hashlib
+import json
 import os
 import re
 import socket
@@ -201,7 +203,8 @@ def collect_env(env: Mapping[str, str] | None = None) -> dict:
 
 
 def prepare_run_dir(run_dir: Path, *, config: Any, plan: Any) -> None:
-    """Create ``run_dir`` with checkpoints/ and logs/; write config.yaml, plan.json, env.json.
+    """Create ``run_dir`` with checkpoints/ and logs/; write config.yaml, plan.json, env.json and
+    data.json (the data manifests the run reads).
 
     ``config`` is the resolved config (dict, DictConfig or dataclass) and ``plan`` the plan
     (dict or Plan). All three files are redacted and written atomically; a restart rewrites them.
@@ -215,3 +218,25 @@ def prepare_run_dir(run_dir: Path, *, config: Any, plan: Any) -> None:
     atomic_write_text(run_dir / "config.yaml", config_yaml)
     atomic_write_json(run_dir / "plan.json", redact(to_plain(plan_obj), secrets))
     atomic_write_json(run_dir / "env.json", redact(collect_env(), secrets))
+    data = to_plain(config).get("data") or {}
+    atomic_write_json(run_dir / "data.json", redact(data_reference(data.get("prefixes") or []),
+                                                     secrets))
+
+
+def data_reference(prefixes: list) -> dict:
+    """Which data a run reads: each shard prefix, and each data_prep manifest beside the shards
+    (path, sha256, totals, tokenizer identity), so a run directory names its exact corpus."""
+    manifests = []
+    for path in sorted({Path(p).parent / "manifest.json" for p in prefixes}):
+        entry: dict = {"path": str(path), "exists": path.is_file()}
+        if entry["exists"]:
+            raw = path.read_bytes()
+            entry["sha256"] = hashlib.sha256(raw).hexdigest()
+            try:
+                manifest = json.loads(raw)
+                entry.update({k: manifest.get(k) for k in ("totals", "tokenizer", "dtype",
+                                                           "eod_id", "version")})
+            except ValueError:
+                entry["error"] = "not valid JSON"
+        manifests.append(entry)
+    return {"prefixes": list(prefixes), "mock": not prefixes, "manifests": manifests}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import subprocess
@@ -61,7 +62,7 @@ def test_redact_argv():
                                  f"+x.hf_token={REDACTED}", "trainer.seed=1", "eod_token_id=3"]
 
 
-def test_prepare_run_dir_writes_three_files(tmp_path, monkeypatch):
+def test_prepare_run_dir_writes_its_files(tmp_path, monkeypatch):
     key = secrets.token_hex(20)
     monkeypatch.setenv("WANDB_API_KEY", key)
     cfg = compose_config(["run.name=r1"])  # default config (tiny on local CPU)
@@ -70,7 +71,9 @@ def test_prepare_run_dir_writes_three_files(tmp_path, monkeypatch):
     run_dir = tmp_path / "r1"
     prepare_run_dir(run_dir, config=config, plan=plan)
     assert sorted(p.name for p in run_dir.iterdir()) == \
-        ["checkpoints", "config.yaml", "env.json", "logs", "plan.json"]
+        ["checkpoints", "config.yaml", "data.json", "env.json", "logs", "plan.json"]
+    assert json.loads((run_dir / "data.json").read_text()) == {"prefixes": [], "mock": True,
+                                                               "manifests": []}
     loaded = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert loaded["model"]["name"] == cfg.model.name
     assert loaded["extra"] == {"token": REDACTED, "note": f"key={REDACTED}"}
@@ -89,3 +92,24 @@ def test_prepare_run_dir_writes_three_files(tmp_path, monkeypatch):
     prepare_run_dir(run_dir, config=config, plan=plan.to_dict())  # a restart rewrites in place
     assert not [p for p in run_dir.iterdir() if p.name.startswith(".")]
 
+
+
+def test_data_json_references_the_data_prep_manifest(tmp_path):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    manifest = {"totals": {"documents": 3, "tokens": 42}, "dtype": "uint16", "eod_id": 0,
+                "tokenizer": {"kind": "byte", "vocab_size": 257}, "version": "x"}
+    raw = json.dumps(manifest).encode()
+    (shards / "manifest.json").write_bytes(raw)
+    prefixes = [str(shards / "c_00000"), str(shards / "c_00001"), str(tmp_path / "other" / "d")]
+    cfg = compose_config(["run.name=r2"])
+    config = {**to_plain(cfg), "data": {**to_plain(cfg)["data"], "prefixes": prefixes}}
+    prepare_run_dir(tmp_path / "r2", config=config, plan=compute_plan(to_object(cfg)))
+    ref = json.loads((tmp_path / "r2" / "data.json").read_text())
+    assert ref["prefixes"] == prefixes and ref["mock"] is False
+    missing, found = ref["manifests"]  # one per shard directory, sorted by path
+    assert found["path"] == str(shards / "manifest.json") and found["exists"]
+    assert found["sha256"] == hashlib.sha256(raw).hexdigest()
+    assert found["totals"] == {"documents": 3, "tokens": 42}
+    assert found["tokenizer"]["vocab_size"] == 257
+    assert missing == {"path": str(tmp_path / "other" / "manifest.json"), "exists": False}
