@@ -132,20 +132,31 @@ def classic(path: str, out: str) -> dict:
     return {"tokens": tokens, "seconds": time.perf_counter() - start}
 
 
+TIMED_RUN = """
+import resource, subprocess, sys, time
+start = time.perf_counter()
+proc = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+seconds = time.perf_counter() - start
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+print(proc.stderr[-4000:], file=sys.stderr)
+print(proc.returncode, seconds, peak)
+"""
+
+
 def end_to_end(path: pathlib.Path, out: pathlib.Path, workers: int) -> dict:
-    """``python -m data_prep`` as a whole process, timed from launch to exit."""
+    """``python -m data_prep`` as a whole process, timed from launch to exit; also the peak
+    resident memory of its largest process."""
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "data_prep", f"input={path}", f"output={out}", "tokenizer.kind=tiktoken",
            "tokenizer.path=cl100k_base", "progress=false", f"workers={workers}"]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"data_prep failed ({proc.returncode}):\n{proc.stderr}")
+    proc = subprocess.run([sys.executable, "-c", TIMED_RUN, *cmd], cwd=REPO, capture_output=True, text=True)
+    code, seconds, peak_kb = proc.stdout.split()[-3:]
+    if int(code) != 0:
+        raise SystemExit(f"data_prep failed ({code}):\n{proc.stderr}")
     manifest = json.loads((out / "manifest.json").read_text())
     tokens = manifest["totals"]["tokens"] - manifest["totals"]["documents"]  # without EOD ids
-    return {"tokens": tokens, "seconds": seconds, "internal_seconds": manifest["wall_time_s"],
-            "backend": manifest["tokenizer"]["backend"]}
+    return {"tokens": tokens, "seconds": float(seconds), "internal_seconds": manifest["wall_time_s"],
+            "backend": manifest["tokenizer"]["backend"], "peak_rss_mb": int(peak_kb) / 1024}
 
 
 def _in_subprocess(function: str, *args: str) -> dict:
@@ -188,21 +199,33 @@ def report(work: pathlib.Path, args) -> None:
         rows.setdefault("bare gigatoken (limit)", []).append(_in_subprocess("bare_gigatoken", str(many)))
         rows.setdefault(f"data_prep workers={cores}", []).append(end_to_end(many, work / "out", cores))
         rows.setdefault("data_prep workers=1", []).append(end_to_end(many, work / "out", 1))
+    for _ in range(args.repeat):
+        rows.setdefault("bare gigatoken, 1 copy (cold cache)", []).append(_in_subprocess("bare_gigatoken", str(one)))
+        rows.setdefault(f"data_prep workers={cores}, 1 copy", []).append(end_to_end(one, work / "out", cores))
     rows["bare tiktoken (1 copy)"] = [_in_subprocess("bare_tiktoken", str(one))]
     if not args.skip_classic:
         rows["classic, one doc at a time (1 copy)"] = [_in_subprocess("classic", str(one), str(work / "classic"))]
     limit = best(rows["bare gigatoken (limit)"])
     limit_rate = limit["tokens"] / limit["seconds"]
-    print(f"{'measurement':40} {'tokens':>12} {'seconds':>8} {'Mtok/s':>8} {'MB/s':>7} {'vs limit':>8} {'vs 330K':>8}")
+    print(f"{'measurement':42} {'tokens':>12} {'seconds':>8} {'Mtok/s':>8} {'MB/s':>7} {'vs limit':>8} {'vs 330K':>8}")
     for name, runs in rows.items():
         run = best(runs)
         rate = run["tokens"] / run["seconds"]
-        mb = many.stat().st_size / run["seconds"] / 1e6 if "data_prep" in name else float("nan")
-        print(f"{name:40} {run['tokens']:>12,} {run['seconds']:>8.2f} {rate / 1e6:>8.2f} {mb:>7.1f} "
+        size = (one if "1 copy" in name else many).stat().st_size
+        mb = size / run["seconds"] / 1e6 if "data_prep" in name else float("nan")
+        print(f"{name:42} {run['tokens']:>12,} {run['seconds']:>8.2f} {rate / 1e6:>8.2f} {mb:>7.1f} "
               f"{rate / limit_rate:>8.1%} {rate / BASELINE_TOKENS_PER_S:>7.1f}x")
+    cold = best(rows["bare gigatoken, 1 copy (cold cache)"])
+    ours = best(rows[f"data_prep workers={cores}, 1 copy"])
+    print(f"1 copy: data_prep end to end is {ours['tokens'] / ours['seconds'] / (cold['tokens'] / cold['seconds']):.1%} "
+          "of bare gigatoken on the same 1 copy")
     print(f"load average after: {os.getloadavg()[0]:.2f}; all rows best of their runs; "
           f"end-to-end backend: {best(rows['data_prep workers=1'])['backend']}")
-
+    for name, runs in rows.items():
+        if "data_prep" in name:
+            times = ", ".join(f"{r['seconds']:.2f}" for r in runs)
+            peak = max(r["peak_rss_mb"] for r in runs)
+            print(f"{name}: runs {times} s; peak RSS of its largest process {peak:.0f} MB")
 
 if __name__ == "__main__":
     main()
