@@ -33,3 +33,20 @@ def test_train_tokenizer_builds_a_bpe_of_the_requested_size(tmp_path):
     too_small = run_module("data_prep.train_tokenizer", "--input", str(tmp_path / "a.jsonl"), "--vocab-size",
                            "100", "--output", str(tmp_path / "t2"))
     assert too_small.returncode == 2 and "at least 257" in too_small.stderr
+
+
+def test_small_shards_are_warned_about_for_the_split():
+    from data_prep.progress import small_shard_warnings
+
+    manifest = {"shards": [{"prefix": "c_00000", "documents": 50}, {"prefix": "c_00001", "documents": 400}]}
+    warnings = small_shard_warnings(manifest, "98,1,1")
+    assert len(warnings) == 1 and "c_00000" in warnings[0] and "1 shard(s)" in warnings[0]
+    assert small_shard_warnings(manifest, "100,0,0") == []
+
+
+def test_cl100k_preset_and_single_input_compose():
+    from data_prep.cli import compose
+
+    cfg = compose(["data_prep=cl100k", "input=/data/*.jsonl", "output=/tmp/x"])
+    assert cfg.tokenizer.kind.value == "tiktoken" and cfg.tokenizer.path == "cl100k_base"
+    assert list(cfg.input) == ["/data/*.jsonl"] and cfg.workers == 0
