@@ -66,8 +66,9 @@ def _expand_one(spec: str) -> List[str]:
                       "check the path (input=<file|glob|dir> or input=[a,b,...])")
 
 
-def expand_inputs(specs: Sequence[str], forced_format: str) -> List[InputFile]:
-    """Every input file in output order; a file named twice is kept once (its first place)."""
+def expand_inputs(specs: Sequence[str], forced_format: str, exclude_dir: str = "") -> List[InputFile]:
+    """Every input file in output order; a file named twice is kept once (its first place).
+    Files under ``exclude_dir`` (the output directory) are never inputs."""
     if not specs:
         raise ConfigError("input= is empty; name at least one file, glob or directory")
     seen, result = set(), []
@@ -77,7 +78,7 @@ def expand_inputs(specs: Sequence[str], forced_format: str) -> List[InputFile]:
             raise ConfigError(f"input {spec!r} matches no files; check the glob or directory")
         for path in files:
             path = os.path.abspath(path)
-            if path in seen:
+            if path in seen or (exclude_dir and path.startswith(exclude_dir.rstrip(os.sep) + os.sep)):
                 continue
             seen.add(path)
             fmt, compression = detect_format(path, forced_format)

@@ -82,7 +82,7 @@ def make_plan(cfg, before_tokenizer: Callable[[int], None] = lambda workers: Non
     num_tasks, task_index = task_layout(cfg.num_tasks, cfg.task_index)
     out_dir = os.path.abspath(cfg.output)
     name = default_name(out_dir, cfg.name)
-    files = split_for_task(expand_inputs(list(cfg.input), _value(cfg.format)), num_tasks, task_index)
+    files = split_for_task(expand_inputs(list(cfg.input), _value(cfg.format), out_dir), num_tasks, task_index)
     workers = cfg.workers or auto_workers(files, cfg.block_bytes)
     before_tokenizer(workers)
     info = resolve_tokenizer(cfg.tokenizer)

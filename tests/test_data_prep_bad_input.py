@@ -106,3 +106,10 @@ def test_config_errors_exit_2_with_a_fix(tmp_path):
         proc = prepare(*args, check=False)
         assert proc.returncode == 2, (args, proc.stderr)
         assert needle in proc.stderr, (args, proc.stderr)
+
+
+def test_output_inside_the_input_directory_is_not_read_back(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n')
+    for _ in range(2):
+        cfg = compose([f"input={tmp_path}", f"output={tmp_path / 'out'}", "workers=1", "progress=false"])
+        assert execute(cfg)["totals"]["documents"] == 2
