@@ -15,22 +15,22 @@ reported as ``time/backward+grad_sync`` and ``time/grad_sync`` stays 0.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
 from launcher.config import (EngineConfig, ModelConfig, OptimizerConfig, ParallelismConfig,
                              Precision, TrainerConfig)
+from launcher.engine_common import (NonFiniteLoss, StepResult, agree_loss, masked_mean,
+                                    param_groups)
 from launcher.schedule import set_lr
+
+__all__ = ["Engine", "NonFiniteLoss", "StepResult", "build_engine", "deepspeed_config",
+           "param_groups", "FUSED_BACKWARD"]
 
 NEVER_PRINT = 2 ** 31 - 1
 FUSED_BACKWARD = "backward+grad_sync"
 """Metric name of the backward phase: DeepSpeed reduces gradients inside engine.backward."""
-
-
-class NonFiniteLoss(RuntimeError):
-    """A micro-batch produced a NaN/inf loss on some rank (raised under nan_policy=abort)."""
 
 
 def _zero_section(plan, parallelism: ParallelismConfig, engine: EngineConfig) -> dict:
@@ -73,17 +73,6 @@ def deepspeed_config(plan, *, parallelism: ParallelismConfig, optimizer: Optimiz
     }
 
 
-def param_groups(module: torch.nn.Module, weight_decay: float) -> list:
-    """AdamW groups: decay on matrices, none on biases and norm weights (1-D parameters)."""
-    decay, no_decay = [], []
-    for name, param in module.named_parameters():
-        if not param.requires_grad:
-            continue
-        (no_decay if param.ndim < 2 or name.endswith(".bias") else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
-
-
 def _sync_sequence_parallel_grads(module: torch.nn.Module) -> None:
     """Sum the gradients of sequence-parallel norm weights over the TP group as they are
     produced (Megatron's finalize_model_grads does this; DeepSpeed does not)."""
@@ -101,17 +90,6 @@ def _sync_sequence_parallel_grads(module: torch.nn.Module) -> None:
     for param in module.parameters():
         if getattr(param, "sequence_parallel", False):
             param.register_hook(reduce)
-
-
-@dataclass
-class StepResult:
-    """What one optimizer step reports (loss averaged over micro-batches and data-parallel ranks)."""
-
-    loss: float
-    grad_norm: Optional[float]
-    loss_scale: float
-    skipped: bool
-    micro_batches: int
 
 
 def build_engine(plan, *, model: ModelConfig, parallelism: ParallelismConfig,
@@ -151,19 +129,17 @@ class Engine:
         """Per-token losses ``[b, s]`` of one micro-batch (labels given, so no logits)."""
         return self.ds(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
 
-    @staticmethod
-    def masked_mean(token_losses: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-        mask = loss_mask.to(token_losses.dtype)
-        return (token_losses.float() * mask).sum() / mask.sum().clamp(min=1)
+    masked_mean = staticmethod(masked_mean)
+
+    @property
+    def checkpoint_io(self):
+        """The object launcher.checkpoint saves and loads (DeepSpeed's engine itself)."""
+        return self.ds
 
     def _agree_finite(self, loss: torch.Tensor) -> tuple[float, bool]:
         """(sum of losses over all ranks, whether every rank's loss is finite): one all-reduce."""
-        value = loss.detach().float()
-        finite = bool(torch.isfinite(value))
-        packed = torch.stack([value if finite else torch.zeros_like(value),
-                              torch.tensor(0.0 if finite else 1.0)]).to(value.device)
-        torch.distributed.all_reduce(packed)
-        return float(packed[0]), float(packed[1]) == 0.0
+        total, _, finite = agree_loss(loss, 1, bool(torch.isfinite(loss.detach())))
+        return total, finite
 
     def _surrogate(self) -> torch.Tensor:
         """A loss with zero gradient for every parameter (backward of a skipped micro-batch)."""

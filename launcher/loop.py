@@ -5,9 +5,10 @@ the step, evaluation, straggler gathers, stop agreement, checkpoint barriers) ha
 step on every rank. Only the metrics logger knows about rank 0.
 
 Per optimizer step it records ``time/<phase>`` for the seven phases of
-:data:`launcher.timers.PHASES` (``backward`` is reported as ``backward+grad_sync``, see
-:mod:`launcher.engine`), tokens/s, TFLOP/s per GPU and MFU (from the plan's FLOPs per token and
-peak), memory, loss, lr, grad norm and loss scale.
+:data:`launcher.timers.PHASES` (under DeepSpeed ``backward`` is reported as
+``backward+grad_sync``, see :mod:`launcher.engine`; the Megatron engine times them apart),
+tokens/s, TFLOP/s per GPU and MFU (from the plan's FLOPs per token and peak), memory, loss, lr,
+grad norm, loss scale and the engine's extra metrics (``StepResult.extra``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 
 from launcher import checkpoint
 from launcher.config import OptimizerConfig, TrainerConfig
-from launcher.engine import Engine, NonFiniteLoss, StepResult
+from launcher.engine_common import NonFiniteLoss, StepResult
 from launcher.schedule import lr_at
 from launcher.signals import REQUEUE_EXIT_CODE
 from launcher.straggler import find_stragglers, gather_times
@@ -71,7 +72,7 @@ def memory_gb() -> float:
 class TrainLoop:
     """The objects one training run needs (built by launcher.train)."""
 
-    engine: Engine
+    engine: object  # launcher.engine.Engine or launcher.megatron_engine.MegatronEngine
     plan: object  # launcher.plan.Plan
     trainer: TrainerConfig
     optimizer: OptimizerConfig
@@ -163,7 +164,7 @@ class TrainLoop:
             "loss_scale": result.loss_scale, "tokens_per_s": tokens_per_s,
             "tflops_per_gpu": tflops, "mfu": tflops / plan.peak_tflops_per_gpu,
             "consumed_samples": s.consumed_samples, "step_time": elapsed / steps,
-            "memory_gb": memory_gb(), "skipped": float(result.skipped), **extra,
+            "memory_gb": memory_gb(), "skipped": float(result.skipped), **result.extra, **extra,
             **{f"time/{name}": seconds / steps for name, seconds in times.items()},
         }
         self.metrics.log(s.step, {k: v for k, v in metrics.items() if v is not None})
@@ -188,7 +189,7 @@ class TrainLoop:
         if s.last_saved == s.step:
             return
         with self.timer.phase("checkpoint"):
-            checkpoint.save(self.engine.ds, self.checkpoints_dir, step=s.step,
+            checkpoint.save(self.engine.checkpoint_io, self.checkpoints_dir, step=s.step,
                             consumed_samples=s.consumed_samples, keep_last=self.trainer.keep_last,
                             **self.saved_extras)
         s.last_saved = s.step

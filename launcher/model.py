@@ -83,8 +83,10 @@ def _moe_fields(model: ModelConfig, parallelism: ParallelismConfig) -> dict:
         moe_aux_loss_coeff=model.moe_aux_loss_coeff,
         moe_router_load_balancing_type="aux_loss",
         moe_expert_capacity_factor=model.moe_capacity_factor or None,
-        moe_token_dispatcher_type="alltoall" if parallelism.expert_parallel_size > 1
-        else "allgather",
+        # The alltoall dispatcher creates a torch.cuda.Stream (token_dispatcher.py); without
+        # CUDA the allgather dispatcher does expert parallelism instead.
+        moe_token_dispatcher_type="alltoall"
+        if parallelism.expert_parallel_size > 1 and torch.cuda.is_available() else "allgather",
         moe_grouped_gemm=False,
     )
 

@@ -56,17 +56,22 @@ def build_data(cfg, plan, run_dir: Path, consumed_samples: int):
 
 
 def build_engine_for_run(cfg, plan, run_dir: Path, rank: int):
-    """The DeepSpeed engine; rank 0 writes the generated ds_config.json into the run dir."""
+    """The engine of ``cfg.engine.name``; under DeepSpeed rank 0 writes the generated
+    ds_config.json into the run dir."""
     from launcher.atomic import atomic_write_json
-    from launcher.engine import build_engine, deepspeed_config
+    from launcher.config import EngineName
+    from launcher.engine import deepspeed_config
+    from launcher.engines import build_engine_for
 
-    ds_config = deepspeed_config(plan, parallelism=cfg.parallelism, optimizer=cfg.optimizer,
-                                 trainer=cfg.trainer, engine=cfg.engine)
-    if rank == 0:
-        atomic_write_json(run_dir / "ds_config.json", ds_config)
-    return build_engine(plan, model=cfg.model, parallelism=cfg.parallelism,
-                        optimizer=cfg.optimizer, trainer=cfg.trainer, engine=cfg.engine,
-                        ds_config=ds_config)
+    ds_config = None
+    if cfg.engine.name == EngineName.deepspeed:
+        ds_config = deepspeed_config(plan, parallelism=cfg.parallelism, optimizer=cfg.optimizer,
+                                     trainer=cfg.trainer, engine=cfg.engine)
+        if rank == 0:
+            atomic_write_json(run_dir / "ds_config.json", ds_config)
+    return build_engine_for(cfg.engine.name, plan, model=cfg.model, parallelism=cfg.parallelism,
+                            optimizer=cfg.optimizer, trainer=cfg.trainer, engine=cfg.engine,
+                            ds_config=ds_config)
 
 
 def write_pid_file(run_dir: Path, rank: int) -> None:
@@ -110,7 +115,7 @@ def run_worker(argv: Sequence[str]) -> int:
         engine = build_engine_for_run(cfg, plan, run_dir, rank)
         state = LoopState()
         if resume is not None:
-            checkpoint.load(engine.ds, resume)
+            checkpoint.load(engine.checkpoint_io, resume)
             state = LoopState(step=resume.step, consumed_samples=resume.consumed_samples,
                               last_saved=resume.step)
             metrics.log_event("resume", f"resumed from {resume.path} at step {resume.step}")
