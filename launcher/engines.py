@@ -21,5 +21,9 @@ def build_engine_for(name, plan, *, model, parallelism, optimizer, trainer, engi
                                      optimizer=optimizer, trainer=trainer, engine=engine)
     from launcher.engine import build_engine
 
+    if parallelism.pipeline_parallel_size > 1:
+        raise ValueError(f"engine=deepspeed does not pipeline in trainwright "
+                         f"(pipeline_parallel_size={parallelism.pipeline_parallel_size}); use "
+                         "engine=megatron")
     return build_engine(plan, model=model, parallelism=parallelism, optimizer=optimizer,
                         trainer=trainer, engine=engine, ds_config=ds_config)

@@ -13,6 +13,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 from launcher.config import AttentionBackend, EngineName, Precision, TrainwrightConfig
+from launcher.engine_choice import engine_notes
 from launcher.flops import train_flops_per_token
 from launcher.hardware import Device, resolve_device
 from launcher.memory import (ActivationSettings, in_flight_microbatches, stage_activation_bytes,
@@ -94,6 +95,7 @@ class Plan:
     step_time_s: float
     tokens_per_s: float
     time_to_train_days: float
+    engine_notes: tuple = ()  # why the chosen engine runs this layout, what the other would not
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -237,7 +239,7 @@ def _derive(cfg: TrainwrightConfig, world: int, device: Device, batch: _Batch) -
         flash_attention=flash, pipeline_bubble_fraction=bubble, flops_per_token=flops_token,
         flops_per_step=flops_token * step_tokens, peak_tflops_per_gpu=peak,
         assumed_mfu=cfg.plan.mfu, effective_mfu=cfg.plan.mfu / (1 + bubble), step_time_s=step_time, tokens_per_s=step_tokens / step_time,
-        time_to_train_days=batch.steps * step_time / 86400)
+        time_to_train_days=batch.steps * step_time / 86400, engine_notes=tuple(engine_notes(cfg)))
     _check_fits(plan)
     return plan
 

@@ -101,12 +101,18 @@ def _time_rows(p: Plan) -> list[tuple[str, str, str]]:
     ]
 
 
+def _engine_rows(p: Plan) -> list[tuple[str, str, str]]:
+    return [("engine" if i == 0 else "", p.engine if i == 0 else "", note)
+            for i, note in enumerate(p.engine_notes)]
+
+
 def render_plan(plan: Plan, console: Console | None = None) -> None:
     table = Table(title="trainwright plan", show_header=True, header_style="bold")
     table.add_column("quantity")
     table.add_column("value", justify="right")
     table.add_column("detail")
     _section(table, "layout", _layout_rows(plan))
+    _section(table, "engine choice", _engine_rows(plan))
     _section(table, "batch", _batch_rows(plan))
     _section(table, "parameters", _param_rows(plan))
     _section(table, "memory per GPU", _memory_rows(plan))

@@ -196,9 +196,11 @@ def check_engine(cfg: TrainwrightConfig) -> list[Problem]:
                 ("parallelism.zero_stage", "parallelism.pipeline_parallel_size", "engine"),
                 f"parallelism.zero_stage={p.zero_stage} with pipeline_parallel_size="
                 f"{p.pipeline_parallel_size} is not supported by DeepSpeed (ZeRO 2/3 shard "
-                "gradients that pipeline stages accumulate across micro-batches); use "
-                "engine=megatron with parallelism.zero_stage=1 (distributed optimizer), or "
-                "parallelism.zero_stage=1 on DeepSpeed"))
+                "gradients that pipeline stages accumulate across micro-batches, and "
+                "trainwright's DeepSpeed path does not pipeline); pipeline_parallel_size="
+                f"{p.pipeline_parallel_size} with zero_stage={p.zero_stage} needs "
+                "engine=megatron with the distributed optimizer (parallelism.zero_stage=1)"))
+        problems += _deepspeed_layouts(p)
         if p.offload_params and p.zero_stage != 3:
             problems.append(Problem(
                 ("parallelism.offload_params", "parallelism.zero_stage"),
@@ -217,6 +219,21 @@ def check_engine(cfg: TrainwrightConfig) -> list[Problem]:
                 "CPU offload (parallelism.offload_optimizer/offload_params) is a DeepSpeed "
                 "feature; use engine=deepspeed or set both to false"))
     return problems
+
+
+def _deepspeed_layouts(p) -> list[Problem]:
+    """Virtual pipeline, context and expert parallelism need Megatron-Core's DDP and schedules.
+
+    (Pipeline stages on DeepSpeed are explained in the plan's engine_notes and refused when the
+    engine is built; ZeRO 2/3 with them is an error above.)"""
+    sizes = {"virtual_pipeline_parallel_size": p.virtual_pipeline_parallel_size,
+             "context_parallel_size": p.context_parallel_size,
+             "expert_parallel_size": p.expert_parallel_size}
+    return [Problem((f"parallelism.{key}", "engine"),
+                    f"parallelism.{key}={value} is not supported by engine=deepspeed (trainwright's "
+                    "DeepSpeed path has no Megatron-Core schedule or expert/context-parallel "
+                    f"gradient groups); use engine=megatron, or set parallelism.{key}=1")
+            for key, value in sizes.items() if value > 1]
 
 
 def check_static(cfg: TrainwrightConfig, world_size: int) -> list[Problem]:
