@@ -22,6 +22,12 @@ from launcher.signals import REQUEUE_EXIT_CODE, _resolve_signal
 
 _PLAIN_VALUE = re.compile(r"[^\s\"'\\]*")
 
+TASK_EXIT_GRACE_S = 120
+"""``srun --wait``: seconds the other tasks get to finish after the first one exits (any code)
+before srun kills them. Ranks that stop for requeue exit a moment apart (rank 0 closes the
+metrics), which ``--kill-on-bad-exit`` would turn into a kill; a crashed rank still ends the
+step within this grace instead of leaving the others blocked in a collective."""
+
 
 class SbatchError(ValueError):
     """A value that cannot be written into an ``#SBATCH`` directive."""
@@ -76,7 +82,8 @@ def header(cfg, plan, run_dir: Path, job_name: str) -> list[str]:
 def srun_line(cfg, plan, overrides: Sequence[str]) -> str:
     """The ``srun`` command that starts the training (quoted for bash)."""
     c = cfg.cluster
-    srun = ["srun", "--kill-on-bad-exit=1", f"--nodes={plan.nodes}"]
+    srun = ["srun", "--kill-on-bad-exit=0", f"--wait={TASK_EXIT_GRACE_S}",
+            f"--nodes={plan.nodes}"]
     if c.container_image:
         srun.append(f"--container-image={c.container_image}")
         if c.container_mounts:
