@@ -18,12 +18,16 @@ import torch
 SUBDIR = "megatron"
 """Directory inside a step directory that holds the torch_dist files."""
 
-_OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_sharded_model_space"}
+_OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
 def _model_state(chunks: list) -> dict:
-    """Sharded state dict of every model chunk (global layer numbers inside the keys)."""
-    return {f"chunk{i}": chunk.sharded_state_dict() for i, chunk in enumerate(chunks)}
+    """Sharded state dict of every GPTModel chunk (DDP/Float16Module unwrapped, so keys are the
+    model's own names, with global layer numbers)."""
+    from megatron.core.utils import unwrap_model
+
+    return {f"chunk{i}": unwrap_model(chunk).sharded_state_dict()
+            for i, chunk in enumerate(chunks)}
 
 
 def _full_state(chunks: list, optimizer, is_loading: bool, with_optimizer: bool = True) -> dict:
@@ -64,8 +68,10 @@ class MegatronCheckpointIO:
         state = _full_state(self.chunks, self.optimizer, is_loading=True,
                             with_optimizer=load_optimizer_states)
         loaded = dist_checkpointing.load(state, str(source))
+        from megatron.core.utils import unwrap_model
+
         for i, chunk in enumerate(self.chunks):
-            chunk.load_state_dict(loaded["model"][f"chunk{i}"])
+            unwrap_model(chunk).load_state_dict(loaded["model"][f"chunk{i}"])
         if load_optimizer_states:
             self.optimizer.load_state_dict(loaded["optimizer"])
         return str(source), None
