@@ -146,6 +146,9 @@ def _worker_entry(argv: list) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if any(flag in argv for flag in ("-m", "--multirun")):
+        from launcher.sweep import main as sweep_main  # Hydra multirun: one run per point
+        return sweep_main(argv)
     cfg = to_object(compose_or_exit(argv))
     plan = plan_or_exit(cfg)
     nprocs = cfg.cluster.gpus_per_node

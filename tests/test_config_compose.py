@@ -25,7 +25,7 @@ def _options(group: str) -> list[str]:
 
 def test_every_group_directory_is_known():
     groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
-    assert groups - OTHER_APPS == set(SCHEMA_OF_GROUP) | {"experiment"}
+    assert groups - OTHER_APPS == set(SCHEMA_OF_GROUP) | {"experiment", "hydra"}
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in SCHEMA_OF_GROUP for o in _options(g)])
