@@ -96,7 +96,8 @@ def main(argv: Sequence[str]) -> int:
     sweep_name = cfg.run.name or f"sweep_{stamp}"
     sweep_dir = Path(cfg.run.output_root).resolve() / sweep_name
     group = cfg.logger.group or sweep_name
-    exclude = sorted({o.split("=", 1)[0].lstrip("+~") for o in plain} | set(POINT_KEYS))
+    exclude = sorted(({o.split("=", 1)[0].lstrip("+~") for o in plain} - set(swept))
+                     | set(POINT_KEYS))
     hydra_args = [*overrides, f"hydra.sweep.dir={_quote(sweep_dir)}",
                   "hydra.sweep.subdir=.hydra/${hydra.job.num}",
                   f"hydra.job.config.override_dirname.exclude_keys=[{','.join(exclude)}]"]

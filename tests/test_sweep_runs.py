@@ -1,0 +1,83 @@
+"""Sweeps: ``launcher.train -m`` locally and through the Slurm launcher (hydra-submitit) give one
+run directory per point named after its overrides, a shared wandb group, and a summary table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher.sweep import split_overrides, time_limit_minutes
+from launcher.sweep_summary import main as summary_main, summarize
+from tests._slurm import job_env, slurm  # noqa: F401
+from tests.test_train_loop import REPO, TINY
+
+POINTS = ["optimizer.lr=1e-4,3e-3", *(o for o in TINY if not o.startswith("optimizer.lr=")), "trainer.train_steps=6", "trainer.eval_interval=3",
+          "trainer.save_interval=0", "trainer.straggler_interval=0"]
+
+
+def sweep(tmp: Path, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = env or {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
+                  "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "launcher.train", "-m", *POINTS,
+                           f"run.output_root={tmp}", "run.name=lr_sweep", *overrides],
+                          cwd=tmp, env=env, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+def check_points(sweep_dir: Path) -> None:
+    names = sorted(p.parent.name for p in sweep_dir.glob("*/metrics.jsonl"))
+    assert names == ["optimizer.lr=0.0001", "optimizer.lr=0.003"]
+    for name in names:
+        config = yaml.safe_load((sweep_dir / name / "config.yaml").read_text())
+        assert config["logger"]["group"] == "lr_sweep"
+        assert config["optimizer"]["lr"] == float(name.split("=")[1])
+    rows = summarize(sweep_dir)
+    assert [r["point"] for r in rows] == ["optimizer.lr=0.003", "optimizer.lr=0.0001"]
+    assert all(r["steps"] == 6 and r["best_val_step"] in (3, 6) for r in rows)
+
+
+@pytest.mark.slow
+def test_local_multirun_one_run_dir_per_point_and_shared_group(tmp_path):
+    sweep(tmp_path)
+    check_points(tmp_path / "lr_sweep")
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("slurm")
+def test_slurm_launcher_runs_one_job_per_point(slurm, tmp_path):
+    sweep(tmp_path, "hydra/launcher=slurm", "cluster=slurm_cpu", env=job_env())
+    check_points(tmp_path / "lr_sweep")
+    scripts = list((tmp_path / "lr_sweep" / ".submitit").glob("*/*_submission.sh"))
+    assert scripts and "#SBATCH --cpus-per-task=2" in scripts[0].read_text()
+
+
+def test_sweep_keys_and_time_limits():
+    assert split_overrides(["a.b=1,2", "c=3", "d=range(1,3)"]) == (["a.b", "d"], ["c=3"])
+    assert [time_limit_minutes(t) for t in ("00:15:00", "1-00:00:30", "90", "48:00:00")] == \
+        [15, 1441, 90, 2880]
+
+
+def test_summary_tabulates_final_and_best_validation_loss(tmp_path, capsys):
+    for name, evals in {"lr=1": [3.0, 2.0, 2.5], "lr=2": [2.9, 1.5, 1.7], "lr=3": []}.items():
+        (tmp_path / name).mkdir()
+        lines = [{"step": s, "loss": 4.0 - s / 10} for s in range(1, 4)]
+        lines += [{"step": s + 1, "eval/loss": v} for s, v in enumerate(evals)]
+        (tmp_path / name / "metrics.jsonl").write_text(
+            "".join(json.dumps(l) + "\n" for l in lines) + '{"step": 9, "lo')
+    rows = summarize(tmp_path)
+    assert [(r["point"], r["final_val_loss"], r["best_val_loss"], r["best_val_step"])
+            for r in rows] == [("lr=2", 1.7, 1.5, 2), ("lr=1", 2.5, 2.0, 2),
+                               ("lr=3", None, None, None)]
+    assert summary_main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["point", "steps", "train_loss", "final_val_loss", "best_val_loss",
+                              "best_val_step"]
+    assert out[1].split()[:5] == ["lr=2", "3", "3.7000", "1.7000", "1.5000"]
+    assert summary_main([str(tmp_path / "lr=3" / "none")]) == 1
