@@ -224,9 +224,10 @@ def check_engine(cfg: TrainwrightConfig) -> list[Problem]:
 def _deepspeed_layouts(p) -> list[Problem]:
     """Virtual pipeline, context and expert parallelism need Megatron-Core's DDP and schedules.
 
-    (Pipeline stages on DeepSpeed are explained in the plan's engine_notes and refused when the
-    engine is built; ZeRO 2/3 with them is an error above.)"""
-    sizes = {"virtual_pipeline_parallel_size": p.virtual_pipeline_parallel_size,
+    So do pipeline stages: trainwright's DeepSpeed path does not pipeline (ZeRO 2/3 with
+    stages has its own message above)."""
+    sizes = {"pipeline_parallel_size": p.pipeline_parallel_size if p.zero_stage < 2 else 1,
+             "virtual_pipeline_parallel_size": p.virtual_pipeline_parallel_size,
              "context_parallel_size": p.context_parallel_size,
              "expert_parallel_size": p.expert_parallel_size}
     return [Problem((f"parallelism.{key}", "engine"),

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from launcher.compose import CONFIG_ERROR_EXIT, compose_config, to_object
-from launcher.plan import compute_plan, main
+from launcher.plan import PlanError, compute_plan, main
 
 EXP_70B = "experiment=llama3_70b_16k_h100"
 
@@ -41,9 +41,9 @@ def test_70b_plan_json_and_table_carry_the_engine_notes(capsys):
 def test_plain_deepspeed_layout_notes_megatron_alternative_only_when_needed():
     notes = plan_of("parallelism.zero_stage=2").engine_notes
     assert notes == ("engine=deepspeed: ZeRO stage 2 around the Megatron-Core GPTModel (works)",)
-    notes = plan_of("parallelism=pp2").engine_notes
-    assert any("cannot run pipeline_parallel_size=2" in n and "engine=megatron" in n
-               for n in notes)
+    with pytest.raises(PlanError) as info:  # DeepSpeed with pipeline stages is refused
+        plan_of("parallelism=pp2")
+    assert "use engine=megatron" in str(info.value)
     vpp = plan_of("engine=megatron", "parallelism=pp2",
                   "parallelism.virtual_pipeline_parallel_size=2", "model.num_layers=4")
     assert "interleaved 1F1B" in vpp.engine_notes[0]

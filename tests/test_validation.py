@@ -57,6 +57,10 @@ CASES = {
     "offload_params_without_zero3": (
         ["parallelism.offload_params=true", "parallelism.zero_stage=2"],
         ["offload_params=true needs zero_stage=3"]),
+    "pipeline_on_deepspeed": (
+        ["parallelism=pp2"],
+        ["parallelism.pipeline_parallel_size=2 is not supported by engine=deepspeed",
+         "use engine=megatron"]),
     "zero_stage_out_of_range": (
         ["parallelism.zero_stage=5"], ["parallelism.zero_stage=5 must be 0, 1, 2 or 3"]),
     "sequence_parallel_without_tp": (
@@ -96,9 +100,10 @@ def test_all_problems_reported_at_once(capsys):
     assert main(["parallelism.tensor_parallel_size=3", "parallelism.pipeline_parallel_size=3",
                  "parallelism.sequence_parallel=false", "model.num_layers=5"]) == 2
     err = capsys.readouterr().err
-    assert "5 problem(s)" in err
+    assert "6 problem(s)" in err
     for fragment in ("world size 2", "num_attention_heads=8", "num_query_groups=4",
-                     "ffn_hidden_size=704", "num_layers=5"):
+                     "ffn_hidden_size=704", "num_layers=5",
+                     "pipeline_parallel_size=3 is not supported by engine=deepspeed"):
         assert fragment in err
 
 
