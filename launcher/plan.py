@@ -272,6 +272,22 @@ def _overflow_message(plan: Plan) -> str:
             f"{plan.gpu_memory_bytes / gib:.1f} GiB; try " + ", or ".join(fixes))
 
 
+def print_problems(error: PlanError) -> None:
+    """Every problem of a refused plan, with its fix, on stderr."""
+    print(f"plan: {len(error.problems)} problem(s):\n{error}", file=sys.stderr)
+
+
+def plan_or_exit(cfg: TrainwrightConfig, world_size: int | None = None) -> Plan:
+    """compute_plan for entry points: on problems print them and exit with code 2."""
+    from launcher.compose import CONFIG_ERROR_EXIT
+
+    try:
+        return compute_plan(cfg, world_size)
+    except PlanError as exc:
+        print_problems(exc)
+        raise SystemExit(CONFIG_ERROR_EXIT) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m launcher.plan [overrides]``: print the plan; exit 2 on any config problem."""
     from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
@@ -288,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         from launcher.plan_report import render_plan
         render_plan(plan)
     if error is not None:
-        print(f"plan: {len(error.problems)} problem(s):\n{error}", file=sys.stderr)
+        print_problems(error)
         return CONFIG_ERROR_EXIT
     return 0
 

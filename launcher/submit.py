@@ -19,7 +19,7 @@ from typing import Sequence
 from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
 from launcher.rundir import run_dir_path
 from launcher.sbatch import SbatchError, render
-from launcher.train import plan_or_exit
+from launcher.plan import plan_or_exit
 
 SCRIPT_NAME = "submit.sbatch"
 """File name of the rendered script inside the run directory."""

@@ -17,15 +17,7 @@ from typing import Sequence
 
 from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
 from launcher.distributed import in_distributed_launch, launch_local_world
-from launcher.plan import PlanError, compute_plan
-
-
-def plan_or_exit(cfg, world_size=None):
-    try:
-        return compute_plan(cfg, world_size)
-    except PlanError as exc:
-        print(f"plan: {len(exc.problems)} problem(s):\n{exc}", file=sys.stderr)
-        raise SystemExit(CONFIG_ERROR_EXIT) from None
+from launcher.plan import plan_or_exit
 
 
 def build_data(cfg, plan, run_dir: Path, consumed_samples: int):
