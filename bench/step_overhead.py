@@ -80,7 +80,7 @@ def build_bare_engine(cfg, ds_config: dict):
 
     from launcher import cpu_compat
     from launcher.config import Arch
-    from launcher.model import transformer_config
+    from launcher.model import transformer_config, use_transformer_engine
     from launcher.params import padded_vocab_size
 
     cpu_compat.enable()  # CUDA-only calls of Megatron-Core redirected on a CPU machine
@@ -91,7 +91,8 @@ def build_bare_engine(cfg, ds_config: dict):
     config = transformer_config(cfg.model, cfg.parallelism, cfg.trainer)
     vocab = padded_vocab_size(cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by, 1)
     model = GPTModel(config=config, transformer_layer_spec=get_gpt_decoder_block_spec(
-        config, use_transformer_engine=False, normalization=config.normalization),
+        config, use_transformer_engine=use_transformer_engine(),
+        normalization=config.normalization),
         vocab_size=vocab, max_sequence_length=cfg.model.seq_length,
         share_embeddings_and_output_weights=not cfg.model.untie_embeddings_and_output_weights,
         position_embedding_type="rope" if cfg.model.arch == Arch.llama else "learned_absolute",

@@ -37,12 +37,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _init_gloo(store_path: str, rank: int, world_size: int) -> None:
-    """Join a gloo group that rendezvouses through the file at ``store_path``."""
+def _init_gloo(store_path: str, rank: int, world_size: int, backend: str = "gloo") -> None:
+    """Join a group (gloo, or nccl on GPU rank % count) that rendezvouses through the file at
+    ``store_path``."""
+    import torch
     import torch.distributed as dist
 
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     store = dist.FileStore(store_path, world_size)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
 
 
 def _teardown() -> None:
@@ -78,16 +82,29 @@ def _load_target(target: str) -> Callable[[dict], Any]:
     return getattr(module, func_name)
 
 
-def _worker_env(rank: int, nprocs: int, port: int) -> dict:
-    """Environment of one worker: torchrun's variables, one thread, repo on the path."""
+def _worker_env(rank: int, nprocs: int, port: int, backend: str) -> dict:
+    """Environment of one worker: torchrun's variables, one thread, repo on the path.
+
+    With ``backend="nccl"`` and fewer GPUs than ranks, each rank gets its own ``NCCL_HOSTID``:
+    NCCL refuses two ranks on one GPU of one host, but ranks it believes are on different hosts
+    share the GPU and talk over loopback sockets (slow, but correct: for GPU tests on one card).
+    """
     env = dict(os.environ)
     env.update(
         RANK=str(rank), WORLD_SIZE=str(nprocs), LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-        OMP_NUM_THREADS="1",
+        OMP_NUM_THREADS="1", TW_TEST_BACKEND=backend,
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),
     )
+    if backend == "nccl" and _gpu_count() < nprocs:
+        env.update(NCCL_HOSTID=f"tw-test-rank{rank}", NCCL_SOCKET_IFNAME="lo")
     return env
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def _wait_all(procs: List[subprocess.Popen], timeout: float) -> None:
@@ -106,9 +123,12 @@ def _wait_all(procs: List[subprocess.Popen], timeout: float) -> None:
 
 
 def run_distributed(
-    target: str, nprocs: int, args: Optional[dict] = None, timeout: float = 240.0
+    target: str, nprocs: int, args: Optional[dict] = None, timeout: float = 240.0,
+    backend: str = "gloo",
 ) -> List[Any]:
-    """Run ``target(args)`` on ``nprocs`` gloo ranks in fresh processes; return results by rank.
+    """Run ``target(args)`` on ``nprocs`` ranks in fresh processes; return results by rank.
+
+    ``backend`` is ``"gloo"`` (CPU) or ``"nccl"`` (rank r on GPU r modulo the GPU count).
 
     Raises RuntimeError with the tail of each failed rank's log when any rank fails or times out.
     """
@@ -119,7 +139,8 @@ def run_distributed(
         procs = []
         for rank in range(nprocs):
             log = open(Path(tmp, f"rank{rank}.log"), "w")
-            procs.append(subprocess.Popen(cmd, env=_worker_env(rank, nprocs, port), cwd=REPO_ROOT,
+            procs.append(subprocess.Popen(cmd, env=_worker_env(rank, nprocs, port, backend),
+                                          cwd=REPO_ROOT,
                                           stdout=log, stderr=subprocess.STDOUT))
             log.close()
         _wait_all(procs, timeout)
@@ -137,7 +158,7 @@ def _worker_main(target: str, tmp: str) -> None:
 
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    _init_gloo(os.path.join(tmp, "store"), rank, world)
+    _init_gloo(os.path.join(tmp, "store"), rank, world, os.environ.get("TW_TEST_BACKEND", "gloo"))
     try:
         result = _load_target(target)(json.loads(Path(tmp, "args.json").read_text()))
         Path(tmp, f"rank{rank}.json.part").write_text(json.dumps(result))

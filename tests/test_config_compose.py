@@ -47,7 +47,7 @@ def test_experiment_composes_to_object(experiment):
 
 
 def test_expected_presets_exist():
-    assert {"tiny", "gpt2_124m", "llama3_8b", "llama3_70b", "llama3_405b",
+    assert {"tiny", "gpt2_124m", "llama3_1b", "llama3_8b", "llama3_70b", "llama3_405b",
             "mixtral_8x7b"} <= set(_options("model"))
     assert {"local_cpu", "local_gpu", "slurm_h100", "slurm_h200"} <= set(_options("cluster"))
     assert set(_options("engine")) == {"deepspeed", "megatron"}
