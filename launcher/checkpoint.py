@@ -207,6 +207,8 @@ def load(ds_engine, resume: Resume) -> None:
         path, _ = ds_engine.load_checkpoint(str(resume.path.parent), tag=resume.path.name,
                                             load_optimizer_states=True,
                                             load_lr_scheduler_states=False)
+    except CheckpointError:
+        raise  # the engine's own diagnosis (e.g. an unconvertible layout): keep its message
     except (RuntimeError, OSError, EOFError, ValueError, KeyError, pickle.UnpicklingError) as exc:
         raise _load_error(resume, exc) from exc
     if path is None:

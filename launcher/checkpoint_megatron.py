@@ -3,14 +3,39 @@
 :class:`MegatronCheckpointIO` offers ``save_checkpoint(save_dir, tag)`` and
 ``load_checkpoint(load_dir, tag)``, the two calls :mod:`launcher.checkpoint` makes on a DeepSpeed
 engine, so the Megatron engine goes through the same atomic protocol (``step_N.tmp`` ->
-``complete`` -> rename -> ``latest``) and the same RNG-state files. The model and optimizer are
-saved as sharded state dicts in model space (the optimizer with
-``fully_sharded_model_space``), so a checkpoint written with one TP/PP/DP layout loads into
-another: tensors are addressed by global name and global slice, not by rank.
+``complete`` -> rename -> ``latest``) and the same RNG-state files.
+
+The model is saved as a sharded state dict in model space: tensors are addressed by global name
+and global slice, not by rank, so a checkpoint written with one TP/PP/DP layout loads into
+another. The optimizer follows the same idea:
+
+* plain optimizer (``parallelism.zero_stage=0``): Megatron-Core's model-space optimizer state;
+* distributed optimizer (``zero_stage=1``): ``distrib_optim_sharding_type=fully_reshardable``.
+  On save Megatron-Core gathers the flat ZeRO-1 shards over the data-parallel group and reshapes
+  them to parameter shape; on load every rank reads what its new shard needs. TP, PP and DP may
+  all change. (``fully_sharded_model_space`` is deprecated and rejects the flattened shards
+  in 0.16.1; ``dp_reshardable`` would only allow DP changes.)
+
+The checkpoint records its layout and optimizer format as dist-checkpointing *content metadata*;
+a load reads it back, builds the optimizer's sharded state dict in the saved format, and refuses
+with :class:`launcher.checkpoint.CheckpointError` (naming both layouts and the fix) what
+Megatron-Core cannot convert: optimizer state across ``zero_stage`` 0 <-> 1.
+
+Four things Megatron-Core 0.16.1 leaves to the training loop (or gets wrong with torch's Adam,
+i.e. without Transformer Engine or Apex), each handled here and tested:
+
+* a fresh distributed optimizer has no Adam state, and ``DistributedOptimizer.state_dict`` (used
+  by save and load) asserts one common per-parameter ``step``: :func:`prime_optimizer_state`;
+* ``fully_reshardable`` loading raises KeyError 'step': :func:`_keep_adam_step`;
+* after a load every parameter shares one ``step`` tensor, which then advances once per
+  parameter per step: :func:`_unshare_adam_steps`;
+* with ``engine.overlap_param_gather`` the other ranks' parameter shards are one update behind
+  until the next forward, so the saved model tensors would be stale: :func:`sync_params`.
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -18,7 +43,14 @@ import torch
 SUBDIR = "megatron"
 """Directory inside a step directory that holds the torch_dist files."""
 
-_OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+FORMAT_VERSION = 1
+"""Version of the content metadata written next to the tensors."""
+
+DISTRIBUTED_SHARDING = "fully_reshardable"
+"""Megatron-Core ``distrib_optim_sharding_type`` used for distributed-optimizer state."""
+
+_LEGACY = {"distrib_optim_sharding_type": DISTRIBUTED_SHARDING}
+"""What a checkpoint without content metadata (written before it was recorded) holds."""
 
 
 def _model_state(chunks: list) -> dict:
@@ -30,12 +62,172 @@ def _model_state(chunks: list) -> dict:
             for i, chunk in enumerate(chunks)}
 
 
-def _full_state(chunks: list, optimizer, is_loading: bool, with_optimizer: bool = True) -> dict:
+def _sub_optimizers(optimizer) -> list:
+    """The Megatron optimizers inside a ChainedOptimizer (or the optimizer itself)."""
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def is_distributed(optimizer) -> bool:
+    """Whether ``optimizer`` is (made of) Megatron-Core DistributedOptimizer(s) (ZeRO-1)."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    return any(isinstance(o, DistributedOptimizer) for o in _sub_optimizers(optimizer))
+
+
+def layout() -> dict:
+    """This run's parallel layout as recorded in (and compared against) a checkpoint."""
+    from megatron.core import parallel_state as ps
+
+    vpp = ps.get_virtual_pipeline_model_parallel_world_size()
+    return {"tp": ps.get_tensor_model_parallel_world_size(),
+            "pp": ps.get_pipeline_model_parallel_world_size(), "vpp": vpp or 1,
+            "cp": ps.get_context_parallel_world_size(),
+            "ep": ps.get_expert_model_parallel_world_size(),
+            "dp": ps.get_data_parallel_world_size()}
+
+
+def describe(saved: dict) -> str:
+    """``zero_stage=1 (TP=2 PP=1 VPP=1 CP=1 EP=1 DP=1)`` for a content-metadata dict."""
+    dims = " ".join(f"{k.upper()}={v}" for k, v in saved.get("layout", {}).items())
+    return f"zero_stage={saved.get('zero_stage', '?')} ({dims})"
+
+
+def content_metadata(optimizer) -> dict:
+    """What a save records: format version, layout and the optimizer state format."""
+    distributed = is_distributed(optimizer)
+    return {"trainwright_format": FORMAT_VERSION, "layout": layout(),
+            "zero_stage": 1 if distributed else 0,
+            "distrib_optim_sharding_type": DISTRIBUTED_SHARDING if distributed else None}
+
+
+def optimizer_metadata(saved: dict) -> dict:
+    """The ``metadata`` argument of ``optimizer.sharded_state_dict`` for a checkpoint's format
+    (the keys Megatron-LM's training loop passes)."""
+    metadata = {"chained_optim_avoid_prefix": True, "singleton_local_shards": False}
+    if saved.get("distrib_optim_sharding_type"):
+        metadata["distrib_optim_sharding_type"] = saved["distrib_optim_sharding_type"]
+    return metadata
+
+
+_ADAM_STATE = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step")
+"""Per-parameter Adam state that a fresh optimizer holds as zeros (never the master weights)."""
+
+
+@torch.no_grad()
+def prime_optimizer_state(optimizer) -> None:
+    """Allocate the Adam state of every distributed optimizer that has none yet, equal to what
+    torch allocates on its first step (zero moments, step 0); weights are left as they are.
+
+    Megatron-Core's ``_init_optimizer_states_with_dummy_values`` takes one optimizer step on zero
+    gradients; with lr and weight decay at 0 for that step it changes no weight, and resetting
+    the moments and step counts afterwards (per parameter for torch Adam, per group for
+    FusedAdam) undoes the step."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    for sub in _sub_optimizers(optimizer):
+        if not isinstance(sub, DistributedOptimizer) or len(sub.optimizer.state) > 0:
+            continue
+        groups = sub.optimizer.param_groups
+        saved = [{k: g[k] for k in ("lr", "weight_decay", "step") if k in g} for g in groups]
+        for group in groups:
+            group["lr"], group["weight_decay"] = 0.0, 0.0
+        try:
+            sub._init_optimizer_states_with_dummy_values()
+        finally:
+            for group, before in zip(groups, saved):
+                group.pop("step", None)
+                group.update(before)
+        for state in sub.optimizer.state.values():
+            for key in _ADAM_STATE:
+                if torch.is_tensor(state.get(key)):
+                    state[key].zero_()
+
+
+@contextlib.contextmanager
+def _keep_adam_step(optimizer):
+    """While loading ``fully_reshardable`` state into torch's Adam (no Transformer Engine or Apex
+    FusedAdam), keep the per-parameter ``step`` that ``load_state_dict`` has just set from the
+    checkpoint's param groups.
+
+    Megatron-Core 0.16.1 ``load_parameter_state_from_fully_reshardable`` leaves ``step`` out of
+    the tensors it hands to ``_set_main_param_and_optimizer_states``, which then copies every key
+    of the torch state, ``step`` included: KeyError 'step'. (FusedAdam keeps the step in the
+    param group, so on those installs there is nothing to add.)"""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    patched = [sub for sub in _sub_optimizers(optimizer) if isinstance(sub, DistributedOptimizer)]
+    for sub in patched:
+        original = sub._set_main_param_and_optimizer_states
+
+        def set_states(model_param, tensors, _sub=sub, _original=original):
+            group_index, group_order = _sub.model_param_group_index_map[model_param]
+            main_param = _sub.optimizer.param_groups[group_index]["params"][group_order]
+            current = _sub.optimizer.state.get(main_param, {})
+            if "step" in current and "step" not in tensors:
+                tensors = {**tensors, "step": current["step"]}
+            _original(model_param, tensors)
+
+        sub._set_main_param_and_optimizer_states = set_states
+    try:
+        yield
+    finally:
+        for sub in patched:
+            del sub._set_main_param_and_optimizer_states
+
+
+def _unshare_adam_steps(optimizer) -> None:
+    """Give every parameter its own Adam ``step`` tensor after a distributed-optimizer load.
+
+    Megatron-Core 0.16.1 ``DistributedOptimizer.load_state_dict`` (torch Adam path) assigns one
+    ``step`` tensor to every parameter's state, and torch keeps it as is; torch Adam then adds 1
+    to that shared tensor once per parameter, so after one step the count is off by the number of
+    parameters and every later bias correction is wrong (the first step after a resume still
+    matches, the second does not)."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    for sub in _sub_optimizers(optimizer):
+        if isinstance(sub, DistributedOptimizer):
+            for state in sub.optimizer.state.values():
+                if torch.is_tensor(state.get("step")):
+                    state["step"] = state["step"].clone()
+
+
+def sync_params(chunks: list) -> None:
+    """Finish the distributed optimizer's parameter all-gather before a save.
+
+    With ``engine.overlap_param_gather`` the all-gather of the updated shards is deferred to the
+    next forward pass, so right after a step each rank holds the other ranks' parameter shards
+    one update behind; the model tensors saved from data-parallel rank 0 would be stale (as
+    Megatron-LM's training loop, force a synchronous gather first; the next forward then has
+    nothing left to gather, so training continues bitwise the same)."""
+    for chunk in chunks:
+        ddp_config = getattr(chunk, "ddp_config", None)
+        if ddp_config is not None and ddp_config.use_distributed_optimizer \
+                and ddp_config.overlap_param_gather:
+            chunk.start_param_sync(force_sync=True)
+
+
+def _full_state(chunks: list, optimizer, saved: dict, is_loading: bool,
+                with_optimizer: bool = True) -> dict:
     state = {"model": _model_state(chunks)}
     if with_optimizer:
+        prime_optimizer_state(optimizer)
         state["optimizer"] = optimizer.sharded_state_dict(
-            state["model"], is_loading=is_loading, metadata=_OPTIMIZER_METADATA)
+            state["model"], is_loading=is_loading, metadata=optimizer_metadata(saved))
     return state
+
+
+def check_compatible(saved: dict, current: dict, source: Path) -> None:
+    """Raise CheckpointError when the optimizer state in ``source`` (saved with ``saved``) cannot
+    be loaded by this run's optimizer (``current``); every TP/PP/DP change is loadable."""
+    from launcher.checkpoint import CheckpointError
+
+    if saved.get("zero_stage", current["zero_stage"]) != current["zero_stage"]:
+        raise CheckpointError(
+            f"{source} was saved with {describe(saved)}, this run uses {describe(current)}: "
+            "Megatron-Core cannot convert optimizer state between the distributed optimizer "
+            "(zero_stage=1) and the plain one (zero_stage=0). Resume with "
+            f"parallelism.zero_stage={saved['zero_stage']} (any TP/PP/DP layout loads).")
 
 
 class MegatronCheckpointIO:
@@ -53,25 +245,33 @@ class MegatronCheckpointIO:
         if torch.distributed.get_rank() == 0:
             target.mkdir(parents=True, exist_ok=True)
         torch.distributed.barrier()
-        dist_checkpointing.save(_full_state(self.chunks, self.optimizer, is_loading=False),
-                                str(target))
+        sync_params(self.chunks)
+        metadata = content_metadata(self.optimizer)
+        dist_checkpointing.save(
+            _full_state(self.chunks, self.optimizer, metadata, is_loading=False), str(target),
+            content_metadata=metadata)
 
     def load_checkpoint(self, load_dir: str, tag: str, load_optimizer_states: bool = True,
                         load_lr_scheduler_states: bool = False):
         """Load ``<load_dir>/<tag>/megatron`` into this layout; returns (path, None) like
         DeepSpeed (the lr schedule is recomputed from the step, so there is none to load)."""
         from megatron.core import dist_checkpointing
+        from megatron.core.utils import unwrap_model
 
         source = Path(load_dir) / tag / SUBDIR
         if not source.is_dir():
             raise FileNotFoundError(f"{source} does not exist (not a Megatron checkpoint?)")
-        state = _full_state(self.chunks, self.optimizer, is_loading=True,
+        # No content metadata: written before it was recorded, always as fully_reshardable.
+        saved = dist_checkpointing.load_content_metadata(str(source)) or _LEGACY
+        if load_optimizer_states:
+            check_compatible(saved, content_metadata(self.optimizer), source)
+        state = _full_state(self.chunks, self.optimizer, saved, is_loading=True,
                             with_optimizer=load_optimizer_states)
         loaded = dist_checkpointing.load(state, str(source))
-        from megatron.core.utils import unwrap_model
-
         for i, chunk in enumerate(self.chunks):
             unwrap_model(chunk).load_state_dict(loaded["model"][f"chunk{i}"])
         if load_optimizer_states:
-            self.optimizer.load_state_dict(loaded["optimizer"])
+            with _keep_adam_step(self.optimizer):
+                self.optimizer.load_state_dict(loaded["optimizer"])
+            _unshare_adam_steps(self.optimizer)
         return str(source), None
