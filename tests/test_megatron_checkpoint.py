@@ -1,13 +1,15 @@
 """engine=megatron checkpoints: dist-checkpointing (torch_dist) inside the atomic protocol.
 
-Two 2-rank launches. ``reshard_worker``: a checkpoint saved at TP=2 (plain optimizer,
+Two 2-rank launches and one 4-rank launch. ``reshard_worker``: a checkpoint saved at TP=2 (plain optimizer,
 zero_stage=0) or PP=2 (distributed optimizer, zero_stage=1, the preset's default) loads at
 TP=1/PP=1 (DP=2) with the same loss on the next batch, and a resume on the same layout continues
 bitwise for two steps (the second step depends on the restored Adam state). ``zero1_worker``:
 the distributed optimizer at DP=2 saves before its first step and after two; the resume continues
 bitwise; the checkpoint loads at TP=2 (DP=1) with the same loss and, after two more steps, a loss
 within float noise of the DP=2 run; a zero_stage=0 run refuses it with a message naming both
-layouts and the fix, and its model tensors alone reproduce the saved model.
+layouts and the fix, and its model tensors alone reproduce the saved model. ``tp2dp2_worker``
+(4 ranks): a TP=2 x DP=2 distributed-optimizer checkpoint continues at TP=1 x DP=4 within float
+noise.
 """
 
 from __future__ import annotations
@@ -254,3 +256,44 @@ def test_zero1_saved_model_tensors_are_the_trained_weights(zero1):
     (weights-only load) reproduce the saved model's loss (stale ones gave 6.099 vs 6.029)."""
     for rank in zero1:
         assert rank["weights_only_eval0"] == rank["eval0"]
+
+
+def tp2dp2_worker(args: dict) -> dict:
+    """4 ranks: distributed optimizer at TP=2 x DP=2 (ZeRO-1 shards of TP shards), saved after
+    two steps, then two more; loaded at TP=1 x DP=4 for the same two steps."""
+    ckpt, out = Path(args["dir"]) / "tp2dp2" / "checkpoints", {}
+    common = TIED + ["parallelism.zero_stage=1", "trainer.global_batch_size=8"]
+    layouts = {"tp2dp2": TP2_DP1, "tp1dp4": []}
+    for name, layout in layouts.items():
+        cfg, plan, eng = build(common + layout)
+        batches = _batches(cfg, 16)
+        if name == "tp2dp2":
+            _steps(eng, cfg, plan, _dp_share(batches[:8]), 2)
+            _save(eng, ckpt, 2)
+        else:
+            _load(eng, ckpt)
+        out[f"{name}_eval0"] = eng.eval_loss(batches[8:10])
+        out[f"{name}_next"] = _steps(eng, cfg, plan, _dp_share(batches[8:16]), 2)
+        out[f"{name}_eval2"] = eng.eval_loss(batches[8:10])
+        _finish()
+    return out
+
+
+@pytest.fixture(scope="module")
+def tp2dp2(tmp_path_factory):
+    from tests._dist import run_distributed
+
+    root = tmp_path_factory.mktemp("megatron_tp2dp2")
+    return run_distributed("tests.test_megatron_checkpoint:tp2dp2_worker", 4, {"dir": str(root)})
+
+
+@pytest.mark.slow
+def test_zero1_tp2_dp2_checkpoint_loads_at_tp1_dp4(tp2dp2):
+    """Both the TP and the ZeRO-1 sharding change: eval loss before and after two steps, and
+    their losses and grad norms, within float noise (1e-5; measured <= 1e-6)."""
+    for rank in tp2dp2:
+        assert abs(rank["tp1dp4_eval0"] - rank["tp2dp2_eval0"]) < 1e-5
+        for (loss, norm), (ref_loss, ref_norm) in zip(rank["tp1dp4_next"], rank["tp2dp2_next"]):
+            assert abs(loss - ref_loss) < 1e-5 and abs(norm - ref_norm) < 1e-5
+        assert abs(rank["tp1dp4_eval2"] - rank["tp2dp2_eval2"]) < 1e-5
+        assert rank["tp2dp2_eval2"] < rank["tp2dp2_eval0"] - 0.1
