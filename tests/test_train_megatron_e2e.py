@@ -1,0 +1,98 @@
+"""``python -m launcher.train engine=megatron`` end to end on 2 CPU processes (gloo), tiny model
+and mock data: PP=2 (1F1B) trains, logs every phase, checkpoints and resumes with its step count
+unbroken; a 4-expert top-2 MoE at EP=2 logs ``moe/load_balancing_loss``. Both use the
+distributed optimizer (``parallelism.zero_stage=1``, the layouts' default).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from launcher.timers import PHASES
+from tests.test_train_loop import train
+
+MEGATRON = ["engine=megatron", "trainer.global_batch_size=8"]
+PP2 = MEGATRON + ["parallelism=pp2", "trainer.save_interval=3", "trainer.eval_interval=3"]
+MOE_EP2 = MEGATRON + ["model.num_experts=4", "model.moe_router_topk=2",
+                      "parallelism.expert_parallel_size=2", "trainer.save_interval=0",
+                      "trainer.eval_interval=0"]
+
+
+def step_rows(run_dir: Path) -> list:
+    """metrics.jsonl training lines in file order (a repeated step shows up twice)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row for row in rows if "loss" in row]
+
+
+def checkpoints_of(run_dir: Path) -> dict:
+    ckpts = run_dir / "checkpoints"
+    return {"latest": (ckpts / "latest").read_text().strip(),
+            "complete": sorted(p.parent.name for p in ckpts.glob("step_*/complete")),
+            "megatron_files": sorted(p.name for p in ckpts.glob("step_000006/megatron/*")),
+            "meta": json.loads((ckpts / "step_000006" / "trainwright.json").read_text())}
+
+
+@pytest.fixture(scope="module")
+def pp2_run(tmp_path_factory):
+    """6 steps at PP=2 (4 micro-batches per step, checkpoints at 3 and 6), then the same run
+    resumed up to step 10. Returns (run dir, rows and checkpoints after the first run)."""
+    tmp = tmp_path_factory.mktemp("megatron_pp2")
+    train(tmp, "pp2", *PP2, "trainer.train_steps=6")
+    run_dir = tmp / "pp2"
+    first = {"rows": step_rows(run_dir), "ckpts": checkpoints_of(run_dir)}
+    train(tmp, "pp2", *PP2, "trainer.train_steps=10")
+    return run_dir, first
+
+
+@pytest.mark.slow
+def test_pp2_run_trains_logs_every_phase_and_checkpoints(pp2_run):
+    run_dir, first = pp2_run
+    rows = first["rows"]
+    assert [row["step"] for row in rows] == [1, 2, 3, 4, 5, 6]
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.5, [row["loss"] for row in rows]
+    for row in rows:
+        assert {f"time/{phase}" for phase in PHASES} <= set(row), row
+        for phase in ("data", "forward", "backward", "optimizer"):
+            assert row[f"time/{phase}"] > 0, (phase, row)
+        assert (row["time/checkpoint"] > 0) == (row["step"] % 3 == 0), row
+        assert row["consumed_samples"] == 8 * row["step"]
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert (plan["engine"], plan["pipeline_parallel_size"], plan["grad_accum_steps"],
+            plan["zero_stage"]) == ("megatron", 2, 4, 1)
+    ckpts = first["ckpts"]
+    assert ckpts["latest"] == "step_000006"
+    assert ckpts["complete"] == ["step_000003", "step_000006"]
+    assert any(name.endswith(".distcp") for name in ckpts["megatron_files"]), ckpts
+    assert ckpts["meta"]["consumed_samples"] == 48
+
+
+@pytest.mark.slow
+def test_pp2_resume_continues_the_step_count(pp2_run):
+    run_dir, first = pp2_run
+    rows = step_rows(run_dir)
+    assert [row["step"] for row in rows] == list(range(1, 11))  # none repeated, none skipped
+    assert rows[:6] == first["rows"]
+    assert [row["consumed_samples"] for row in rows[6:]] == [56, 64, 72, 80]
+    # The resumed model starts from the step-6 weights, not from a fresh initialisation.
+    assert rows[6]["loss"] < rows[0]["loss"] - 0.5, [row["loss"] for row in rows]
+    events = (run_dir / "events.jsonl").read_text()
+    assert "step_000006 at step 6" in events
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000010"
+
+
+@pytest.mark.slow
+def test_moe_ep2_run_logs_load_balancing_loss(tmp_path):
+    train(tmp_path, "moe", *MOE_EP2, "trainer.train_steps=4")
+    rows = step_rows(tmp_path / "moe")
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+    balance = [row["moe/load_balancing_loss"] for row in rows]
+    # 1.0 = perfectly balanced routing, num_experts / top-k = 2.0 = every token to the same two.
+    assert all(math.isfinite(b) and 0.9 < b < 2.0 for b in balance), balance
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.3, [row["loss"] for row in rows]
+    plan = json.loads((tmp_path / "moe" / "plan.json").read_text())
+    assert (plan["expert_parallel_size"], plan["expert_data_parallel_size"], plan["zero_stage"]) \
+        == (2, 1, 1)
