@@ -12,6 +12,11 @@ A save writes ``step_<N>.tmp``; after every rank has finished (barrier) rank 0 w
 ``complete``, renames the directory to ``step_<N>``, moves ``latest`` (atomic rename) and only then
 prunes to ``keep_last``. A crash at any point leaves the previous checkpoint and pointer intact.
 
+An async save (engine=megatron, ``trainer.async_save``) returns once the tensor write is scheduled
+in a background process; the same completion (barrier, ``complete``, rename, ``latest``, prune)
+runs later in :func:`finish_pending`, after every rank's write has finished: polled at each step
+by the engine, waited for before the next save. Until then the directory is ``step_<N>.tmp``.
+
 :func:`find_resume` never starts from scratch silently: an explicitly requested checkpoint that is
 missing or incomplete, or a ``latest`` that names nothing usable, raises :class:`CheckpointError`
 naming the file.
@@ -83,9 +88,30 @@ def _barrier() -> None:
         torch.distributed.barrier()
 
 
+@dataclass(frozen=True)
+class _Pending:
+    """A save whose tensors are still being written in the background (async save)."""
+
+    io: object  # the checkpoint IO object that scheduled the write (has finalize_async)
+    tmp: Path
+    final: Path
+    step: int
+    keep_last: int
+
+
+_PENDING: list = []
+"""Deferred saves, oldest first (at most one: a new save first waits for the previous one)."""
+
+
 def save(ds_engine, checkpoints_dir: Path, *, step: int, consumed_samples: int, config: dict,
          plan: dict, keep_last: int) -> Path:
-    """Save a complete checkpoint of ``step`` (collective: every rank calls it)."""
+    """Save a complete checkpoint of ``step`` (collective: every rank calls it).
+
+    An engine whose checkpoint IO ``defers_save(step)`` (engine=megatron with
+    trainer.async_save) only schedules the tensor write: the checkpoint stays ``step_<N>.tmp``
+    without ``complete`` until :func:`finish_pending` sees every rank's write finished; the
+    returned path is where it will then be."""
+    finish_pending(blocking=True)
     rank = torch.distributed.get_rank()
     checkpoints_dir = Path(checkpoints_dir)
     final = checkpoints_dir / step_name(step)
@@ -94,22 +120,58 @@ def save(ds_engine, checkpoints_dir: Path, *, step: int, consumed_samples: int, 
         checkpoints_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)  # debris of an earlier crash
     _barrier()
-    ds_engine.save_checkpoint(str(checkpoints_dir), tag=tmp.name, save_latest=False)
+    defers = getattr(ds_engine, "defers_save", None)
+    deferred = bool(defers(step)) if callable(defers) else False
+    if deferred:
+        ds_engine.save_checkpoint_async(str(checkpoints_dir), tag=tmp.name)
+    else:
+        ds_engine.save_checkpoint(str(checkpoints_dir), tag=tmp.name, save_latest=False)
     (tmp / "rng").mkdir(parents=True, exist_ok=True)
     torch.save(_rng_state(), tmp / "rng" / f"rank_{rank}.pt")
     if rank == 0:
         atomic_write_json(tmp / META, {"step": step, "consumed_samples": consumed_samples,
                                        "config": config, "plan": plan})
+    pending = _Pending(ds_engine, tmp, final, step, keep_last)
+    if deferred:
+        _PENDING.append(pending)
+    else:
+        _complete(pending)
+    return final
+
+
+def has_pending() -> bool:
+    """Whether a deferred (async) save is waiting for its writes (same answer on every rank)."""
+    return bool(_PENDING)
+
+
+def finish_pending(blocking: bool = True) -> list[Path]:
+    """Complete the deferred saves whose writes have finished on every rank, oldest first
+    (collective when any is pending); ``blocking`` waits for them. Returns the completed paths.
+
+    Only here does a deferred checkpoint get ``complete``, its final name and ``latest``."""
+    done = []
+    while _PENDING:
+        pending = _PENDING[0]
+        if not pending.io.finalize_async(blocking):
+            break
+        _PENDING.pop(0)
+        _complete(pending)
+        done.append(pending.final)
+    return done
+
+
+def _complete(pending: _Pending) -> None:
+    """After every rank has written ``pending.tmp``: ``complete``, rename, ``latest``, prune."""
     _barrier()
-    if rank == 0:
-        atomic_write_text(tmp / COMPLETE, f"{step}\n")
+    if torch.distributed.get_rank() == 0:
+        final, tmp = pending.final, pending.tmp
+        atomic_write_text(tmp / COMPLETE, f"{pending.step}\n")
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
-        atomic_symlink_or_pointer(checkpoints_dir / LATEST, final.name)
-        prune(checkpoints_dir, keep_last)
+        atomic_symlink_or_pointer(final.parent / LATEST, final.name)
+        prune(final.parent, pending.keep_last)
     _barrier()
-    return final
 
 
 def complete_steps(checkpoints_dir: Path) -> list[Path]:

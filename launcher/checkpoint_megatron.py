@@ -230,26 +230,80 @@ def check_compatible(saved: dict, current: dict, source: Path) -> None:
             f"parallelism.zero_stage={saved['zero_stage']} (any TP/PP/DP layout loads).")
 
 
+def stop_requested_anywhere() -> bool:
+    """Whether any rank has received the training loop's stop signal (collective MAX).
+
+    The loop saves right after agreeing on a stop and then exits, so such a save must not be left
+    to a later step. The flag is read from the :class:`launcher.signals.StopRequest` whose handler
+    is installed for SIGTERM (none installed: False)."""
+    import signal
+
+    from launcher.signals import StopRequest
+
+    handler = signal.getsignal(signal.SIGTERM)
+    owner = getattr(handler, "__self__", None)
+    flag = torch.tensor([int(isinstance(owner, StopRequest) and owner.requested)])
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 class MegatronCheckpointIO:
-    """Save/load a Megatron engine's chunks and optimizer with ``dist_checkpointing``."""
+    """Save/load a Megatron engine's chunks and optimizer with ``dist_checkpointing``.
 
-    def __init__(self, chunks: list, optimizer):
+    With ``async_save`` a save before ``final_step`` may be deferred (:meth:`defers_save`): the
+    tensors are written by a forked process (Megatron-Core ``AsyncCallsQueue``; the fork is a
+    snapshot, so training may change the weights meanwhile) and :meth:`finalize_async` writes the
+    global metadata once every rank's write has finished."""
+
+    def __init__(self, chunks: list, optimizer, async_save: bool = False, final_step: int = 0):
         self.chunks, self.optimizer = chunks, optimizer
+        self.async_save, self.final_step = async_save, final_step
+        self._queue = None
 
-    def save_checkpoint(self, save_dir: str, tag: str, save_latest: bool = False) -> None:
-        """Write ``<save_dir>/<tag>/megatron`` (collective; ``save_latest`` is ignored: the
-        caller owns the ``latest`` pointer)."""
-        from megatron.core import dist_checkpointing
-
+    def _prepare(self, save_dir: str, tag: str) -> tuple:
+        """(target directory, sharded state dict, content metadata) of a save (collective)."""
         target = Path(save_dir) / tag / SUBDIR
         if torch.distributed.get_rank() == 0:
             target.mkdir(parents=True, exist_ok=True)
         torch.distributed.barrier()
         sync_params(self.chunks)
         metadata = content_metadata(self.optimizer)
-        dist_checkpointing.save(
-            _full_state(self.chunks, self.optimizer, metadata, is_loading=False), str(target),
-            content_metadata=metadata)
+        return target, _full_state(self.chunks, self.optimizer, metadata, is_loading=False), \
+            metadata
+
+    def save_checkpoint(self, save_dir: str, tag: str, save_latest: bool = False) -> None:
+        """Write ``<save_dir>/<tag>/megatron`` (collective; ``save_latest`` is ignored: the
+        caller owns the ``latest`` pointer)."""
+        from megatron.core import dist_checkpointing
+
+        target, state, metadata = self._prepare(save_dir, tag)
+        dist_checkpointing.save(state, str(target), content_metadata=metadata)
+
+    def defers_save(self, step: int) -> bool:
+        """Whether the save of ``step`` is written asynchronously (collective when async_save):
+        not the run's last step, and no stop requested on any rank."""
+        return self.async_save and step < self.final_step and not stop_requested_anywhere()
+
+    def save_checkpoint_async(self, save_dir: str, tag: str) -> None:
+        """Schedule the write of ``<save_dir>/<tag>/megatron`` in a background process (the
+        common state is written now); :meth:`finalize_async` completes it."""
+        from megatron.core import dist_checkpointing
+        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+        target, state, metadata = self._prepare(save_dir, tag)
+        request = dist_checkpointing.save(state, str(target), content_metadata=metadata,
+                                          async_sharded_save=True)
+        if self._queue is None:
+            self._queue = AsyncCallsQueue(persistent=False)
+        self._queue.schedule_async_request(request)
+
+    def finalize_async(self, blocking: bool) -> bool:
+        """Finish the scheduled writes that every rank has completed (``blocking``: wait for
+        all); True when none is left (collective)."""
+        if self._queue is None:
+            return True
+        self._queue.maybe_finalize_async_calls(blocking=blocking)
+        return self._queue.get_num_unfinalized_calls() == 0
 
     def load_checkpoint(self, load_dir: str, tag: str, load_optimizer_states: bool = True,
                         load_lr_scheduler_states: bool = False):

@@ -167,6 +167,8 @@ class MegatronEngine:
                  trainer: TrainerConfig, moe_layers: int = 0):
         from megatron.core import parallel_state
 
+        from launcher.checkpoint_megatron import MegatronCheckpointIO
+
         self.chunks, self.optimizer = chunks, optimizer
         self.grad_accum_steps, self.nan_policy = plan.grad_accum_steps, trainer.nan_policy
         self.micro_batch_size, self.moe_layers = plan.micro_batch_size, moe_layers
@@ -177,13 +179,25 @@ class MegatronEngine:
         self._box: dict = {}
         self._grad_norm: Optional[float] = None
         _configure_schedule(chunks, optimizer, engine, self._box)
+        self._checkpoint_io = MegatronCheckpointIO(chunks, optimizer,
+                                                   async_save=trainer.async_save,
+                                                   final_step=plan.train_steps)
 
     @property
     def checkpoint_io(self):
-        """The object launcher.checkpoint saves and loads (dist-checkpointing, torch_dist)."""
-        from launcher.checkpoint_megatron import MegatronCheckpointIO
+        """The object launcher.checkpoint saves and loads (dist-checkpointing, torch_dist; one
+        per engine, since it holds the queue of async writes)."""
+        return self._checkpoint_io
 
-        return MegatronCheckpointIO(self.chunks, self.optimizer)
+    @staticmethod
+    def _finish_async_saves(timer) -> None:
+        """Complete a deferred (async) checkpoint whose writes have finished on every rank
+        (one all-reduce per step while one is pending; nothing otherwise)."""
+        from launcher import checkpoint
+
+        if checkpoint.has_pending():
+            with timer.phase("checkpoint"):
+                checkpoint.finish_pending(blocking=False)
 
     def _prepare(self, batch: dict) -> dict:
         """Move to the device and keep this context-parallel rank's part of the sequence."""
@@ -241,6 +255,7 @@ class MegatronEngine:
 
     def train_step(self, next_batch: Callable[[], dict], lr: float, timer) -> StepResult:
         """One optimizer step over ``grad_accum_steps`` micro-batches from ``next_batch``."""
+        self._finish_async_saves(timer)
         with timer.phase("data"):
             batches = [self._prepare(next_batch()) for _ in range(self.grad_accum_steps)]
         for chunk in self.chunks:

@@ -1,6 +1,6 @@
 """engine=megatron checkpoints: dist-checkpointing (torch_dist) inside the atomic protocol.
 
-Two 2-rank launches and one 4-rank launch. ``reshard_worker``: a checkpoint saved at TP=2 (plain optimizer,
+Three 2-rank launches and one 4-rank launch. ``reshard_worker``: a checkpoint saved at TP=2 (plain optimizer,
 zero_stage=0) or PP=2 (distributed optimizer, zero_stage=1, the preset's default) loads at
 TP=1/PP=1 (DP=2) with the same loss on the next batch, and a resume on the same layout continues
 bitwise for two steps (the second step depends on the restored Adam state). ``zero1_worker``:
@@ -9,7 +9,8 @@ bitwise; the checkpoint loads at TP=2 (DP=1) with the same loss and, after two m
 within float noise of the DP=2 run; a zero_stage=0 run refuses it with a message naming both
 layouts and the fix, and its model tensors alone reproduce the saved model. ``tp2dp2_worker``
 (4 ranks): a TP=2 x DP=2 distributed-optimizer checkpoint continues at TP=1 x DP=4 within float
-noise.
+noise. ``async_worker``: with trainer.async_save a save stays ``step_<N>.tmp`` until its
+background write is finalised, and the resume from it is bitwise.
 """
 
 from __future__ import annotations
@@ -297,3 +298,96 @@ def test_zero1_tp2_dp2_checkpoint_loads_at_tp1_dp4(tp2dp2):
             assert abs(loss - ref_loss) < 1e-5 and abs(norm - ref_norm) < 1e-5
         assert abs(rank["tp1dp4_eval2"] - rank["tp2dp2_eval2"]) < 1e-5
         assert rank["tp2dp2_eval2"] < rank["tp2dp2_eval0"] - 0.1
+
+
+ASYNC = ZERO1 + ["trainer.async_save=true"]  # trainer.train_steps=8 (TINY): step 8 is the last
+
+
+def _listing(ckpt: Path) -> dict:
+    """{name: has 'complete'} of a checkpoints directory, plus where ``latest`` points."""
+    from launcher import checkpoint
+
+    names = {p.name: (p / checkpoint.COMPLETE).is_file() for p in ckpt.iterdir()
+             if p.name != checkpoint.LATEST}
+    resume = checkpoint.find_resume(ckpt.parent)
+    return {"dirs": names, "resume": resume.path.name if resume else None}
+
+
+def _defers(io) -> dict:
+    """defers_save at a middle step, at the last step, and with a stop requested on rank 0."""
+    import signal
+
+    import torch
+
+    from launcher.signals import StopRequest
+
+    out = {"mid": io.defers_save(4), "last": io.defers_save(8)}
+    stop = StopRequest("SIGUSR1")
+    if torch.distributed.get_rank() == 0:
+        stop._handle(signal.SIGUSR1, None)
+    out["stop"] = io.defers_save(4)
+    stop.restore()
+    return out
+
+
+def async_worker(args: dict) -> dict:
+    """trainer.async_save at DP=2 (distributed optimizer): deferred saves at steps 2 and 4,
+    completed only by finish_pending; resume from step 4."""
+    from launcher import checkpoint
+
+    ckpt, out = Path(args["dir"]) / "async" / "checkpoints", {}
+    cfg, plan, eng = build(TIED + ASYNC)
+    batches = _batches(cfg, 16)
+    _steps(eng, cfg, plan, batches[:4], 2)
+    _save(eng, ckpt, 2)
+    out["after_save2"] = _listing(ckpt)
+    checkpoint.finish_pending(blocking=True)
+    out["after_finish2"] = _listing(ckpt)
+    _steps(eng, cfg, plan, batches[4:8], 2)
+    _save(eng, ckpt, 4)
+    out["after_save4"] = _listing(ckpt)
+    out["next"] = _steps(eng, cfg, plan, batches[8:12], 2)  # each step polls the pending save
+    checkpoint.finish_pending(blocking=True)
+    out["after_finish4"] = _listing(ckpt)
+    out["defers"] = _defers(eng.checkpoint_io)
+    _finish()
+    cfg, plan, eng = build(TIED + ASYNC)
+    _load(eng, ckpt)
+    out["resumed"] = _steps(eng, cfg, plan, batches[8:12], 2)
+    _finish()
+    return out
+
+
+@pytest.fixture(scope="module")
+def async_save(tmp_path_factory):
+    from tests._dist import run_distributed
+
+    root = tmp_path_factory.mktemp("megatron_async")
+    return run_distributed("tests.test_megatron_checkpoint:async_worker", 2, {"dir": str(root)})
+
+
+@pytest.mark.slow
+def test_async_save_gets_its_final_name_only_after_the_writes(async_save):
+    """A deferred save stays step_<N>.tmp without 'complete' (latest unchanged, so a crash resumes
+    from the previous checkpoint) until finish_pending; then it is step_<N> and latest."""
+    r0 = async_save[0]
+    assert r0["after_save2"] == {"dirs": {"step_000002.tmp": False}, "resume": None}
+    assert r0["after_finish2"] == {"dirs": {"step_000002": True}, "resume": "step_000002"}
+    assert r0["after_save4"] == {"dirs": {"step_000002": True, "step_000004.tmp": False},
+                                 "resume": "step_000002"}
+    assert r0["after_finish4"] == {"dirs": {"step_000002": True, "step_000004": True},
+                                   "resume": "step_000004"}
+
+
+@pytest.mark.slow
+def test_async_save_resumes_bitwise(async_save):
+    """The background write holds the weights and Adam state of the save's step although
+    training went on while it ran."""
+    for rank in async_save:
+        assert rank["resumed"] == rank["next"]
+
+
+@pytest.mark.slow
+def test_async_save_is_synchronous_at_the_last_step_and_on_a_stop_request(async_save):
+    for rank in async_save:
+        assert rank["defers"] == {"mid": True, "last": False, "stop": False}
