@@ -19,7 +19,8 @@ another. The optimizer follows the same idea:
 The checkpoint records its layout and optimizer format as dist-checkpointing *content metadata*;
 a load reads it back, builds the optimizer's sharded state dict in the saved format, and refuses
 with :class:`launcher.checkpoint.CheckpointError` (naming both layouts and the fix) what
-Megatron-Core cannot convert: optimizer state across ``zero_stage`` 0 <-> 1.
+Megatron-Core cannot convert: optimizer state across ``zero_stage`` 0 <-> 1, and across a
+change in the number of chained optimizers (MoE with EP > 1 vs EP = 1).
 
 Four things Megatron-Core 0.16.1 leaves to the training loop (or gets wrong with torch's Adam,
 i.e. without Transformer Engine or Apex), each handled here and tested:
@@ -97,7 +98,8 @@ def content_metadata(optimizer) -> dict:
     distributed = is_distributed(optimizer)
     return {"trainwright_format": FORMAT_VERSION, "layout": layout(),
             "zero_stage": 1 if distributed else 0,
-            "distrib_optim_sharding_type": DISTRIBUTED_SHARDING if distributed else None}
+            "distrib_optim_sharding_type": DISTRIBUTED_SHARDING if distributed else None,
+            "optimizers": len(_sub_optimizers(optimizer))}
 
 
 def optimizer_metadata(saved: dict) -> dict:
@@ -219,15 +221,23 @@ def _full_state(chunks: list, optimizer, saved: dict, is_loading: bool,
 
 def check_compatible(saved: dict, current: dict, source: Path) -> None:
     """Raise CheckpointError when the optimizer state in ``source`` (saved with ``saved``) cannot
-    be loaded by this run's optimizer (``current``); every TP/PP/DP change is loadable."""
+    be loaded by this run's optimizer (``current``); TP, PP and DP changes are loadable."""
     from launcher.checkpoint import CheckpointError
 
+    where = f"{source} was saved with {describe(saved)}, this run uses {describe(current)}"
     if saved.get("zero_stage", current["zero_stage"]) != current["zero_stage"]:
         raise CheckpointError(
-            f"{source} was saved with {describe(saved)}, this run uses {describe(current)}: "
-            "Megatron-Core cannot convert optimizer state between the distributed optimizer "
-            "(zero_stage=1) and the plain one (zero_stage=0). Resume with "
-            f"parallelism.zero_stage={saved['zero_stage']} (any TP/PP/DP layout loads).")
+            f"{where}: Megatron-Core cannot convert optimizer state between the distributed "
+            "optimizer (zero_stage=1) and the plain one (zero_stage=0). Resume with "
+            f"parallelism.zero_stage={saved['zero_stage']} (TP, PP and DP may change).")
+    if saved.get("optimizers", current["optimizers"]) != current["optimizers"]:
+        ep = saved.get("layout", {}).get("ep", "?")
+        raise CheckpointError(
+            f"{where}: the checkpoint holds {saved['optimizers']} optimizer(s) (with MoE and "
+            "EP > 1 expert parameters get their own), this run builds "
+            f"{current['optimizers']}, and Megatron-Core cannot map the state of one onto the "
+            f"other. Resume with parallelism.expert_parallel_size={ep} (TP, PP and DP may "
+            "change).")
 
 
 def stop_requested_anywhere() -> bool:

@@ -1,16 +1,17 @@
 """engine=megatron checkpoints: dist-checkpointing (torch_dist) inside the atomic protocol.
 
-Three 2-rank launches and one 4-rank launch. ``reshard_worker``: a checkpoint saved at TP=2 (plain optimizer,
-zero_stage=0) or PP=2 (distributed optimizer, zero_stage=1, the preset's default) loads at
-TP=1/PP=1 (DP=2) with the same loss on the next batch, and a resume on the same layout continues
-bitwise for two steps (the second step depends on the restored Adam state). ``zero1_worker``:
-the distributed optimizer at DP=2 saves before its first step and after two; the resume continues
+Three 2-rank launches and one 4-rank launch. ``reshard_worker``: a checkpoint saved at TP=2 (plain
+optimizer, zero_stage=0) or PP=2 (distributed optimizer, zero_stage=1, the preset's default) loads
+at TP=1/PP=1 (DP=2) with the same loss on the next batch, and a resume on the same layout continues
+bitwise for two steps (the second step depends on the restored Adam state); a MoE (EP=2)
+distributed-optimizer checkpoint resumes bitwise and an EP=1 run refuses it. ``zero1_worker``: the
+distributed optimizer at DP=2 saves before its first step and after two; the resume continues
 bitwise; the checkpoint loads at TP=2 (DP=1) with the same loss and, after two more steps, a loss
 within float noise of the DP=2 run; a zero_stage=0 run refuses it with a message naming both
-layouts and the fix, and its model tensors alone reproduce the saved model. ``tp2dp2_worker``
-(4 ranks): a TP=2 x DP=2 distributed-optimizer checkpoint continues at TP=1 x DP=4 within float
-noise. ``async_worker``: with trainer.async_save a save stays ``step_<N>.tmp`` until its
-background write is finalised, and the resume from it is bitwise.
+layouts and the fix, and its model tensors alone reproduce the saved model. ``tp2dp2_worker`` (4
+ranks): a TP=2 x DP=2 distributed-optimizer checkpoint continues at TP=1 x DP=4 within float noise.
+``async_worker``: with trainer.async_save a save stays ``step_<N>.tmp`` until its background write
+is finalised, and the resume from it is bitwise.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ def _dp_share(batches: list) -> list:
     layouts with different DP sizes train on the same global batches."""
     from megatron.core import parallel_state
 
-    rank, size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
-    return batches[rank::size]
+    rank = parallel_state.get_data_parallel_rank()
+    return batches[rank::parallel_state.get_data_parallel_world_size()]
 
 
 def _steps(eng, cfg, plan, batches: list, steps: int) -> list:
@@ -100,7 +101,35 @@ def reshard_worker(args: dict) -> dict:
             else (ckpt / "latest").resolve().name
         out["files"] = sorted(p.name for p in (ckpt / "step_000002").iterdir())
         _finish()
+    _moe_phase(root / "moe" / "checkpoints", out)
     return out
+
+
+def _moe_phase(ckpt: Path, out: dict) -> None:
+    """MoE (4 experts, EP=2) with the distributed optimizer: two DistributedOptimizers (dense and
+    expert parameters); resume bitwise at EP=2; an EP=1 run (one optimizer) refuses it."""
+    from launcher.checkpoint import CheckpointError
+    from tests.test_megatron_engine import MOE
+
+    cfg, plan, eng = build(TIED + MOE + ["parallelism.zero_stage=1", "trainer.global_batch_size=4"])
+    out["moe_optimizers"] = len(eng.optimizer.chained_optimizers)
+    batches = _batches(cfg, 8)
+    _steps(eng, cfg, plan, batches[:4], 2)
+    _save(eng, ckpt, 2)
+    out["moe_next"] = _steps(eng, cfg, plan, batches[4:8], 2)
+    _finish()
+    cfg, plan, eng = build(TIED + MOE + ["parallelism.zero_stage=1", "trainer.global_batch_size=4"])
+    _load(eng, ckpt)
+    out["moe_resumed"] = _steps(eng, cfg, plan, batches[4:8], 2)
+    _finish()
+    ep1 = [o for o in MOE if not o.startswith("parallelism.expert_parallel_size")]
+    cfg, plan, eng = build(TIED + ep1 + ["parallelism.zero_stage=1", "trainer.global_batch_size=4"])
+    try:
+        _load(eng, ckpt)
+        out["moe_ep1_error"] = None
+    except CheckpointError as exc:
+        out["moe_ep1_error"] = str(exc)
+    _finish()
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +154,23 @@ def test_reshard_to_tp1_pp1_gives_the_same_loss(reshard, layout):
     for rank in reshard:
         saved, loaded = rank[f"{layout}_eval"], rank[f"{layout}_to_1_eval"]
         assert abs(saved - loaded) < 1e-5, (layout, saved, loaded)
+
+
+@pytest.mark.slow
+def test_moe_distributed_optimizer_resumes_bitwise_at_ep2(reshard):
+    for rank in reshard:
+        assert rank["moe_optimizers"] == 2
+        assert rank["moe_resumed"] == rank["moe_next"]
+
+
+@pytest.mark.slow
+def test_moe_ep2_checkpoint_refused_at_ep1_with_both_layouts_and_the_fix(reshard):
+    message = reshard[0]["moe_ep1_error"]
+    assert message is not None
+    assert "saved with zero_stage=1 (TP=1 PP=1 VPP=1 CP=1 EP=2 DP=2)" in message
+    assert "this run uses zero_stage=1 (TP=1 PP=1 VPP=1 CP=1 EP=1 DP=2)" in message
+    assert "holds 2 optimizer(s)" in message and "this run builds 1" in message
+    assert "Resume with parallelism.expert_parallel_size=2" in message
 
 
 @pytest.mark.slow
