@@ -68,6 +68,14 @@ def _sub_optimizers(optimizer) -> list:
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 
 
+def _distributed_subs(optimizer) -> list:
+    """The DistributedOptimizers of ``optimizer`` that hold parameters (stubs have none)."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    return [sub for sub in _sub_optimizers(optimizer) if isinstance(sub, DistributedOptimizer)
+            and not getattr(sub, "is_stub_optimizer", False)]
+
+
 def is_distributed(optimizer) -> bool:
     """Whether ``optimizer`` is (made of) Megatron-Core DistributedOptimizer(s) (ZeRO-1)."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
@@ -124,10 +132,8 @@ def prime_optimizer_state(optimizer) -> None:
     gradients; with lr and weight decay at 0 for that step it changes no weight, and resetting
     the moments and step counts afterwards (per parameter for torch Adam, per group for
     FusedAdam) undoes the step."""
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-    for sub in _sub_optimizers(optimizer):
-        if not isinstance(sub, DistributedOptimizer) or len(sub.optimizer.state) > 0:
+    for sub in _distributed_subs(optimizer):
+        if len(sub.optimizer.state) > 0:
             continue
         groups = sub.optimizer.param_groups
         saved = [{k: g[k] for k in ("lr", "weight_decay", "step") if k in g} for g in groups]
@@ -155,9 +161,7 @@ def _keep_adam_step(optimizer):
     the tensors it hands to ``_set_main_param_and_optimizer_states``, which then copies every key
     of the torch state, ``step`` included: KeyError 'step'. (FusedAdam keeps the step in the
     param group, so on those installs there is nothing to add.)"""
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-    patched = [sub for sub in _sub_optimizers(optimizer) if isinstance(sub, DistributedOptimizer)]
+    patched = _distributed_subs(optimizer)
     for sub in patched:
         original = sub._set_main_param_and_optimizer_states
 
@@ -185,13 +189,10 @@ def _unshare_adam_steps(optimizer) -> None:
     to that shared tensor once per parameter, so after one step the count is off by the number of
     parameters and every later bias correction is wrong (the first step after a resume still
     matches, the second does not)."""
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-    for sub in _sub_optimizers(optimizer):
-        if isinstance(sub, DistributedOptimizer):
-            for state in sub.optimizer.state.values():
-                if torch.is_tensor(state.get("step")):
-                    state["step"] = state["step"].clone()
+    for sub in _distributed_subs(optimizer):
+        for state in sub.optimizer.state.values():
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].clone()
 
 
 def sync_params(chunks: list) -> None:
