@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -94,8 +95,10 @@ def main() -> int:
         for spec in args.runs:
             name, _, overrides = spec.partition("=")
             try:
-                results[name] = summarise(run(name, overrides.split(), root, args.steps),
-                                          args.warmup)
+                run_dir = run(name, overrides.split(), root, args.steps)
+                results[name] = summarise(run_dir, args.warmup)
+                # the final checkpoint of a 1B model is ~15 GB: keep the disk for the next run
+                shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
             except (RuntimeError, OSError, ValueError, KeyError) as exc:
                 print(f"[{name}] failed: {exc}", file=sys.stderr)
             if args.out:

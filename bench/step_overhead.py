@@ -39,7 +39,8 @@ PHASES = ("data", "forward", "loss", "backward", "optimizer")
 
 def env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
-            "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+            "PYTHONWARNINGS": "ignore",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 
 def run_launcher(out: Path, overrides: list, steps: int) -> Path:

@@ -29,9 +29,11 @@ from launcher.config import (
 from launcher.params import padded_vocab_size
 
 __all__ = [
+    "KernelUnavailable",
     "build_gpt_model",
     "init_parallel_state",
     "padded_vocab_size",
+    "runnable_attention",
     "transformer_config",
     "use_transformer_engine",
 ]
@@ -54,6 +56,34 @@ def use_transformer_engine() -> bool:
     return True
 
 
+class KernelUnavailable(Exception):
+    """The config asks for an attention kernel this machine cannot run (a config error)."""
+
+
+def runnable_attention(trainer: TrainerConfig, *, planned_flash: bool, gpu: Optional[bool] = None,
+                       te: Optional[bool] = None) -> tuple[TrainerConfig, Optional[str]]:
+    """``trainer`` with the attention backend this process will really run, and a note.
+
+    On a GPU the plan counts flash attention (no stored scores) for ``auto``; Megatron-Core
+    runs it only through Transformer Engine. Without TE the model falls back to Megatron-Core's
+    unfused attention, which keeps about 6 bytes per score: the returned config says
+    ``unfused`` so that the plan is recomputed (and refused if it no longer fits) before
+    anything is built. ``flash`` asked for explicitly without TE raises KernelUnavailable.
+    """
+    gpu = torch.cuda.is_available() if gpu is None else gpu
+    te = use_transformer_engine() if te is None else te
+    if not (planned_flash and gpu and not te):
+        return trainer, None
+    if trainer.attention_backend == AttentionBackend.flash:
+        raise KernelUnavailable(
+            "trainer.attention_backend=flash needs Transformer Engine, which is not importable "
+            "here; install transformer-engine[pytorch] or set trainer.attention_backend=unfused")
+    note = ("Transformer Engine is not installed: attention runs unfused (scores stored), so the "
+            "plan was recomputed with trainer.attention_backend=unfused; install "
+            "transformer-engine[pytorch] for flash attention")
+    return dataclasses.replace(trainer, attention_backend=AttentionBackend.unfused), note
+
+
 def _arch_fields(model: ModelConfig) -> dict:
     """Norm, MLP activation and bias settings that follow from the architecture."""
     llama = model.arch == Arch.llama
@@ -63,12 +93,25 @@ def _arch_fields(model: ModelConfig) -> dict:
         activation_func=F.silu if llama else F.gelu,
         add_bias_linear=model.add_bias_linear,
         add_qkv_bias=model.add_qkv_bias or model.add_bias_linear,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        apply_rope_fusion=False,
+        masked_softmax_fusion=False,  # needs Megatron-LM's compiled softmax kernels
         persist_layer_norm=False,
-        gradient_accumulation_fusion=False,
+        gradient_accumulation_fusion=False,  # needs main_grad, which DeepSpeed does not have
+        **_fusion_fields(model, gpu=torch.cuda.is_available(), te=use_transformer_engine()),
+    )
+
+
+def _fusion_fields(model: ModelConfig, *, gpu: bool, te: bool) -> dict:
+    """Fused kernels, on a GPU only (on a CPU they would be compiled for no gain).
+
+    The fused bias-SwiGLU/GeLU keeps only its input for backward (the plan counts 3 x ffn
+    values per token for a gated MLP; unfused SwiGLU keeps 4). Megatron-Core refuses the GeLU
+    fusion without a bias. The fused RoPE comes from Transformer Engine.
+    """
+    gated = model.arch == Arch.llama
+    return dict(
+        bias_activation_fusion=gpu and (gated or model.add_bias_linear),
+        bias_dropout_fusion=gpu,
+        apply_rope_fusion=gpu and te and model.arch == Arch.llama,
     )
 
 

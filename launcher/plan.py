@@ -127,7 +127,9 @@ def _uses_flash(cfg: TrainwrightConfig, device: Device) -> bool:
     return backend == AttentionBackend.flash
 
 
-def _memory(cfg: TrainwrightConfig, world: int, batch: _Batch, flash: bool) -> MemoryPerGPU:
+def _memory(cfg: TrainwrightConfig, world: int, batch: _Batch, flash: bool,
+            gpu_kernels: bool) -> MemoryPerGPU:
+    """Memory per GPU; ``gpu_kernels``: the target is a GPU, where the model uses fused kernels."""
     m, p, e = cfg.model, cfg.parallelism, cfg.engine
     tp, pp, cp, ep = (p.tensor_parallel_size, p.pipeline_parallel_size, p.context_parallel_size,
                       p.expert_parallel_size)
@@ -141,7 +143,8 @@ def _memory(cfg: TrainwrightConfig, world: int, batch: _Batch, flash: bool) -> M
         micro_batch=cfg.trainer.micro_batch_size, seq_local=m.seq_length // cp, tp=tp,
         sequence_parallel=p.sequence_parallel, recompute=cfg.trainer.activation_recompute,
         flash=flash, elem_bytes=4 if cfg.trainer.precision == Precision.fp32 else 2,
-        hidden_dropout=m.hidden_dropout > 0, attention_dropout=m.attention_dropout > 0)
+        hidden_dropout=m.hidden_dropout > 0, attention_dropout=m.attention_dropout > 0,
+        fused_glu=gpu_kernels)
     in_flight = in_flight_microbatches(pp, p.virtual_pipeline_parallel_size, batch.grad_accum)
     stages = [("all", True, True)] if pp == 1 else [("first", True, False), ("last", False, True)]
     best = None
@@ -206,7 +209,7 @@ def _derive(cfg: TrainwrightConfig, world: int, device: Device, batch: _Batch) -
     counts = count_parameters(m, tp)
     d = model_dims(m, tp)
     flash = _uses_flash(cfg, device)
-    mem = _memory(cfg, world, batch, flash)
+    mem = _memory(cfg, world, batch, flash, gpu_kernels=device.name != "cpu")
     one_copy, redundant = _state_totals(cfg, counts, mem, world)
     stage = stage_params(m, p, first=True, last=pp == 1)
     last = stage_params(m, p, first=pp == 1, last=True)

@@ -47,6 +47,31 @@ def build_data(cfg, plan, run_dir: Path, consumed_samples: int):
                                       else None)
 
 
+def plan_for_attention_kernel(cfg, plan, world: int):
+    """(cfg, plan, note): re-planned with unfused attention when the plan counted flash attention
+    that this machine cannot run (no Transformer Engine); exit 2 when the explicitly asked-for
+    kernel is unavailable or the re-plan no longer fits."""
+    import dataclasses
+
+    from launcher.model import KernelUnavailable, runnable_attention
+    from launcher.plan import PlanError, compute_plan, print_problems
+
+    try:
+        trainer, note = runnable_attention(cfg.trainer, planned_flash=plan.flash_attention)
+    except KernelUnavailable as exc:
+        print(f"train: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(CONFIG_ERROR_EXIT) from None
+    if note is None:
+        return cfg, plan, None
+    cfg = dataclasses.replace(cfg, trainer=trainer)
+    try:
+        return cfg, compute_plan(cfg, world), note
+    except PlanError as exc:
+        print(f"train: {note}", file=sys.stderr)
+        print_problems(exc)
+        raise SystemExit(CONFIG_ERROR_EXIT) from None
+
+
 def build_engine_for_run(cfg, plan, run_dir: Path, rank: int):
     """The engine of ``cfg.engine.name``; under DeepSpeed rank 0 writes the generated
     ds_config.json into the run dir."""
@@ -92,7 +117,7 @@ def run_worker(argv: Sequence[str]) -> int:
     cfg = to_object(raw)
     stop = StopRequest(cfg.trainer.stop_signal)
     rank, _, world = init_distributed()
-    plan = plan_or_exit(cfg, world)
+    cfg, plan, attention_note = plan_for_attention_kernel(cfg, plan_or_exit(cfg, world), world)
     init_parallel_state(cfg.parallelism, seed=cfg.trainer.seed)
     run_dir = run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name)
     config = to_plain(raw)
@@ -102,6 +127,8 @@ def run_worker(argv: Sequence[str]) -> int:
     write_pid_file(run_dir, rank)
     metrics = make_metrics_logger(rank, run_dir=run_dir, logger=cfg.logger,
                                   run_name=run_dir.name, config=config)
+    if attention_note:
+        metrics.log_event("attention", attention_note)
     try:
         resume = checkpoint.find_resume(run_dir, cfg.trainer.load)
         engine = build_engine_for_run(cfg, plan, run_dir, rank)

@@ -275,3 +275,45 @@ def test_tensor_parallel_2_matches_tp1():
     assert ranks[0]["tp2"]["tp_draw"] != ranks[1]["tp2"]["tp_draw"]
     assert ranks[0]["tp1"]["tp_draw"] == ranks[1]["tp1"]["tp_draw"]
     assert ranks[0]["tp2"]["default_draw"] == ranks[1]["tp2"]["default_draw"]
+
+
+def _plan_of(*overrides):
+    from launcher.compose import compose_config, to_object
+    from launcher.plan import compute_plan
+
+    cfg = to_object(compose_config(["model=llama3_1b", "cluster=local_gpu", *overrides]))
+    return cfg, compute_plan(cfg)
+
+
+def test_gpu_without_transformer_engine_replans_with_unfused_attention():
+    """A GPU plan counts flash attention for `auto`; without TE Megatron-Core runs unfused
+    attention, so the re-plan stores the scores (and is refused when that no longer fits)."""
+    from launcher.config import AttentionBackend
+    from launcher.model import runnable_attention
+    from launcher.plan import PlanError, compute_plan
+
+    cfg, plan = _plan_of("model.seq_length=2048", "trainer.micro_batch_size=2")
+    assert plan.flash_attention
+    trainer, note = runnable_attention(cfg.trainer, planned_flash=True, gpu=True, te=False)
+    assert trainer.attention_backend == AttentionBackend.unfused and "Transformer Engine" in note
+    replanned = compute_plan(type(cfg)(**{**cfg.__dict__, "trainer": trainer}))
+    assert not replanned.flash_attention
+    scores = 16 * 32 * 2048 ** 2 * 2 * (4 + 2)  # layers x heads x s^2 x b x bytes per score
+    grown = replanned.memory_per_gpu.activations - plan.memory_per_gpu.activations
+    log_sum_exp = 16 * 2048 * 2 * 32 * 4  # what flash keeps instead (fp32 per row and head)
+    assert grown == scores - log_sum_exp
+    for gpu, te in ((True, True), (False, False)):
+        assert runnable_attention(cfg.trainer, planned_flash=True, gpu=gpu, te=te) == \
+            (cfg.trainer, None)
+    big, _ = _plan_of("model.seq_length=2048", "trainer.micro_batch_size=4")
+    trainer, _ = runnable_attention(big.trainer, planned_flash=True, gpu=True, te=False)
+    with pytest.raises(PlanError, match="exceeds the H100"):
+        compute_plan(type(big)(**{**big.__dict__, "trainer": trainer}))
+
+
+def test_explicit_flash_without_transformer_engine_is_refused():
+    from launcher.model import KernelUnavailable, runnable_attention
+
+    cfg, _ = _plan_of("trainer.attention_backend=flash", "trainer.micro_batch_size=1")
+    with pytest.raises(KernelUnavailable, match="trainer.attention_backend=unfused"):
+        runnable_attention(cfg.trainer, planned_flash=True, gpu=True, te=False)

@@ -97,14 +97,26 @@ def _dims(**over):
 
 @pytest.mark.parametrize("tp,sp", [(1, False), (4, False), (4, True)])
 def test_activations_match_korthikanti_formula(tp, sp):
-    """GPT block, MHA, ffn=4h, dropout: sbh(10 + 24/t + 5as/(ht)) without SP, /t with SP."""
+    """GPT block, MHA, ffn=4h, dropout: sbh(10 + 24/t + 9as/(ht)) without SP, /t with SP.
+
+    Korthikanti et al. count 5 bytes per attention score (half-precision softmax output 2,
+    dropout mask 1, dropped-out probabilities 2); Megatron-Core's unfused attention keeps the
+    softmax output in fp32 (4) and its half-precision cast (2) as well: 9 bytes.
+    """
     d = _dims()
     s, b, h, a = 1024, 2, 768, 12
     settings = ActivationSettings(b, s, tp, sp, Recompute.none, False, 2, True, True)
-    expected = s * b * h * ((34 / tp) if sp else (10 + 24 / tp)) + 5 * a * s * s * b / tp
+    expected = s * b * h * ((34 / tp) if sp else (10 + 24 / tp)) + 9 * a * s * s * b / tp
     assert layer_activation_bytes(d, settings) == pytest.approx(expected)
     selective = ActivationSettings(b, s, tp, sp, Recompute.selective, False, 2, True, True)
-    assert layer_activation_bytes(d, selective) == pytest.approx(expected - 5 * a * s * s * b / tp)
+    assert layer_activation_bytes(d, selective) == pytest.approx(expected - 9 * a * s * s * b / tp)
+    no_dropout = ActivationSettings(b, s, tp, sp, Recompute.none, False, 2, True, False)
+    assert layer_activation_bytes(d, settings) - layer_activation_bytes(d, no_dropout) == \
+        pytest.approx(3 * a * s * s * b / tp)
+    fp32 = ActivationSettings(b, s, tp, sp, Recompute.none, False, 4, True, False)
+    scores = layer_activation_bytes(d, fp32) - layer_activation_bytes(
+        d, ActivationSettings(b, s, tp, sp, Recompute.selective, False, 4, True, False))
+    assert scores == pytest.approx(4 * a * s * s * b / tp)  # fp32: the softmax output only
     full = ActivationSettings(b, s, tp, sp, Recompute.full, False, 2, True, True)
     assert layer_activation_bytes(d, full) == pytest.approx(2 * s * b * h / (tp if sp else 1))
 
@@ -200,3 +212,23 @@ def test_cli_table(capsys):
     out = capsys.readouterr().out
     for text in ("16,384", "2,048 nodes", "67,108,864", "223,518", "fits"):
         assert text in out
+
+
+def test_unfused_swiglu_keeps_one_more_ffn_per_token():
+    """On a GPU the model uses the fused bias-SwiGLU (input kept: 2 x ffn, plus the fc2 input);
+    without it (CPU) the SiLU output is kept too: one more ffn-sized tensor per token."""
+    from dataclasses import replace
+
+    model = to_object(compose_config(["model=llama3_1b"])).model
+    d = model_dims(model)
+    fused = ActivationSettings(2, 128, 1, False, Recompute.none, True, 2, False, False)
+    unfused = replace(fused, fused_glu=False)
+    extra = layer_activation_bytes(d, unfused) - layer_activation_bytes(d, fused)
+    assert extra == 2 * 128 * model.ffn_hidden_size * 2
+    gpu = plan_of("model=llama3_1b", "cluster=local_gpu", "trainer.attention_backend=flash",
+                  "trainer.micro_batch_size=1")
+    cpu = plan_of("model=llama3_1b", "cluster=local_gpu", "cluster.gpu=cpu",
+                  "trainer.attention_backend=flash", "trainer.micro_batch_size=1")
+    per_layer = extra * model.seq_length * cpu.micro_batch_size / (2 * 128)
+    assert cpu.memory_per_gpu.activations - gpu.memory_per_gpu.activations == \
+        pytest.approx(per_layer * model.num_layers)
