@@ -15,7 +15,8 @@ prunes to ``keep_last``. A crash at any point leaves the previous checkpoint and
 An async save (engine=megatron, ``trainer.async_save``) returns once the tensor write is scheduled
 in a background process; the same completion (barrier, ``complete``, rename, ``latest``, prune)
 runs later in :func:`finish_pending`, after every rank's write has finished: polled at each step
-by the engine, waited for before the next save. Until then the directory is ``step_<N>.tmp``.
+by the engine, waited for before the next save and before the training loop exits (also when
+the stop step was already saved). Until then the directory is ``step_<N>.tmp``.
 
 :func:`find_resume` never starts from scratch silently: an explicitly requested checkpoint that is
 missing or incomplete, or a ``latest`` that names nothing usable, raises :class:`CheckpointError`

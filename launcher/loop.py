@@ -184,12 +184,19 @@ class TrainLoop:
                                    f"{', '.join(slow['slow'])}", step=self.state.step, **slow)
 
     def save(self) -> None:
-        """Save a checkpoint of the current step (once per step), timed as phase checkpoint."""
+        """Save a checkpoint of the current step (once per step), timed as phase checkpoint.
+
+        First waits for a deferred (async) save still being written and completes it, also when
+        this step is already saved: a stop request right after an async periodic save must not
+        exit before that checkpoint gets ``complete`` and ``latest`` (collective: every rank
+        calls it at the same step, and has_pending() is the same on every rank)."""
         s = self.state
-        if s.last_saved == s.step:
+        if s.last_saved == s.step and not checkpoint.has_pending():
             return
         with self.timer.phase("checkpoint"):
-            checkpoint.save(self.engine.checkpoint_io, self.checkpoints_dir, step=s.step,
-                            consumed_samples=s.consumed_samples, keep_last=self.trainer.keep_last,
-                            **self.saved_extras)
+            checkpoint.finish_pending(blocking=True)
+            if s.last_saved != s.step:
+                checkpoint.save(self.engine.checkpoint_io, self.checkpoints_dir, step=s.step,
+                                consumed_samples=s.consumed_samples,
+                                keep_last=self.trainer.keep_last, **self.saved_extras)
         s.last_saved = s.step

@@ -11,7 +11,8 @@ within float noise of the DP=2 run; a zero_stage=0 run refuses it with a message
 layouts and the fix, and its model tensors alone reproduce the saved model. ``tp2dp2_worker`` (4
 ranks): a TP=2 x DP=2 distributed-optimizer checkpoint continues at TP=1 x DP=4 within float noise.
 ``async_worker``: with trainer.async_save a save stays ``step_<N>.tmp`` until its background write
-is finalised, and the resume from it is bitwise.
+is finalised, and the resume from it is bitwise. ``async_stop_worker``: a TrainLoop whose stop
+signal lands right after a deferred periodic save exits with that checkpoint complete.
 """
 
 from __future__ import annotations
@@ -437,3 +438,64 @@ def test_async_save_resumes_bitwise(async_save):
 def test_async_save_is_synchronous_at_the_last_step_and_on_a_stop_request(async_save):
     for rank in async_save:
         assert rank["defers"] == {"mid": True, "last": False, "stop": False}
+
+
+class _SignalOnLog:
+    """Metrics stub: on rank 1, SIGUSR1 arrives while step ``at`` is logged, i.e. after that
+    step's periodic (deferred) save and before the loop's stop check."""
+
+    def __init__(self, at: int):
+        self.at, self.events = at, []
+
+    def log(self, step: int, metrics: dict) -> None:
+        import os
+        import signal
+
+        import torch
+
+        if step == self.at and torch.distributed.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    def log_event(self, kind: str, message: str, **fields) -> None:
+        self.events.append(kind)
+
+
+def async_stop_worker(args: dict) -> dict:
+    """TrainLoop with trainer.async_save and save_interval=2: a stop signal to rank 1 lands between
+    the deferred save of step 2 and the stop check; the loop must complete that save on exit."""
+    from launcher import checkpoint
+    from launcher.loop import TrainLoop
+    from launcher.signals import StopRequest
+    from launcher.timers import PhaseTimer
+
+    ckpt = Path(args["dir"]) / "async_stop" / "checkpoints"
+    stop = StopRequest("SIGUSR1")
+    cfg, plan, eng = build(TIED + ASYNC + ["trainer.save_interval=2", "trainer.eval_interval=0",
+                                           "trainer.straggler_interval=0"])
+    metrics = _SignalOnLog(at=2)
+    loop = TrainLoop(engine=eng, plan=plan, trainer=cfg.trainer, optimizer=cfg.optimizer,
+                     next_batch=fixed_batches(cfg.model.vocab_size, cfg.model.seq_length,
+                                              cfg.trainer.micro_batch_size, 3),
+                     eval_batches=None, metrics=metrics, timer=PhaseTimer(), stop=stop,
+                     checkpoints_dir=ckpt, saved_extras={"config": {}, "plan": {}})
+    out = {"code": loop.run(), "step": loop.state.step, "events": metrics.events,
+           "pending": checkpoint.has_pending()}
+    out["listing"] = _listing(ckpt)
+    checkpoint.finish_pending(blocking=True)  # without the fix: let the writer finish cleanly
+    stop.restore()
+    _finish()
+    return out
+
+
+@pytest.mark.slow
+def test_stop_right_after_an_async_save_completes_that_checkpoint(tmp_path):
+    """The stop check finds step 2 already saved (deferred); before exiting for requeue the loop
+    waits for its write, so step_000002 is complete and latest names it (no second save)."""
+    from launcher.signals import REQUEUE_EXIT_CODE
+    from tests._dist import run_distributed
+
+    for rank in run_distributed("tests.test_megatron_checkpoint:async_stop_worker", 2,
+                                {"dir": str(tmp_path)}):
+        assert rank["listing"] == {"dirs": {"step_000002": True}, "resume": "step_000002"}
+        assert (rank["code"], rank["step"], rank["pending"]) == (REQUEUE_EXIT_CODE, 2, False)
+        assert rank["events"] == ["stop"]
