@@ -234,11 +234,12 @@ class TrainerConfig:
     load: str = ""
     """Checkpoint directory to start from; empty = resume from the run directory's latest, if any."""
     async_save: bool = False
-    """engine=megatron: write checkpoint tensors in a background process while training goes on
+    """engine=megatron only (engine=deepspeed saves synchronously; true is a validation error
+    there): write checkpoint tensors in a background process while training goes on
     (Megatron-Core async dist-checkpointing); the checkpoint is marked complete and becomes
     ``latest`` only once every rank's write has finished (checked each step, waited for at the
-    next save). The last save of a run and a save on a stop request are written synchronously.
-    engine=deepspeed always saves synchronously."""
+    next save and before the run exits). The last save of a run and a save on a stop request are
+    written synchronously."""
     straggler_interval: int = 50
     """Optimizer steps between cross-rank comparisons of step and data-wait times; 0 = never."""
     straggler_threshold: float = 1.2

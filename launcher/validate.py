@@ -132,7 +132,7 @@ def check_model_shapes(cfg: TrainwrightConfig) -> list[Problem]:
             f"model.seq_length={m.seq_length} is not divisible by 2 x context_parallel_size = "
             f"{2 * cp} (each CP rank takes two balanced chunks); use context_parallel_size with "
             f"2 x CP from {_fmt(divisors(m.seq_length))}"))
-    problems += _check_experts(m.num_experts, ep)
+    problems += _check_experts(m.num_experts, ep) + _check_expert_bias(cfg)
     return problems
 
 
@@ -144,6 +144,21 @@ def _check_experts(experts: int, ep: int) -> list[Problem]:
     if experts and experts % ep:
         return [_not_divisible("model.num_experts", experts,
                                "parallelism.expert_parallel_size", ep)]
+    return []
+
+
+def _check_expert_bias(cfg: TrainwrightConfig) -> list[Problem]:
+    """Megatron-Core (0.16) asserts "Bias in Moe is only supported when ETP==1" when it builds the
+    TransformerConfig; the expert tensor-parallel size is the tensor-parallel size here."""
+    m, tp = cfg.model, cfg.parallelism.tensor_parallel_size
+    if m.num_experts and m.add_bias_linear and tp > 1:
+        return [Problem(
+            ("model.add_bias_linear", "model.num_experts", "parallelism.tensor_parallel_size"),
+            f"model.add_bias_linear=true with a mixture-of-experts model (model.num_experts="
+            f"{m.num_experts}) needs parallelism.tensor_parallel_size=1, got {tp} (Megatron-Core "
+            "supports expert biases only at expert tensor-parallel size 1, which equals "
+            "tensor_parallel_size here); set model.add_bias_linear=false or "
+            "parallelism.tensor_parallel_size=1")]
     return []
 
 
@@ -201,6 +216,12 @@ def check_engine(cfg: TrainwrightConfig) -> list[Problem]:
                 f"{p.pipeline_parallel_size} with zero_stage={p.zero_stage} needs "
                 "engine=megatron with the distributed optimizer (parallelism.zero_stage=1)"))
         problems += _deepspeed_layouts(p)
+        if cfg.trainer.async_save:
+            problems.append(Problem(
+                ("trainer.async_save", "engine"),
+                "trainer.async_save=true needs engine=megatron (Megatron-Core "
+                "dist-checkpointing); DeepSpeed saves synchronously: set "
+                "trainer.async_save=false or engine=megatron"))
         if p.offload_params and p.zero_stage != 3:
             problems.append(Problem(
                 ("parallelism.offload_params", "parallelism.zero_stage"),

@@ -61,6 +61,15 @@ CASES = {
         ["parallelism=pp2"],
         ["parallelism.pipeline_parallel_size=2 is not supported by engine=deepspeed",
          "use engine=megatron"]),
+    "async_save_on_deepspeed": (
+        ["trainer.async_save=true"],
+        ["trainer.async_save=true needs engine=megatron (Megatron-Core dist-checkpointing); "
+         "DeepSpeed saves synchronously: set trainer.async_save=false or engine=megatron"]),
+    "moe_bias_with_tp": (
+        ["model.num_experts=4", "model.add_bias_linear=true",
+         "parallelism.tensor_parallel_size=2", "engine=megatron"],
+        ["model.add_bias_linear=true", "model.num_experts=4",
+         "needs parallelism.tensor_parallel_size=1, got 2", "model.add_bias_linear=false"]),
     "zero_stage_out_of_range": (
         ["parallelism.zero_stage=5"], ["parallelism.zero_stage=5 must be 0, 1, 2 or 3"]),
     "sequence_parallel_without_tp": (
