@@ -74,6 +74,30 @@ def test_counts_equal_built_model_by_component(case, one_rank):
     assert one_stage.total == expected.total
 
 
+@pytest.mark.parametrize("preset", ["mixtral_8x7b", "llama3_8b"])
+def test_full_size_preset_built_on_meta_device_equals_plan(preset, one_rank):
+    """The presets themselves, built by Megatron-Core with every tensor on the meta device (no
+    memory): Mixtral 8x7B's 46,702,792,704 parameters (8 experts, top-2) by component."""
+    import torch
+
+    from launcher.model import build_gpt_model
+
+    cfg = _cfg([f"model={preset}", "engine=megatron"])
+    with torch.device("meta"):
+        model = build_gpt_model(model=cfg.model, parallelism=cfg.parallelism, trainer=cfg.trainer)
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    expected = count_parameters(cfg.model)
+    assert built_counts(model) == {k: getattr(expected, k) for k in built_counts(model)}
+    assert sum(p.numel() for p in model.parameters()) == expected.total
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".mlp.experts." in n)
+    if cfg.model.num_experts:  # the plan's inactive share is (experts - top-k) of them
+        e, k = cfg.model.num_experts, cfg.model.moe_router_topk
+        assert experts == (expected.total - expected.active_per_token) * e // (e - k)
+        assert experts == 32 * 8 * 3 * 4096 * 14336  # layers x experts x SwiGLU matrices
+    else:
+        assert experts == 0
+
+
 DENSE = ["llama_gqa", "llama_tied_qkv_bias", "gpt2"]
 MOE_CASES = ["moe", "moe_bias"]
 PP2 = ["parallelism.pipeline_parallel_size=2"]
