@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
+from launcher.data_check import check_data_or_exit
 from launcher.rundir import run_dir_path
 from launcher.sbatch import SbatchError, render
 from launcher.plan import plan_or_exit
@@ -58,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = to_object(compose_or_exit(argv))
     plan = plan_or_exit(cfg)
+    check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size)
     run_dir = run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name).resolve()
     script = render_or_exit(cfg, plan, argv, run_dir)
     if cfg.submit.dry_run:

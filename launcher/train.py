@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
+from launcher.data_check import check_data_or_exit
 from launcher.distributed import in_distributed_launch, launch_local_world
 from launcher.plan import plan_or_exit
 
@@ -170,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return sweep_main(argv)
     cfg = to_object(compose_or_exit(argv))
     plan = plan_or_exit(cfg)
+    check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size)
     nprocs = cfg.cluster.gpus_per_node
     if in_distributed_launch() or (cfg.cluster.nodes == 1 and nprocs == 1):
         return run_worker(argv)
