@@ -6,7 +6,8 @@ step on every rank. Only the metrics logger knows about rank 0.
 
 Per optimizer step it records ``time/<phase>`` for the seven phases of
 :data:`launcher.timers.PHASES` (under DeepSpeed ``backward`` is reported as
-``backward+grad_sync``, see :mod:`launcher.engine`; the Megatron engine times them apart),
+``backward+grad_sync``, see :mod:`launcher.engine`; the Megatron engine times them apart and
+reports each phase's maximum over the pipeline stages),
 tokens/s, TFLOP/s per GPU and MFU (from the plan's FLOPs per token and peak), memory, loss, lr,
 grad norm, loss scale and the engine's extra metrics (``StepResult.extra``).
 """
@@ -155,7 +156,10 @@ class TrainLoop:
         s, plan = self.state, self.plan
         elapsed = time.perf_counter() - s.window_start
         times = self.timer.snapshot()
-        s.window_data_time = times.get("data", 0.0)
+        s.window_data_time = times.get("data", 0.0)  # this rank's own (straggler check)
+        over_stages = getattr(self.engine, "phase_times_over_stages", None)
+        if over_stages is not None:  # engine=megatron: max over pipeline stages (collective)
+            times = over_stages(times)
         steps = max(1, s.window_steps)
         tokens_per_s = plan.global_batch_tokens * steps / elapsed if elapsed > 0 else 0.0
         tflops = plan.flops_per_token * tokens_per_s / plan.world_size / 1e12

@@ -13,7 +13,9 @@ nan policy, phase timers) so :class:`launcher.loop.TrainLoop` drives both. Phase
 (fetching the step's micro-batches), ``forward`` and ``loss`` (timed inside the schedule's
 forward step), ``grad_sync`` (``finalize_model_grads``: the wait for the reduce, the tied-embedding
 and sequence-parallel reductions), ``backward`` (the rest of the schedule: backward passes and
-pipeline communication) and ``optimizer``.
+pipeline communication) and ``optimizer``. At log steps
+:meth:`MegatronEngine.phase_times_over_stages` makes each phase time the maximum over the pipeline
+stages (rank 0 logs the metrics; only the last stage computes the loss).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from launcher.config import (EngineConfig, ModelConfig, OptimizerConfig, Paralle
                              Precision, TrainerConfig)
 from launcher.engine_common import NonFiniteLoss, StepResult, agree_loss
 from launcher.schedule import set_lr
+from launcher.timers import PHASES
 
 LOAD_BALANCING_METRIC = "moe/load_balancing_loss"
 """Metric name of the MoE router's load-balancing (aux) loss, mean over MoE layers."""
@@ -285,6 +288,22 @@ class MegatronEngine:
         for name, seconds in inside.items():
             timer.add(name, seconds)
         timer.add("backward", max(0.0, schedule_seconds - sum(inside.values())))
+
+    def phase_times_over_stages(self, times: dict) -> dict:
+        """``times`` (a PhaseTimer snapshot) with each phase of :data:`PHASES` replaced by its
+        maximum over the pipeline stages (collective over the pipeline group; the loop calls it
+        on every rank at log steps). Rank 0, the first stage, writes the metrics, but only the
+        last stage computes the loss and each stage runs the forward of its own layers."""
+        from megatron.core import parallel_state
+
+        if parallel_state.get_pipeline_model_parallel_world_size() == 1:
+            return times
+        names = [name for name in PHASES if name in times]
+        values = torch.tensor([times[name] for name in names], dtype=torch.float64,
+                              device=self.device)
+        torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX,
+                                     group=parallel_state.get_pipeline_model_parallel_group())
+        return {**times, **dict(zip(names, values.tolist()))}
 
     def _moe_metrics(self) -> dict:
         """{'moe/load_balancing_loss': mean over MoE layers and micro-batches} (collective)."""
