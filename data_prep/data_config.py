@@ -15,7 +15,7 @@ from typing import List
 
 import yaml
 
-from data_prep.shards import write_atomic
+from launcher.atomic import atomic_write_bytes
 
 DATA_CONFIG = "data.yaml"
 
@@ -40,5 +40,5 @@ def write_data_config(out_dir: str, config: dict) -> List[str]:
     os.makedirs(group_dir, exist_ok=True)
     paths = [os.path.join(out_dir, DATA_CONFIG), os.path.join(group_dir, f"{config['name']}.yaml")]
     for path in paths:
-        write_atomic(path, text.encode("utf-8"))
+        atomic_write_bytes(path, text.encode("utf-8"))
     return paths

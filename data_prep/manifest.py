@@ -16,7 +16,8 @@ import zlib
 from typing import List, Optional, Tuple
 
 from data_prep.errors import ConfigError
-from data_prep.shards import TMP_SUFFIX, write_atomic
+from data_prep.shards import TMP_SUFFIX
+from launcher.atomic import atomic_write_bytes
 
 MANIFEST = "manifest.json"
 
@@ -41,7 +42,7 @@ def load_manifest(path: str) -> Optional[dict]:
 
 
 def write_manifest(path: str, manifest: dict) -> None:
-    write_atomic(path, (json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode("utf-8"))
+    atomic_write_bytes(path, (json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode("utf-8"))
 
 
 def file_sha256(path: str) -> str:

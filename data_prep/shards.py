@@ -15,6 +15,8 @@ from typing import Dict, List
 
 import numpy as np
 
+from launcher.atomic import fsync_dir
+
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 DTYPE_CODES = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3,
                np.dtype(np.int32): 4, np.dtype(np.int64): 5, np.dtype(np.float64): 6,
@@ -33,25 +35,6 @@ def index_bytes(lengths: np.ndarray, dtype) -> bytes:
     return b"".join([INDEX_HEADER, struct.pack("<Q", 1), struct.pack("<B", DTYPE_CODES[np.dtype(dtype)]),
                      struct.pack("<Q", len(lengths)), struct.pack("<Q", len(document_indices)),
                      lengths.tobytes(), pointers.tobytes(), document_indices.tobytes()])
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a fsynced temporary file and a rename."""
-    tmp = path + TMP_SUFFIX
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 class ShardWriter:

@@ -16,7 +16,7 @@ from data_prep.blocks import iter_blocks
 from data_prep.errors import DataPrepError
 from data_prep.inputs import expand_inputs
 from data_prep.records import RecordSink
-from data_prep.shards import write_atomic
+from launcher.atomic import atomic_write_bytes
 from data_prep.worker import _STATE, _parse
 
 
@@ -42,7 +42,7 @@ def train(specs: List[str], vocab_size: int, output: str, text_key: str = "text"
     tokenizer.train_from_iterator(iter_texts(specs, text_key, text_unit), trainer=trainer)
     path = os.path.join(output, "tokenizer.json") if os.path.isdir(output) else output
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    write_atomic(path, tokenizer.to_str().encode("utf-8"))
+    atomic_write_bytes(path, tokenizer.to_str().encode("utf-8"))
     return path
 
 
