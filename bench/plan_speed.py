@@ -22,7 +22,7 @@ from rich.console import Console
 
 from launcher.compose import compose_config, to_object
 from launcher.plan import compute_plan
-from launcher.plan_report import render_plan
+from launcher.plan.report import render_plan
 
 OVERRIDES = ["experiment=llama3_70b_16k_h100"]
 

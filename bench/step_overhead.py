@@ -79,12 +79,13 @@ def build_bare_engine(cfg, ds_config: dict):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
-    from launcher import cpu_compat
+    from launcher.engines import compat
+    from launcher.engines.deepspeed.mpu import DeepSpeedMPU
     from launcher.config import Arch
-    from launcher.model import transformer_config, use_transformer_engine
-    from launcher.params import padded_vocab_size
+    from launcher.engines.model import transformer_config, use_transformer_engine
+    from launcher.plan.params import padded_vocab_size
 
-    cpu_compat.enable()  # CUDA-only calls of Megatron-Core redirected on a CPU machine
+    compat.install()  # CUDA-only calls of Megatron-Core redirected on a CPU machine
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     parallel_state.initialize_model_parallel(1, 1)
     torch.manual_seed(cfg.trainer.seed)
@@ -104,7 +105,7 @@ def build_bare_engine(cfg, ds_config: dict):
               {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}]
     adamw = torch.optim.AdamW(groups, lr=cfg.optimizer.lr)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=adamw, config=ds_config,
-                                           mpu=cpu_compat.DeepSpeedMPU())
+                                           mpu=DeepSpeedMPU())
     return engine, vocab
 
 

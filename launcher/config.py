@@ -265,8 +265,13 @@ class ClusterConfig:
     """Machines in the job."""
     gpus_per_node: int = 1
     """Accelerators per machine; on CPU clusters, training processes per machine."""
+    ranks_per_gpu: int = 1
+    """Training processes per accelerator: 1 = one training process per GPU; N > 1 (development
+    only, local launcher): N processes share each GPU, each its own NCCL host id, world =
+    nodes x gpus_per_node x ranks_per_gpu. The plan refuses it when N x the memory of one rank
+    exceeds the GPU's memory, and with launcher=slurm."""
     gpu: str = MISSING
-    """Accelerator model, a key of launcher.hardware.DEVICES (H100, H200, A100, cpu, ...)."""
+    """Accelerator model, a key of launcher.plan.hardware.DEVICES (H100, H200, A100, cpu, ...)."""
     device_memory_gb: float = 0.0
     """Usable memory per accelerator (GB, 1e9 bytes); 0 = the model's catalogue value."""
     peak_tflops: float = 0.0

@@ -1,6 +1,6 @@
 """``python -m launcher.submit [overrides]``: submit a training run as one Slurm batch job.
 
-compose (exit 2) -> plan (exit 2) -> render the sbatch script (:mod:`launcher.sbatch`; exit 2 for
+compose (exit 2) -> plan (exit 2) -> render the sbatch script (:mod:`launcher.launch.sbatch`; exit 2 for
 a value that cannot go into ``#SBATCH``) -> write ``<run dir>/submit.sbatch`` -> ``sbatch`` ->
 print the job id on stdout. ``submit.dry_run=true`` prints the script instead and writes nothing.
 The job runs ``python -m launcher.train`` with exactly the overrides given here. The Python of the
@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Sequence
 
 from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
-from launcher.data_check import check_data_or_exit
-from launcher.rundir import run_dir_path
-from launcher.sbatch import SbatchError, render
+from launcher.plan.data_check import check_data_or_exit
+from launcher.runtime.rundir import run_dir_path
+from launcher.launch.sbatch import SbatchError, render
 from launcher.plan import plan_or_exit
 
 SCRIPT_NAME = "submit.sbatch"

@@ -1,14 +1,15 @@
 """``python -m launcher.train [overrides]``: train the configured model.
 
 compose (exit 2 on config errors) -> plan (exit 2 on plan problems) -> start one process per
-local GPU when not already launched -> init process groups -> run directory -> data, engine ->
-resume -> :class:`launcher.loop.TrainLoop` -> close. Exit codes: 0 done, 2 config error,
-3 non-finite loss/gradient (launcher.loop), 75 stopped for requeue (launcher.signals), 1 other.
+local GPU (times ``cluster.ranks_per_gpu``) when not already launched -> in each: library shims,
+process groups, run directory, engine (from the registry), resume, data ->
+:class:`launcher.runtime.loop.TrainLoop` -> close. Exit codes: 0 done, 2 config error,
+3 non-finite loss/gradient (launcher.runtime.loop), 75 stopped for requeue
+(launcher.runtime.signals), 1 other.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import sys
 import uuid
@@ -16,36 +17,9 @@ from pathlib import Path
 from typing import Sequence
 
 from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
-from launcher.data_check import check_data_or_exit
-from launcher.distributed import in_distributed_launch, launch_local_world
+from launcher.plan.data_check import check_data_or_exit
+from launcher.runtime.distributed import in_distributed_launch, launch_local_world
 from launcher.plan import plan_or_exit
-
-
-def build_data(cfg, plan, run_dir: Path, consumed_samples: int):
-    """(next_batch, eval_batches) for this rank (collective: datasets are built on all ranks)."""
-    from megatron.core import parallel_state
-
-    from launcher.data import build_datasets, make_loader, split_sizes
-
-    t, dp_size = cfg.trainer, plan.data_parallel_size
-    dp_rank = parallel_state.get_data_parallel_rank()
-    eval_samples = t.eval_iters * t.micro_batch_size * dp_size
-    train, valid, _ = build_datasets(
-        cfg.data, seq_length=cfg.model.seq_length, vocab_size=cfg.model.vocab_size,
-        seed=t.seed, cache_dir=cfg.data.cache_dir or str(run_dir / "cache"),
-        sizes=split_sizes(train_samples=plan.train_steps * plan.global_batch_size,
-                          eval_samples=eval_samples))
-    common = dict(micro_batch_size=t.micro_batch_size, dp_rank=dp_rank, dp_size=dp_size)
-    iterator = iter(make_loader(train, consumed_samples=consumed_samples,
-                                num_workers=cfg.data.num_workers,
-                                total_samples=plan.train_steps * plan.global_batch_size, **common))
-
-    def eval_batches():
-        loader = make_loader(valid, consumed_samples=0, num_workers=0,
-                             total_samples=eval_samples, **common)
-        return itertools.islice(loader, t.eval_iters)
-    return (lambda: next(iterator)), (eval_batches if valid is not None and t.eval_interval
-                                      else None)
 
 
 def plan_for_attention_kernel(cfg, plan, world: int):
@@ -54,7 +28,7 @@ def plan_for_attention_kernel(cfg, plan, world: int):
     kernel is unavailable or the re-plan no longer fits."""
     import dataclasses
 
-    from launcher.model import KernelUnavailable, runnable_attention
+    from launcher.engines.model import KernelUnavailable, runnable_attention
     from launcher.plan import PlanError, compute_plan, print_problems
 
     try:
@@ -73,25 +47,6 @@ def plan_for_attention_kernel(cfg, plan, world: int):
         raise SystemExit(CONFIG_ERROR_EXIT) from None
 
 
-def build_engine_for_run(cfg, plan, run_dir: Path, rank: int):
-    """The engine of ``cfg.engine.name``; under DeepSpeed rank 0 writes the generated
-    ds_config.json into the run dir."""
-    from launcher.atomic import atomic_write_json
-    from launcher.config import EngineName
-    from launcher.engine import deepspeed_config
-    from launcher.engines import build_engine_for
-
-    ds_config = None
-    if cfg.engine.name == EngineName.deepspeed:
-        ds_config = deepspeed_config(plan, parallelism=cfg.parallelism, optimizer=cfg.optimizer,
-                                     trainer=cfg.trainer, engine=cfg.engine)
-        if rank == 0:
-            atomic_write_json(run_dir / "ds_config.json", ds_config)
-    return build_engine_for(cfg.engine.name, plan, model=cfg.model, parallelism=cfg.parallelism,
-                            optimizer=cfg.optimizer, trainer=cfg.trainer, engine=cfg.engine,
-                            ds_config=ds_config)
-
-
 def write_pid_file(run_dir: Path, rank: int) -> None:
     """``run_dir/logs/rank_<r>.pid``: this rank's process id, so that an operator (or a test) can
     signal one rank, e.g. the early-warning stop signal."""
@@ -101,52 +56,69 @@ def write_pid_file(run_dir: Path, rank: int) -> None:
     atomic_write_text(run_dir / "logs" / f"rank_{rank}.pid", f"{os.getpid()}\n")
 
 
-def run_worker(argv: Sequence[str]) -> int:
-    """Body of every training process; returns its exit code."""
-    import torch
-
-    from launcher import checkpoint
-    from launcher.distributed import destroy_distributed, init_distributed
-    from launcher.loop import LoopState, TrainLoop, TrainingAborted
-    from launcher.metrics import make_metrics_logger
-    from launcher.model import init_parallel_state
-    from launcher.rundir import prepare_run_dir, run_dir_path, to_plain
-    from launcher.signals import StopRequest
-    from launcher.timers import PhaseTimer
+def start_worker(argv: Sequence[str]):
+    """Compose, patch the libraries, join the process groups and plan for this world:
+    (raw config, typed config, plan, stop request, attention note, rank)."""
+    from launcher.engines import compat
+    from launcher.engines.model import init_parallel_state
+    from launcher.runtime import strict_devices
+    from launcher.runtime.distributed import init_distributed
+    from launcher.runtime.signals import StopRequest
 
     raw = compose_or_exit(argv)
     cfg = to_object(raw)
     stop = StopRequest(cfg.trainer.stop_signal)
-    rank, _, world = init_distributed()
+    compat.install()
+    strict_devices.install_if_requested()
+    rank, _, world = init_distributed(ranks_per_gpu=cfg.cluster.ranks_per_gpu)
     cfg, plan, attention_note = plan_for_attention_kernel(cfg, plan_or_exit(cfg, world), world)
     init_parallel_state(cfg.parallelism, seed=cfg.trainer.seed)
-    run_dir = run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name)
-    config = to_plain(raw)
-    if rank == 0:
-        prepare_run_dir(run_dir, config=config, plan=plan)
-    torch.distributed.barrier()
+    return raw, cfg, plan, stop, attention_note, rank
+
+
+def run_worker(argv: Sequence[str]) -> int:
+    """Body of every training process: parse -> plan -> build -> train -> close; its exit code."""
+    import torch
+
+    from launcher.engines import spec
+    from launcher.runtime import checkpoint, collectives
+    from launcher.runtime.data import build_data
+    from launcher.runtime.distributed import destroy_distributed
+    from launcher.runtime.loop import LoopState, TrainLoop, TrainingAborted
+    from launcher.runtime.metrics import make_metrics_logger
+    from launcher.runtime.rundir import run_dir_path, to_plain
+    from launcher.runtime.timers import PhaseTimer
+
+    raw, cfg, plan, stop, attention_note, rank = start_worker(argv)
+    run_dir, config = run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name), to_plain(raw)
+    metrics = make_metrics_logger(rank, run_dir=run_dir, logger=cfg.logger, config=config,
+                                  plan=plan, run_name=run_dir.name)
+    collectives.barrier()
     write_pid_file(run_dir, rank)
-    metrics = make_metrics_logger(rank, run_dir=run_dir, logger=cfg.logger,
-                                  run_name=run_dir.name, config=config)
     if attention_note:
         metrics.log_event("attention", attention_note)
     try:
         resume = checkpoint.find_resume(run_dir, cfg.trainer.load)
-        engine = build_engine_for_run(cfg, plan, run_dir, rank)
+        engine_spec, subs = spec(cfg.engine.name), _engine_configs(cfg)
+        for name, content in engine_spec.run_files(plan, **subs).items():
+            metrics.write_json(name, content)
+        engine = engine_spec.build(plan, model=cfg.model, **subs)
+        checkpoints = checkpoint.CheckpointManager(
+            run_dir / "checkpoints", engine.checkpoint_io, keep_last=cfg.trainer.keep_last,
+            async_save=cfg.trainer.async_save, final_step=plan.train_steps)
         state = LoopState()
         if resume is not None:
-            checkpoint.load(engine.checkpoint_io, resume)
+            checkpoints.load(resume)
             state = LoopState(step=resume.step, consumed_samples=resume.consumed_samples,
                               last_saved=resume.step)
             metrics.log_event("resume", f"resumed from {resume.path} at step {resume.step}")
         next_batch, eval_batches = build_data(cfg, plan, run_dir, state.consumed_samples)
         sync = torch.cuda.synchronize if torch.cuda.is_available() else None
-        loop = TrainLoop(engine=engine, plan=plan, trainer=cfg.trainer, optimizer=cfg.optimizer,
+        return TrainLoop(engine=engine, plan=plan, trainer=cfg.trainer, optimizer=cfg.optimizer,
                          next_batch=next_batch, eval_batches=eval_batches, metrics=metrics,
-                         timer=PhaseTimer(sync=sync), stop=stop,
-                         checkpoints_dir=run_dir / "checkpoints", state=state,
-                         saved_extras={"config": config, "plan": plan.to_dict()})
-        return loop.run()
+                         timer=PhaseTimer(sync=sync), stop=stop, checkpoints=checkpoints,
+                         state=state, saved_extras={"config": config, "plan": plan.to_dict()},
+                         ).run()
     except (TrainingAborted, checkpoint.CheckpointError) as exc:
         metrics.log_event("abort", str(exc))
         print(f"train: rank {rank}: {exc}", file=sys.stderr, flush=True)
@@ -155,6 +127,12 @@ def run_worker(argv: Sequence[str]) -> int:
         metrics.close()
         stop.restore()
         destroy_distributed()
+
+
+def _engine_configs(cfg) -> dict:
+    """The narrow sub-configs an engine is built from (keyword arguments of its spec)."""
+    return dict(parallelism=cfg.parallelism, optimizer=cfg.optimizer, trainer=cfg.trainer,
+                engine=cfg.engine)
 
 
 def _worker_entry(argv: list) -> None:
@@ -167,12 +145,12 @@ def _worker_entry(argv: list) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(flag in argv for flag in ("-m", "--multirun")):
-        from launcher.sweep import main as sweep_main  # Hydra multirun: one run per point
+        from launcher.launch.sweep import main as sweep_main  # Hydra multirun: one run per point
         return sweep_main(argv)
     cfg = to_object(compose_or_exit(argv))
     plan = plan_or_exit(cfg)
     check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size)
-    nprocs = cfg.cluster.gpus_per_node
+    nprocs = cfg.cluster.gpus_per_node * cfg.cluster.ranks_per_gpu
     if in_distributed_launch() or (cfg.cluster.nodes == 1 and nprocs == 1):
         return run_worker(argv)
     if cfg.cluster.nodes > 1:

@@ -62,6 +62,9 @@ def _teardown() -> None:
 @contextlib.contextmanager
 def gloo_group() -> Iterator[None]:
     """A 1-process gloo default group for the duration of the block (use in a fixture)."""
+    from launcher.engines import compat
+
+    compat.install()
     with tempfile.TemporaryDirectory(prefix="tw_gloo_") as tmp:
         _init_gloo(os.path.join(tmp, "store"), 0, 1)
         try:
@@ -156,7 +159,13 @@ def _worker_main(target: str, tmp: str) -> None:
     """Body of one worker process: join the group, run the target, write rank<r>.json."""
     import torch
 
+    from launcher.engines import compat
+
     torch.set_num_threads(1)
+    compat.install()  # library shims at worker start, as launcher.train's workers do
+    from launcher.runtime.strict_devices import install_if_requested
+
+    install_if_requested()  # TRAINWRIGHT_STRICT_DEVICES=1: host tensors on NCCL groups fail
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     _init_gloo(os.path.join(tmp, "store"), rank, world, os.environ.get("TW_TEST_BACKEND", "gloo"))
     try:

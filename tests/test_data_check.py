@@ -12,7 +12,7 @@ import yaml
 from data_prep.cli import compose
 from data_prep.run import execute
 from data_prep_fixtures import run_module, stdlib_documents, write_jsonl
-from launcher.data_check import vocab_problems
+from launcher.plan.data_check import vocab_problems
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from launcher.config import DataConfig
-from launcher.data import DataParallelSampler, build_datasets, make_loader, split_sizes
+from launcher.runtime.data import DataParallelSampler, build_datasets, make_loader, split_sizes
 from tests._dist import gloo_group
 
 SEQ = 16

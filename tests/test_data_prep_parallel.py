@@ -120,7 +120,7 @@ def test_sbatch_recipe_runs_a_task_and_queues_the_merge(corpus, tmp_path):
 TRAINING_READER = """
 import sys, numpy as np, torch.distributed as dist
 from launcher.compose import compose_config
-from launcher.data import SplitSizes, build_datasets
+from launcher.runtime.data import SplitSizes, build_datasets
 out, cache = sys.argv[1], sys.argv[2]
 dist.init_process_group("gloo", init_method=f"file://{cache}/pg", rank=0, world_size=1)
 import faulthandler; faulthandler.dump_traceback_later(150, exit=True)
@@ -134,7 +134,7 @@ print(len(train), int(tokens.max()), int((tokens == cfg.data.eod_token_id).sum()
 
 @pytest.mark.slow
 def test_training_data_pipeline_reads_the_output(corpus, tmp_path):
-    """launcher.data builds Megatron GPTDatasets straight from the generated data config."""
+    """launcher.runtime.data builds Megatron GPTDatasets straight from the generated data config."""
     import subprocess
 
     from data_prep_fixtures import PYTHON, REPO

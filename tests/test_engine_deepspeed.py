@@ -18,7 +18,7 @@ def cfg_of(overrides):
 
 
 def test_deepspeed_config_follows_the_plan():
-    from launcher.engine import deepspeed_config
+    from launcher.engines.deepspeed.engine import deepspeed_config
     from launcher.plan import compute_plan
 
     cfg = cfg_of(["trainer.global_batch_size=16", "parallelism.zero_stage=3",
@@ -47,7 +47,7 @@ def test_deepspeed_config_follows_the_plan():
 def test_param_groups_exclude_biases_and_norms():
     import torch
 
-    from launcher.engine import param_groups
+    from launcher.engines.common import param_groups
 
     net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
     decay, no_decay = param_groups(net, 0.1)
@@ -80,11 +80,11 @@ def run_layout(overrides, steps: int, data_seed: int) -> dict:
     import torch
     from megatron.core import parallel_state
 
-    from launcher.engine import build_engine
-    from launcher.model import init_parallel_state
+    from launcher.engines.deepspeed.engine import build_engine
+    from launcher.engines.model import init_parallel_state
     from launcher.plan import compute_plan
-    from launcher.schedule import lr_at
-    from launcher.timers import PhaseTimer
+    from launcher.runtime.schedule import lr_at
+    from launcher.runtime.timers import PhaseTimer
 
     cfg = cfg_of(overrides)
     plan = compute_plan(cfg, world_size=torch.distributed.get_world_size())

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_engine_deepspeed import fixed_batches
-from tests.test_megatron_engine import build
+from tests.test_megatron_engine import build as build_engine
 
 TIED = ["model.untie_embeddings_and_output_weights=false"]
 
@@ -44,7 +44,7 @@ def _dp_share(batches: list) -> list:
 
 def _steps(eng, cfg, plan, batches: list, steps: int) -> list:
     """Train ``steps`` steps, each on the next grad_accum batches; (loss, grad norm) per step."""
-    from launcher.timers import PhaseTimer
+    from launcher.runtime.timers import PhaseTimer
 
     out, it = [], iter(batches)
     for _ in range(steps):
@@ -53,17 +53,41 @@ def _steps(eng, cfg, plan, batches: list, steps: int) -> list:
     return out
 
 
-def _save(eng, directory: Path, step: int) -> None:
-    from launcher import checkpoint
+_MANAGERS: dict = {}
+"""One CheckpointManager per (engine, directory), as launcher.train keeps one per run."""
+_SETTINGS: dict = {}
+"""id(engine) -> (trainer.async_save, plan.train_steps) it was built with."""
 
-    checkpoint.save(eng.checkpoint_io, directory, step=step, consumed_samples=step, config={},
-                    plan={}, keep_last=2)
+
+def build(overrides):
+    """(cfg, plan, engine) as tests.test_megatron_engine builds them, remembering what the
+    engine's checkpoint manager needs."""
+    cfg, plan, eng = build_engine(overrides)
+    _SETTINGS[id(eng)] = (cfg.trainer.async_save, plan.train_steps)
+    return cfg, plan, eng
+
+
+def _manager(eng, directory: Path):
+    """The run's checkpoint manager (async_save as the engine's trainer config says)."""
+    from launcher.runtime.checkpoint import CheckpointManager
+
+    key = (id(eng), str(directory))
+    if key not in _MANAGERS:
+        async_save, final_step = _SETTINGS[id(eng)]
+        _MANAGERS[key] = CheckpointManager(directory, eng.checkpoint_io, keep_last=2,
+                                           async_save=async_save, final_step=final_step)
+    return _MANAGERS[key]
+
+
+def _save(eng, directory: Path, step: int, background: bool = True):
+    return _manager(eng, directory).save(step, consumed_samples=step, config={}, plan={},
+                                         background=background)
 
 
 def _load(eng, directory: Path) -> None:
-    from launcher import checkpoint
+    from launcher.runtime import checkpoint
 
-    checkpoint.load(eng.checkpoint_io, checkpoint.find_resume(directory.parent))
+    _manager(eng, directory).load(checkpoint.find_resume(directory.parent))
 
 
 def _finish() -> None:
@@ -109,7 +133,7 @@ def reshard_worker(args: dict) -> dict:
 def _moe_phase(ckpt: Path, out: dict) -> None:
     """MoE (4 experts, EP=2) with the distributed optimizer: two DistributedOptimizers (dense and
     expert parameters); resume bitwise at EP=2; an EP=1 run (one optimizer) refuses it."""
-    from launcher.checkpoint import CheckpointError
+    from launcher.runtime.checkpoint import CheckpointError
     from tests.test_megatron_engine import MOE
 
     cfg, plan, eng = build(TIED + MOE + ["parallelism.zero_stage=1", "trainer.global_batch_size=4"])
@@ -206,7 +230,7 @@ def _train_and_save_zero1(ckpt: Path, out: dict) -> list:
 def _load_elsewhere(ckpt: Path, batches: list, out: dict) -> None:
     """The DP=2 checkpoint at TP=2 (DP=1), then refused by a zero_stage=0 run, whose model
     tensors alone (weights-only load) must still reproduce the saved model."""
-    from launcher.checkpoint import CheckpointError
+    from launcher.runtime.checkpoint import CheckpointError
 
     cfg, plan, eng = build(TIED + ZERO1 + TP2_DP1)
     _load(eng, ckpt)
@@ -220,7 +244,7 @@ def _load_elsewhere(ckpt: Path, batches: list, out: dict) -> None:
         out["zero0_error"] = None
     except CheckpointError as exc:
         out["zero0_error"] = str(exc)
-    eng.checkpoint_io.load_checkpoint(str(ckpt), "step_000002", load_optimizer_states=False)
+    eng.checkpoint_io.read(ckpt / "step_000002", with_optimizer=False)
     out["weights_only_eval0"] = eng.eval_loss(batches[8:10])
     _finish()
 
@@ -237,9 +261,9 @@ def zero1_worker(args: dict) -> dict:
     out["resumed"] = _steps(eng, cfg, plan, _dp_share(batches[4:8]), 2)
     _finish()
     cfg, plan, eng = build(TIED + ZERO1)
-    from launcher import checkpoint
+    from launcher.runtime import checkpoint
 
-    checkpoint.load(eng.checkpoint_io, checkpoint.find_resume(ckpt, str(ckpt / "step_000000")))
+    _manager(eng, ckpt).load(checkpoint.find_resume(ckpt, str(ckpt / "step_000000")))
     out["from_step0"] = _steps(eng, cfg, plan, batches[:4], 2)
     _finish()
     _load_elsewhere(ckpt, batches, out)
@@ -352,7 +376,7 @@ ASYNC = ZERO1 + ["trainer.async_save=true"]  # trainer.train_steps=8 (TINY): ste
 
 def _listing(ckpt: Path) -> dict:
     """{name: has 'complete'} of a checkpoints directory, plus where ``latest`` points."""
-    from launcher import checkpoint
+    from launcher.runtime import checkpoint
 
     names = {p.name: (p / checkpoint.COMPLETE).is_file() for p in ckpt.iterdir()
              if p.name != checkpoint.LATEST}
@@ -360,43 +384,36 @@ def _listing(ckpt: Path) -> dict:
     return {"dirs": names, "resume": resume.path.name if resume else None}
 
 
-def _defers(io) -> dict:
-    """defers_save at a middle step, at the last step, and with a stop requested on rank 0."""
-    import signal
-
-    import torch
-
-    from launcher.signals import StopRequest
-
-    out = {"mid": io.defers_save(4), "last": io.defers_save(8)}
-    stop = StopRequest("SIGUSR1")
-    if torch.distributed.get_rank() == 0:
-        stop._handle(signal.SIGUSR1, None)
-    out["stop"] = io.defers_save(4)
-    stop.restore()
+def _defers(eng, directory: Path) -> dict:
+    """Whether a save stays pending (background write) at a middle step, at the last step, and
+    as the loop saves on a stop request (background=False)."""
+    manager = _manager(eng, directory)
+    out = {}
+    for name, step, background in (("mid", 5, True), ("last", 8, True), ("stop", 6, False)):
+        _save(eng, directory, step, background)
+        out[name] = manager.pending
+        manager.wait()
     return out
 
 
 def async_worker(args: dict) -> dict:
     """trainer.async_save at DP=2 (distributed optimizer): deferred saves at steps 2 and 4,
-    completed only by finish_pending; resume from step 4."""
-    from launcher import checkpoint
-
+    completed only by the manager's wait; resume from step 4."""
     ckpt, out = Path(args["dir"]) / "async" / "checkpoints", {}
     cfg, plan, eng = build(TIED + ASYNC)
     batches = _batches(cfg, 16)
     _steps(eng, cfg, plan, batches[:4], 2)
     _save(eng, ckpt, 2)
     out["after_save2"] = _listing(ckpt)
-    checkpoint.finish_pending(blocking=True)
+    _manager(eng, ckpt).wait()
     out["after_finish2"] = _listing(ckpt)
     _steps(eng, cfg, plan, batches[4:8], 2)
     _save(eng, ckpt, 4)
     out["after_save4"] = _listing(ckpt)
-    out["next"] = _steps(eng, cfg, plan, batches[8:12], 2)  # each step polls the pending save
-    checkpoint.finish_pending(blocking=True)
+    out["next"] = _steps(eng, cfg, plan, batches[8:12], 2)  # training goes on meanwhile
+    _manager(eng, ckpt).wait()
     out["after_finish4"] = _listing(ckpt)
-    out["defers"] = _defers(eng.checkpoint_io)
+    out["defers"] = _defers(eng, ckpt.parent / "defers")
     _finish()
     cfg, plan, eng = build(TIED + ASYNC)
     _load(eng, ckpt)
@@ -416,7 +433,7 @@ def async_save(tmp_path_factory):
 @pytest.mark.slow
 def test_async_save_gets_its_final_name_only_after_the_writes(async_save):
     """A deferred save stays step_<N>.tmp without 'complete' (latest unchanged, so a crash resumes
-    from the previous checkpoint) until finish_pending; then it is step_<N> and latest."""
+    from the previous checkpoint) until the manager completes it; then it is step_<N> and latest."""
     r0 = async_save[0]
     assert r0["after_save2"] == {"dirs": {"step_000002.tmp": False}, "resume": None}
     assert r0["after_finish2"] == {"dirs": {"step_000002": True}, "resume": "step_000002"}
@@ -463,10 +480,9 @@ class _SignalOnLog:
 def async_stop_worker(args: dict) -> dict:
     """TrainLoop with trainer.async_save and save_interval=2: a stop signal to rank 1 lands between
     the deferred save of step 2 and the stop check; the loop must complete that save on exit."""
-    from launcher import checkpoint
-    from launcher.loop import TrainLoop
-    from launcher.signals import StopRequest
-    from launcher.timers import PhaseTimer
+    from launcher.runtime.loop import TrainLoop
+    from launcher.runtime.signals import StopRequest
+    from launcher.runtime.timers import PhaseTimer
 
     ckpt = Path(args["dir"]) / "async_stop" / "checkpoints"
     stop = StopRequest("SIGUSR1")
@@ -477,11 +493,11 @@ def async_stop_worker(args: dict) -> dict:
                      next_batch=fixed_batches(cfg.model.vocab_size, cfg.model.seq_length,
                                               cfg.trainer.micro_batch_size, 3),
                      eval_batches=None, metrics=metrics, timer=PhaseTimer(), stop=stop,
-                     checkpoints_dir=ckpt, saved_extras={"config": {}, "plan": {}})
+                     checkpoints=_manager(eng, ckpt), saved_extras={"config": {}, "plan": {}})
     out = {"code": loop.run(), "step": loop.state.step, "events": metrics.events,
-           "pending": checkpoint.has_pending()}
+           "pending": _manager(eng, ckpt).pending}
     out["listing"] = _listing(ckpt)
-    checkpoint.finish_pending(blocking=True)  # without the fix: let the writer finish cleanly
+    _manager(eng, ckpt).wait()  # without the fix: let the writer finish cleanly
     stop.restore()
     _finish()
     return out
@@ -491,7 +507,7 @@ def async_stop_worker(args: dict) -> dict:
 def test_stop_right_after_an_async_save_completes_that_checkpoint(tmp_path):
     """The stop check finds step 2 already saved (deferred); before exiting for requeue the loop
     waits for its write, so step_000002 is complete and latest names it (no second save)."""
-    from launcher.signals import REQUEUE_EXIT_CODE
+    from launcher.runtime.signals import REQUEUE_EXIT_CODE
     from tests._dist import run_distributed
 
     for rank in run_distributed("tests.test_megatron_checkpoint:async_stop_worker", 2,

@@ -22,14 +22,14 @@ def build(overrides):
     """(cfg, plan, engine) for ``overrides`` on this process group."""
     import torch
 
-    from launcher.engines import build_engine_for
-    from launcher.model import init_parallel_state
+    from launcher.engines import build_engine
+    from launcher.engines.model import init_parallel_state
     from launcher.plan import compute_plan
 
     cfg = cfg_of(MEGATRON + list(overrides))
     plan = compute_plan(cfg, world_size=torch.distributed.get_world_size())
     init_parallel_state(cfg.parallelism, seed=cfg.trainer.seed)
-    eng = build_engine_for(cfg.engine.name, plan, model=cfg.model, parallelism=cfg.parallelism,
+    eng = build_engine(plan, model=cfg.model, parallelism=cfg.parallelism,
                            optimizer=cfg.optimizer, trainer=cfg.trainer, engine=cfg.engine)
     return cfg, plan, eng
 
@@ -64,8 +64,8 @@ def train(eng, cfg, steps: int, data_seed: int = 0, reference=None) -> dict:
     """Train ``steps`` steps on the fixed batches; losses, grad norms, extras, phase times."""
     from megatron.core import parallel_state
 
-    from launcher.schedule import lr_at
-    from launcher.timers import PhaseTimer
+    from launcher.runtime.schedule import lr_at
+    from launcher.runtime.timers import PhaseTimer
 
     if reference is not None:
         copy_weights(eng, reference)

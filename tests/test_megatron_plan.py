@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from launcher.compose import CONFIG_ERROR_EXIT, compose_config, to_object
-from launcher.plan import PlanError, compute_plan, main
+from launcher.plan import PlanError, compute_plan
+from launcher.plan.__main__ import main
 
 EXP_70B = "experiment=llama3_70b_16k_h100"
 
@@ -40,7 +41,9 @@ def test_70b_plan_json_and_table_carry_the_engine_notes(capsys):
 
 def test_plain_deepspeed_layout_notes_megatron_alternative_only_when_needed():
     notes = plan_of("parallelism.zero_stage=2").engine_notes
-    assert notes == ("engine=deepspeed: ZeRO stage 2 around the Megatron-Core GPTModel (works)",)
+    assert notes == ("engine=deepspeed: ZeRO stage 2 around the Megatron-Core GPTModel (works)",
+                     "engine=megatron would not work: zero_stage=2: Megatron-Core shards optimizer "
+                     "state only (distributed optimizer = ZeRO-1)")
     with pytest.raises(PlanError) as info:  # DeepSpeed with pipeline stages is refused
         plan_of("parallelism=pp2")
     assert "use engine=megatron" in str(info.value)

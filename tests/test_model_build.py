@@ -54,7 +54,7 @@ def build(model: ModelConfig, par=None, trainer=FP32, seed: int = 1234):
     import torch
     from megatron.core import tensor_parallel
 
-    from launcher.model import build_gpt_model
+    from launcher.engines.model import build_gpt_model
 
     torch.manual_seed(seed)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
@@ -73,7 +73,7 @@ def step(gpt, model: ModelConfig, seq: int = 32):
 def megatron_tp1():
     """A 1-rank gloo group with Megatron's parallel state (TP=PP=1) and CPU redirects."""
     with gloo_group():
-        from launcher.model import init_parallel_state
+        from launcher.engines.model import init_parallel_state
 
         init_parallel_state(ParallelismConfig(), seed=1234)
         yield
@@ -87,7 +87,7 @@ def n_params(gpt) -> int:
 def test_tiny_llama_structure_and_step(megatron_tp1):
     import torch
 
-    from launcher.params import count_parameters
+    from launcher.plan.params import count_parameters
 
     model = preset("tiny")
     gpt = build(model)
@@ -111,7 +111,7 @@ def test_tiny_llama_structure_and_step(megatron_tp1):
 def test_gpt2_style_tied_learned_positions_biases(megatron_tp1):
     import torch
 
-    from launcher.params import count_parameters
+    from launcher.plan.params import count_parameters
 
     model = small(arch=Arch.gpt2, untie_embeddings_and_output_weights=False, add_bias_linear=True,
                   hidden_dropout=0.1, attention_dropout=0.1)
@@ -145,7 +145,7 @@ def test_grouped_query_attention_shapes(megatron_tp1):
 def test_tiny_moe_routes_to_experts(megatron_tp1):
     from megatron.core.transformer.moe.moe_layer import MoELayer
 
-    from launcher.params import count_parameters
+    from launcher.plan.params import count_parameters
 
     model = small(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=96)
     gpt = build(model)
@@ -175,21 +175,25 @@ def test_recompute_replays_dropout_exactly(megatron_tp1, recompute):
 
 
 @in_process
-def test_cpu_compat_redirects_and_deepspeed_mpu(megatron_tp1):
+def test_compat_redirects_and_deepspeed_mpu(megatron_tp1):
     import os
 
     import torch
 
-    from launcher import cpu_compat
+    from launcher.engines.deepspeed.mpu import DeepSpeedMPU
 
-    assert cpu_compat.enable() and cpu_compat.enable()  # idempotent
+    from launcher.engines import compat
+
+    first, again = compat.install(), compat.install()
+    assert first == again and "device='cuda' to CPU mode" in first  # idempotent
+    assert compat.cpu_mode_active()
     assert os.environ["DS_ACCELERATOR"] == "cpu"
     assert torch.cuda.current_device() == torch.device("cpu")
     assert torch.zeros([], device="cuda").device.type == "cpu"
     x = torch.ones(2)
     assert x.cuda() is x and x.to("cuda").device.type == "cpu"
     assert x.type() == "torch.cuda.FloatTensor" and x.bfloat16().type() == "torch.cuda.BFloat16Tensor"
-    mpu = cpu_compat.DeepSpeedMPU()
+    mpu = DeepSpeedMPU()
     assert (mpu.get_model_parallel_rank(), mpu.get_model_parallel_world_size()) == (0, 1)
     assert (mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()) == (0, 1)
     assert mpu.get_tensor_model_parallel_world_size() == 1
@@ -199,7 +203,7 @@ def test_cpu_compat_redirects_and_deepspeed_mpu(megatron_tp1):
 def test_transformer_config_translation():
     import torch
 
-    from launcher.model import transformer_config
+    from launcher.engines.model import transformer_config
 
     model = small(num_experts=4, moe_capacity_factor=0.0, num_query_groups=0)
     par = ParallelismConfig(
@@ -217,7 +221,7 @@ def test_transformer_config_translation():
 
 
 def test_padded_vocab_size():
-    from launcher.model import padded_vocab_size
+    from launcher.engines.model import padded_vocab_size
 
     assert padded_vocab_size(4096, 128, 1) == 4096
     assert padded_vocab_size(50257, 128, 1) == 50304
@@ -241,8 +245,9 @@ def tp_worker(args: dict) -> dict:
     """Per rank: loss, parameter count and RNG draws of one model at TP=1, TP=2 and TP=2 + SP."""
     from megatron.core import parallel_state
 
-    from launcher.model import build_gpt_model, init_parallel_state
-    from launcher.params import stage_params
+    from launcher.engines.model import build_gpt_model, init_parallel_state
+    from launcher.plan.dims import ParallelDims
+    from launcher.plan.params import stage_params
 
     model = small(**args["model"])
     out = {}
@@ -256,7 +261,8 @@ def tp_worker(args: dict) -> dict:
         out[name] = rng_draws()
         gpt = build_gpt_model(model, par, FP32)
         out[name].update(loss=step(gpt, model), numel=n_params(gpt),
-                         planned=stage_params(model, par, first=True, last=True).total)
+                         planned=stage_params(model, ParallelDims.build(par, world=2),
+                                              first=True, last=True).total)
         parallel_state.destroy_model_parallel()
     return out
 
@@ -289,7 +295,7 @@ def test_gpu_without_transformer_engine_replans_with_unfused_attention():
     """A GPU plan counts flash attention for `auto`; without TE Megatron-Core runs unfused
     attention, so the re-plan stores the scores (and is refused when that no longer fits)."""
     from launcher.config import AttentionBackend
-    from launcher.model import runnable_attention
+    from launcher.engines.model import runnable_attention
     from launcher.plan import PlanError, compute_plan
 
     cfg, plan = _plan_of("model.seq_length=2048", "trainer.micro_batch_size=2")
@@ -312,7 +318,7 @@ def test_gpu_without_transformer_engine_replans_with_unfused_attention():
 
 
 def test_explicit_flash_without_transformer_engine_is_refused():
-    from launcher.model import KernelUnavailable, runnable_attention
+    from launcher.engines.model import KernelUnavailable, runnable_attention
 
     cfg, _ = _plan_of("trainer.attention_backend=flash", "trainer.micro_batch_size=1")
     with pytest.raises(KernelUnavailable, match="trainer.attention_backend=unfused"):

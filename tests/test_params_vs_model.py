@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from launcher.compose import compose_config, to_object
-from launcher.params import count_parameters, layer_params, model_dims, stage_params
+from launcher.plan.dims import ParallelDims
+from launcher.plan.params import count_parameters, layer_params, model_dims, stage_params
 from launcher.plan import compute_plan
 
 SMALL = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=160",
@@ -51,7 +52,7 @@ def _cfg(overrides):
 @pytest.fixture(scope="module")
 def one_rank():
     from tests._dist import gloo_group
-    from launcher.model import init_parallel_state
+    from launcher.engines.model import init_parallel_state
     from megatron.core import parallel_state
 
     with gloo_group():
@@ -62,7 +63,7 @@ def one_rank():
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_counts_equal_built_model_by_component(case, one_rank):
-    from launcher.model import build_gpt_model
+    from launcher.engines.model import build_gpt_model
 
     cfg = _cfg(CASES[case])
     model = build_gpt_model(model=cfg.model, parallelism=cfg.parallelism, trainer=cfg.trainer)
@@ -70,7 +71,8 @@ def test_counts_equal_built_model_by_component(case, one_rank):
     expected = count_parameters(cfg.model)
     assert built == {k: getattr(expected, k) for k in built}, case
     assert sum(p.numel() for p in model.parameters()) == expected.total
-    one_stage = stage_params(cfg.model, cfg.parallelism, first=True, last=True)
+    one_rank_dims = ParallelDims.build(cfg.parallelism, world=1)
+    one_stage = stage_params(cfg.model, one_rank_dims, first=True, last=True)
     assert one_stage.total == expected.total
 
 
@@ -80,7 +82,7 @@ def test_full_size_preset_built_on_meta_device_equals_plan(preset, one_rank):
     memory): Mixtral 8x7B's 46,702,792,704 parameters (8 experts, top-2) by component."""
     import torch
 
-    from launcher.model import build_gpt_model
+    from launcher.engines.model import build_gpt_model
 
     cfg = _cfg([f"model={preset}", "engine=megatron"])
     with torch.device("meta"):
@@ -135,8 +137,8 @@ def per_rank_worker(args: dict) -> dict:
     layout and case; return the counts per chunk and the rank's pipeline position."""
     from megatron.core import parallel_state as ps
 
-    from launcher.megatron_engine import build_model_chunks
-    from launcher.model import init_parallel_state
+    from launcher.engines.megatron.engine import build_model_chunks
+    from launcher.engines.model import init_parallel_state
 
     out = {}
     for layout, (_, cases) in LAYOUTS.items():
@@ -177,7 +179,8 @@ def test_per_gpu_counts_equal_built_shards(layout, ranks):
         for rank, result in enumerate(ranks):
             got = result[f"{layout}/{case}"]
             assert (got["first"], got["last"]) == (pp == 1 or rank == 0, pp == 1 or rank == 1)
-            expected = stage_params(cfg.model, cfg.parallelism, got["first"], got["last"])
+            dims = ParallelDims.build(cfg.parallelism, world=2)
+            expected = stage_params(cfg.model, dims, got["first"], got["last"])
             assert _rank_sum(got, "dense") == expected.dense, (layout, case, rank)
             assert _rank_sum(got, "expert") == expected.expert, (layout, case, rank)
             totals.append(_rank_sum(got, "dense") + _rank_sum(got, "expert"))
@@ -275,9 +278,9 @@ def memory_worker(args: dict) -> dict:
     import torch
     from megatron.core import parallel_state as ps
 
-    from launcher.engines import build_engine_for
-    from launcher.model import init_parallel_state
-    from launcher.timers import PhaseTimer
+    from launcher.engines import build_engine
+    from launcher.engines.model import init_parallel_state
+    from launcher.runtime.timers import PhaseTimer
     from tests.test_engine_deepspeed import fixed_batches
 
     out = {}
@@ -285,7 +288,7 @@ def memory_worker(args: dict) -> dict:
         cfg = _cfg(overrides + MEMORY_COMMON)
         plan = compute_plan(cfg, world_size=torch.distributed.get_world_size())
         init_parallel_state(cfg.parallelism, seed=cfg.trainer.seed)
-        eng = build_engine_for(cfg.engine.name, plan, model=cfg.model, parallelism=cfg.parallelism,
+        eng = build_engine(plan, model=cfg.model, parallelism=cfg.parallelism,
                                optimizer=cfg.optimizer, trainer=cfg.trainer, engine=cfg.engine)
         eng.train_step(fixed_batches(cfg.model.vocab_size, cfg.model.seq_length,
                                      cfg.trainer.micro_batch_size, 0), 1e-3, PhaseTimer())

@@ -8,9 +8,10 @@ import pytest
 
 from launcher.compose import compose_config, to_object
 from launcher.config import EngineName, Precision, Recompute
-from launcher.memory import ActivationSettings, layer_activation_bytes, state_bytes_per_param
-from launcher.params import count_parameters, model_dims
-from launcher.plan import PlanError, compute_plan, main
+from launcher.plan.memory import ActivationSettings, layer_activation_bytes, state_bytes_per_param
+from launcher.plan.params import count_parameters, model_dims
+from launcher.plan import PlanError, compute_plan
+from launcher.plan.__main__ import main
 
 EXP_70B = "experiment=llama3_70b_16k_h100"
 

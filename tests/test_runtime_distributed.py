@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.distributed import (expand_hostlist, in_distributed_launch, torch_env_from_slurm,
+from launcher.runtime.distributed import (expand_hostlist, in_distributed_launch, torch_env_from_slurm,
                                   _tasks_on_node)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -123,7 +123,7 @@ def test_stop_signal_to_process_group_requeues(tmp_path):
 
 def _wait_for_stop(out_dir: str, rank: int) -> None:
     """Steps until every rank agrees to stop (after a SIGUSR1 to the process group)."""
-    from launcher.signals import REQUEUE_EXIT_CODE, StopRequest
+    from launcher.runtime.signals import REQUEUE_EXIT_CODE, StopRequest
 
     stop = StopRequest("SIGUSR1")
     Path(out_dir, f"ready{rank}").touch()
@@ -140,8 +140,8 @@ def worker(mode: str, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from launcher.distributed import destroy_distributed, init_distributed
-    from launcher.signals import REQUEUE_EXIT_CODE
+    from launcher.runtime.distributed import destroy_distributed, init_distributed
+    from launcher.runtime.signals import REQUEUE_EXIT_CODE
 
     rank, local_rank, world = init_distributed(timeout_s=60)
     if mode == "signal":
@@ -160,7 +160,7 @@ def worker(mode: str, out_dir: str) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO_ROOT))
-    from launcher.distributed import launch_local_world
+    from launcher.runtime.distributed import launch_local_world
 
     mode_arg, out = sys.argv[1], sys.argv[2]
     log_dir = Path(out, "logs") if mode_arg == "requeue" else None
@@ -173,7 +173,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 if __name__ == "__main__":
     import torch, torch.distributed as dist
-    from launcher.distributed import init_distributed, destroy_distributed
+    from launcher.runtime.distributed import init_distributed, destroy_distributed
     rank, local_rank, world = init_distributed(timeout_s=60)
     value = torch.tensor([float(rank + 1)])
     dist.all_reduce(value)

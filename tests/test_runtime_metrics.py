@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from launcher.config import LoggerConfig
-from launcher.metrics import (MetricsLogger, NullMetricsLogger, make_metrics_logger,
+from launcher.runtime.metrics import (MetricsLogger, NullMetricsLogger, make_metrics_logger,
                               progress_line, timer_metrics)
-from launcher.timers import PHASES, PhaseTimer
+from launcher.runtime.timers import PHASES, PhaseTimer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,7 @@ import yaml
 from launcher.compose import compose_config, to_object
 from launcher.config import RunConfig
 from launcher.plan import compute_plan
-from launcher.rundir import (REDACTED, prepare_run_dir, redact, redact_argv, run_dir_path,
+from launcher.runtime.rundir import (REDACTED, prepare_run_dir, redact, redact_argv, run_dir_path,
                              secret_env_values, to_plain)
 
 

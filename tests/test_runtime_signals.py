@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from launcher.signals import REQUEUE_EXIT_CODE, StopRequest
+from launcher.runtime.signals import REQUEUE_EXIT_CODE, StopRequest
 from tests._dist import run_distributed
 
 

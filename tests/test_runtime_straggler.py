@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.straggler import find_stragglers, gather_times
+from launcher.runtime.straggler import find_stragglers, gather_times
 from tests._dist import run_distributed
 
 

@@ -71,7 +71,7 @@ def test_torchrun_mode_starts_one_agent_per_node_with_rendezvous_on_the_first(tm
     assert "#SBATCH --cpus-per-task=128\n" in script
     assert 'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in script
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
-    for part in ("--ntasks-per-node=1", "-m launcher.agent", "--nnodes=8", "--nproc-per-node=8",
+    for part in ("--ntasks-per-node=1", "-m launcher.launch.agent", "--nnodes=8", "--nproc-per-node=8",
                  '--rdzv-endpoint="$HEAD:29500"', "'--container-image=nvcr.io#nvidia/pytorch:"
                  "24.05-py3'", "--container-mounts=/data:/data"):
         assert part in srun, part

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.sweep import split_overrides, time_limit_minutes
+from launcher.launch.sweep import split_overrides, time_limit_minutes
 from launcher.sweep_summary import main as summary_main, summarize
 from tests._slurm import job_env, slurm  # noqa: F401
 from tests.test_train_loop import REPO, TINY

@@ -1,4 +1,4 @@
-"""``launch.mode=torchrun`` on loopback: two elastic agents (``python -m launcher.agent
+"""``launch.mode=torchrun`` on loopback: two elastic agents (``python -m launcher.launch.agent
 --nnodes=2``, as the job script starts one per node) rendezvous over c10d and their two processes
 (2 "nodes" x 1) train as one world."""
 
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from launcher.distributed import free_port
+from launcher.runtime.distributed import free_port
 from tests.test_train_loop import REPO, TINY, steps_of
 
 
@@ -24,7 +24,7 @@ def test_two_agents_on_loopback_form_one_world_and_train(tmp_path):
                  "trainer.train_steps=6", "trainer.eval_interval=0", "trainer.save_interval=0",
                  f"run.output_root={tmp_path}", "run.name=two_nodes"]
     agents = [subprocess.Popen(
-        [sys.executable, "-m", "launcher.agent", "--nnodes=2", "--nproc-per-node=1",
+        [sys.executable, "-m", "launcher.launch.agent", "--nnodes=2", "--nproc-per-node=1",
          f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=tw-{port}", "--local-addr=127.0.0.1",
          "--", *overrides], cwd=tmp_path, env=env, stdout=open(tmp_path / f"agent{n}.log", "w"),
         stderr=subprocess.STDOUT) for n in range(2)]

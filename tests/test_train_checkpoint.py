@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from launcher.atomic import atomic_symlink_or_pointer
-from launcher.checkpoint import CheckpointError, complete_steps, find_resume, prune, step_name
+from launcher.runtime.checkpoint import CheckpointError, complete_steps, find_resume, prune, step_name
 
 
 def make_step(ckpts: Path, step: int, complete: bool = True) -> Path:

@@ -165,7 +165,7 @@ def test_truncated_shard_fails_naming_the_file(runs):
 def test_unreadable_files_finds_truncated_archives(tmp_path):
     import torch
 
-    from launcher.checkpoint import unreadable_files
+    from launcher.runtime.checkpoint import unreadable_files
 
     (tmp_path / "rng").mkdir()
     for name in ("a.pt", "rng/b.pt", "c.pt"):

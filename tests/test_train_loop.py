@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.timers import PHASES
+from launcher.runtime.timers import PHASES
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128",
@@ -137,7 +137,7 @@ def test_stop_signal_saves_and_exits_for_requeue(tmp_path):
     import signal
     import time
 
-    from launcher.signals import REQUEUE_EXIT_CODE
+    from launcher.runtime.signals import REQUEUE_EXIT_CODE
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     args = [sys.executable, "-m", "launcher.train", *TINY, f"run.output_root={tmp_path}",

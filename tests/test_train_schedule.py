@@ -7,7 +7,7 @@ import math
 import pytest
 
 from launcher.config import OptimizerConfig, Schedule
-from launcher.schedule import lr_at, set_lr, wsd_decay_start
+from launcher.runtime.schedule import lr_at, set_lr, wsd_decay_start
 
 
 def opt(schedule: Schedule, **kw) -> OptimizerConfig:

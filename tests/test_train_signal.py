@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.signals import REQUEUE_EXIT_CODE
+from launcher.runtime.signals import REQUEUE_EXIT_CODE
 from tests.test_train_loop import REPO, TINY, steps_of
 
 STEPS = 60

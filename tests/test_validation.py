@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from launcher.compose import CONFIG_ERROR_EXIT
-from launcher.plan import main
+from launcher.plan.__main__ import main
 
 CASES = {
     "world_not_multiple_of_model_parallel": (
@@ -88,6 +88,22 @@ CASES = {
     "memory_over_capacity": (
         ["model=llama3_70b", "cluster=slurm_h100", "trainer.micro_batch_size=1"],
         ["exceeds the H100's 79.6 GiB", "memory per GPU", "zero_stage"]),
+    "ranks_sharing_a_gpu_over_capacity": (
+        ["model=llama3_1b", "cluster=local_gpu", "trainer.micro_batch_size=2",
+         "cluster.ranks_per_gpu=2"],
+        ["cluster.ranks_per_gpu=2 ranks share each H100", "2 x 44.3 GiB per rank",
+         "= 88.5 GiB exceeds its 79.6 GiB", "fewer cluster.ranks_per_gpu (now 2)"]),
+    "ranks_per_gpu_on_slurm": (
+        ["cluster=slurm_h100", "cluster.ranks_per_gpu=2"],
+        ["cluster.ranks_per_gpu=2 with cluster.launcher=slurm", "local launcher",
+         "set cluster.ranks_per_gpu=1"]),
+    "non_positive_ranks_per_gpu": (
+        ["cluster.ranks_per_gpu=0"], ["cluster.ranks_per_gpu=0 must be a positive integer"]),
+    "world_with_ranks_per_gpu_not_multiple": (
+        ["cluster.gpus_per_node=1", "cluster.ranks_per_gpu=3",
+         "parallelism.tensor_parallel_size=2"],
+        ["world size 3 (cluster.nodes=1 x cluster.gpus_per_node=1 x cluster.ranks_per_gpu=3)",
+         "TP x PP x CP = 2", "TP x PP x CP from 1, 3"]),
     "mfu_out_of_range": (["plan.mfu=1.5"], ["plan.mfu=1.5 must be in (0, 1]"]),
     "warmup_not_below_steps": (
         ["trainer.train_steps=100", "optimizer.warmup_steps=100"],

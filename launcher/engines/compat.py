@@ -1,0 +1,378 @@
+"""Every patch of a library internal, in one place, applied once per process by :func:`install`.
+
+:data:`SHIMS` lists them: what each patches, the library version it was written for, when it
+applies (no CUDA, or no Transformer Engine, on a CPU or a GPU machine alike) and a probe that
+says whether the unpatched library still needs it. ``tests/test_compat.py`` fails when an
+installed library is not the version a shim was written for, or when a probe finds the library
+fixed, so a library upgrade is a deliberate step. (The Megatron-Core distributed-optimizer
+checkpoint workarounds, which wrap single optimizer instances for the duration of a load, are
+:func:`keep_adam_step` and :func:`unshare_adam_steps`, listed there too.)
+
+On a machine without CUDA, Megatron-Core 0.16.1 assumes a GPU in a handful of places (buffers
+created on ``torch.cuda.current_device()``, CUDA RNG states, ``device="cuda"`` tensors, CUDA type
+strings); the CPU shims redirect each to the host. The torch function mode they install is
+thread-local: it covers the thread that called :func:`install` (the training loop; CPU autograd
+runs its backward in that same thread). Call :func:`install` at the start of every training
+process (``launcher.train``'s worker, the test workers), never from model or engine builders.
+
+Every patch names the Megatron-Core / DeepSpeed site that needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+
+_STATE = {"mode": None, "applied": []}
+
+DISABLE_TE_ENV = "TRAINWRIGHT_DISABLE_TE"
+"""Set to 1 to make this process behave as if Transformer Engine were not installed."""
+
+# Tensor.type() names a CPU tensor reports while the mode is active (cuda type-string checks).
+_CUDA_TYPE_NAMES = {
+    "torch.FloatTensor": "torch.cuda.FloatTensor",
+    "torch.HalfTensor": "torch.cuda.HalfTensor",
+    "torch.BFloat16Tensor": "torch.cuda.BFloat16Tensor",
+}
+
+
+def _is_cuda_device(device) -> bool:
+    """True for "cuda", "cuda:N", torch.device("cuda") and ints (CUDA indices on CPU builds)."""
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
+class CudaToCpuMode(TorchFunctionMode):
+    """Maps ``device="cuda"`` to the CPU, ``Tensor.cuda()`` to identity, and makes ``Tensor.type()``
+    report CUDA type names for CPU float tensors."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            # pipeline_parallel/p2p_communication.py, optimizer/grad_scaler.py load_state_dict.
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and "dtype" not in kwargs:
+            # optimizer/clip_grads.py asserts grad.type() == 'torch.cuda.FloatTensor';
+            # optimizer/optimizer.py and distrib_optimizer.py branch on torch.cuda.*Tensor names.
+            name = func(*args)
+            return _CUDA_TYPE_NAMES.get(name, name)
+        if "device" in kwargs and _is_cuda_device(kwargs["device"]):
+            # pipeline_parallel/schedules.py torch.zeros([], device="cuda"), optimizer/clip_grads.py
+            # and optimizer/optimizer.py torch.tensor(..., device='cuda'), transformer/utils.py
+            # causal masks.
+            kwargs = {**kwargs, "device": "cpu"}
+        elif func is torch.Tensor.to and len(args) > 1 and _is_cuda_device(args[1]):
+            # tensor.to("cuda") / tensor.to(torch.cuda.current_device()) style moves.
+            args = (args[0], "cpu", *args[2:])
+        return func(*args, **kwargs)
+
+
+def _under_mode(fn):
+    """Wrap ``fn`` so it runs under :class:`CudaToCpuMode`: the autograd engine clears the torch
+    function mode stack while it runs backward functions and hooks."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if any(isinstance(m, CudaToCpuMode) for m in _get_current_function_mode_stack()):
+            return fn(*args, **kwargs)
+        with CudaToCpuMode():
+            return fn(*args, **kwargs)
+
+    wrapper._trainwright_cpu = True
+    return wrapper
+
+
+def _patch_recompute() -> None:
+    """Activation recompute runs the layer forward inside backward, where the mode is not active."""
+    from megatron.core.tensor_parallel import random as mrandom
+
+    fn_cls, hook_cls = mrandom.CheckpointFunction, mrandom.CheckpointWithoutOutput
+    if not getattr(fn_cls.backward, "_trainwright_cpu", False):
+        # random.py CheckpointFunction.backward (full/selective recompute) re-runs the forward,
+        # e.g. transformer/utils.py get_default_causal_mask torch.ones(..., device="cuda").
+        fn_cls.backward = staticmethod(_under_mode(fn_cls.backward))
+    if not getattr(hook_cls._recompute, "_trainwright_cpu", False):
+        # random.py CheckpointWithoutOutput._recompute: backward hook (output-discarding recompute).
+        hook_cls._recompute = _under_mode(hook_cls._recompute)
+
+
+def _cpu_rng_state(device="cuda", clone=False, graph_safe=False) -> torch.Tensor:
+    """CPU stand-in for random._get_cuda_rng_state: the default CPU generator's state."""
+    return torch.get_rng_state()
+
+
+def _set_cpu_rng_state(new_state, device=-1, graph_safe=False) -> None:
+    """CPU stand-in for random._set_cuda_rng_state."""
+    torch.set_rng_state(new_state)
+
+
+def _cpu_tracker_class():
+    """A CudaRNGStatesTracker whose named states are CPU generator states."""
+    from megatron.core.tensor_parallel import random as mrandom
+
+    class CpuRNGStatesTracker(mrandom.CudaRNGStatesTracker):
+        """CPU dropout draws from the default CPU generator; the tracked streams live there."""
+
+        def add(self, name, seed):
+            """Same contract as the CUDA tracker: a new named stream seeded with ``seed``."""
+            if seed in self.seeds_:
+                raise Exception(f"seed {seed} already exists")
+            if name in self.states_:
+                raise Exception(f"rng state {name} already exists")
+            self._is_initialized = True
+            self.seeds_.add(seed)
+            orig = torch.get_rng_state()
+            torch.manual_seed(seed)
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(orig)
+
+        @contextlib.contextmanager
+        def fork(self, name=mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME):
+            """Like the CUDA fork, minus its "CPU RNG state changed" warning, which on CPU would
+            fire on every dropout."""
+            if name not in self.states_:
+                raise Exception(f"rng state {name} is not added")
+            orig_state, orig_name = torch.get_rng_state(), self._current_state_name
+            if orig_name != "default-rng":
+                self.states_[orig_name] = orig_state
+            torch.set_rng_state(self.states_[name])
+            self._current_state_name = name
+            try:
+                yield
+            finally:
+                self.states_[name] = torch.get_rng_state()
+                if orig_name != "default-rng":
+                    orig_state = self.states_[orig_name]
+                torch.set_rng_state(orig_state)
+                self._current_state_name = orig_name
+
+    return CpuRNGStatesTracker
+
+
+def _patch_rng() -> None:
+    """Route Megatron's model-parallel RNG machinery to the CPU generator."""
+    from megatron.core.tensor_parallel import random as mrandom
+
+    # random.py CheckpointFunction / _get_all_rng_states call these module functions directly.
+    mrandom._get_cuda_rng_state = _cpu_rng_state
+    mrandom._set_cuda_rng_state = _set_cpu_rng_state
+    # random.py initialize_rng_tracker instantiates the module-level CudaRNGStatesTracker name.
+    if not getattr(mrandom.CudaRNGStatesTracker, "_trainwright_cpu", False):
+        cls = _cpu_tracker_class()
+        cls._trainwright_cpu = True
+        mrandom.CudaRNGStatesTracker = cls
+    tracker = mrandom._CUDA_RNG_STATE_TRACKER
+    if tracker is not None and not isinstance(tracker, mrandom.CudaRNGStatesTracker):
+        # A CUDA tracker created before enable(): drop it so the next seed call builds a CPU one.
+        mrandom._CUDA_RNG_STATE_TRACKER = None
+        mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = False
+
+
+def _patch_torch_cuda() -> None:
+    """Replace the torch.cuda entry points Megatron calls unconditionally."""
+    # core/utils.py GlobalMemoryBuffer, RoPE inv_freq, layers.py buffers: device=current_device().
+    torch.cuda.current_device = lambda: torch.device("cpu")
+    # pipeline_parallel/p2p_communication.py and dist_checkpointing writers call synchronize().
+    torch.cuda.synchronize = lambda device=None: None
+    # optimizer/optimizer.py offload paths and pipeline_parallel activation offload.
+    torch.cuda.empty_cache = lambda: None
+
+
+def _patch_moe_router() -> None:
+    """transformer/moe/moe_utils.py RouterGatingLinearFunction reads te_general_gemm, which is only
+    defined when Transformer Engine imports (NameError in every MoE forward without TE)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+@contextlib.contextmanager
+def keep_adam_step(subs: list):
+    """While loading ``fully_reshardable`` state into the torch Adam of the distributed
+    optimizers ``subs`` (no Transformer Engine or Apex
+    FusedAdam), keep the per-parameter ``step`` that ``load_state_dict`` has just set from the
+    checkpoint's param groups.
+
+    Megatron-Core 0.16.1 ``load_parameter_state_from_fully_reshardable`` leaves ``step`` out of
+    the tensors it hands to ``_set_main_param_and_optimizer_states``, which then copies every key
+    of the torch state, ``step`` included: KeyError 'step'. (FusedAdam keeps the step in the
+    param group, so on those installs there is nothing to add.)"""
+    patched = list(subs)
+    for sub in patched:
+        original = sub._set_main_param_and_optimizer_states
+
+        def set_states(model_param, tensors, _sub=sub, _original=original):
+            group_index, group_order = _sub.model_param_group_index_map[model_param]
+            main_param = _sub.optimizer.param_groups[group_index]["params"][group_order]
+            current = _sub.optimizer.state.get(main_param, {})
+            if "step" in current and "step" not in tensors:
+                tensors = {**tensors, "step": current["step"]}
+            _original(model_param, tensors)
+
+        sub._set_main_param_and_optimizer_states = set_states
+    try:
+        yield
+    finally:
+        for sub in patched:
+            del sub._set_main_param_and_optimizer_states
+
+
+def unshare_adam_steps(subs: list) -> None:
+    """Give every parameter its own Adam ``step`` tensor after a distributed-optimizer load.
+
+    Megatron-Core 0.16.1 ``DistributedOptimizer.load_state_dict`` (torch Adam path) assigns one
+    ``step`` tensor to every parameter's state, and torch keeps it as is; torch Adam then adds 1
+    to that shared tensor once per parameter, so after one step the count is off by the number of
+    parameters and every later bias correction is wrong (the first step after a resume still
+    matches, the second does not)."""
+    for sub in subs:
+        for state in sub.optimizer.state.values():
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].clone()
+
+
+def _hide_transformer_engine() -> None:
+    """With TRAINWRIGHT_DISABLE_TE=1, make ``import transformer_engine`` fail in this process, so
+    a GPU machine that has TE can run (and test) the paths taken where TE is not installed."""
+    import importlib.abc
+
+    class _NoTransformerEngine(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "transformer_engine" or name.startswith("transformer_engine."):
+                raise ModuleNotFoundError(f"{name} hidden by TRAINWRIGHT_DISABLE_TE=1")
+            return None
+
+    if not any(type(f).__name__ == "_NoTransformerEngine" for f in sys.meta_path):
+        sys.meta_path.insert(0, _NoTransformerEngine())
+
+
+def transformer_engine_available() -> bool:
+    """Whether ``transformer_engine`` imports here (and is not hidden by TRAINWRIGHT_DISABLE_TE)."""
+    if os.environ.get(DISABLE_TE_ENV) == "1":
+        return False
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _cpu_only() -> bool:
+    return not torch.cuda.is_available()
+
+
+def _without_te() -> bool:
+    return not transformer_engine_available()
+
+
+def _enter_cpu_mode() -> None:
+    """DeepSpeed's accelerator auto-detection looks for CUDA; the mode maps CUDA calls to CPU."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    _STATE["mode"] = CudaToCpuMode()
+    _STATE["mode"].__enter__()
+
+
+def _around_each_load() -> bool:
+    """Not installed process-wide: the checkpoint IO wraps each load (keep_adam_step)."""
+    return False
+
+
+def _probe_moe_router() -> bool:
+    from megatron.core.transformer.moe import moe_utils
+
+    return not moe_utils.HAVE_TE and not hasattr(moe_utils, "te_general_gemm")
+
+
+def _probe_rng() -> bool:
+    from megatron.core.tensor_parallel import random as mrandom
+
+    return hasattr(mrandom, "_get_cuda_rng_state") and hasattr(mrandom, "CudaRNGStatesTracker")
+
+
+def _probe_recompute() -> bool:
+    from megatron.core.tensor_parallel import random as mrandom
+
+    return hasattr(mrandom.CheckpointFunction, "backward") and \
+        hasattr(mrandom.CheckpointWithoutOutput, "_recompute")
+
+
+def _probe_cuda_calls() -> bool:
+    """Megatron-Core's schedules still create ``device="cuda"`` tensors."""
+    import inspect
+
+    from megatron.core.pipeline_parallel import schedules
+
+    return 'device="cuda"' in inspect.getsource(schedules)
+
+
+def _probe_adam_step() -> bool:
+    """The fully-reshardable load still leaves ``step`` out (see :func:`keep_adam_step`)."""
+    import inspect
+
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    return hasattr(DistributedOptimizer, "_set_main_param_and_optimizer_states") and \
+        "load_parameter_state_from_fully_reshardable" in inspect.getsource(DistributedOptimizer)
+
+
+@dataclass(frozen=True)
+class Shim:
+    """One patch of a library internal."""
+
+    name: str
+    library: str
+    version: str  # the version it was written for (tests compare it with the installed one)
+    when: Callable[[], bool]  # applies in this process (e.g. no CUDA); None = applied by caller
+    apply: Optional[Callable[[], None]]
+    needed: Callable[[], bool]  # the unpatched library still has what the shim works around
+    why: str
+
+
+SHIMS = (
+    Shim("torch.cuda entry points", "megatron-core", "0.16.1", _cpu_only, _patch_torch_cuda,
+         _probe_cuda_calls, "buffers on torch.cuda.current_device(), synchronize(), "
+         "empty_cache() in core/utils.py, p2p_communication.py, dist-checkpointing writers"),
+    Shim("CPU RNG tracker", "megatron-core", "0.16.1", _cpu_only, _patch_rng, _probe_rng,
+         "tensor_parallel/random.py keeps CUDA generator states"),
+    Shim("recompute under the CPU mode", "megatron-core", "0.16.1", _cpu_only,
+         _patch_recompute, _probe_recompute,
+         "activation recompute re-runs forward inside backward, outside the torch function mode"),
+    Shim("device='cuda' to CPU mode", "megatron-core", "0.16.1", _cpu_only, _enter_cpu_mode,
+         _probe_cuda_calls, "schedules.py, clip_grads.py, optimizer.py create CUDA tensors and "
+         "check CUDA type strings"),
+    Shim("MoE router without TE", "megatron-core", "0.16.1", _without_te, _patch_moe_router,
+         _probe_moe_router, "moe_utils.py RouterGatingLinearFunction reads te_general_gemm, "
+         "defined only when Transformer Engine imports: NameError in every MoE forward"),
+    Shim("Adam step on fully_reshardable load", "megatron-core", "0.16.1", _around_each_load, None,
+         _probe_adam_step, "keep_adam_step / unshare_adam_steps, around each "
+         "distributed-optimizer load"),
+)
+"""Every patch of a library internal (see the module docstring)."""
+
+
+def install() -> list:
+    """Apply every shim whose condition holds in this process, once; the names applied now or
+    before. Call at the start of each training process (before Megatron-Core builds anything)."""
+    if os.environ.get(DISABLE_TE_ENV) == "1":
+        _hide_transformer_engine()
+    for shim in SHIMS:
+        if shim.apply is not None and shim.name not in _STATE["applied"] and shim.when():
+            shim.apply()
+            _STATE["applied"].append(shim.name)
+    return list(_STATE["applied"])
+
+
+def cpu_mode_active() -> bool:
+    """Whether the CPU redirects are applied in this process."""
+    return _STATE["mode"] is not None

@@ -1,0 +1,235 @@
+"""The DeepSpeed engine around the Megatron-Core GPTModel, one timed training step, its checkpoints.
+
+:func:`deepspeed_config` derives DeepSpeed's JSON config from the plan (batch sizes, accumulation)
+and the narrow sub-configs (ZeRO stage and offload, precision and loss scaling, clipping, bucket
+sizes); no value is restated by hand. :func:`build_engine` builds the model through
+:mod:`launcher.engines.model`, AdamW with weight-decay groups (none on biases and norms) and
+``deepspeed.initialize`` with Megatron's parallel groups (:class:`DeepSpeedMPU`).
+
+:meth:`Engine.train_step` runs one optimizer step (all accumulation micro-batches) and times
+the phases ``data``, ``forward``, ``loss``, ``backward``, ``optimizer``. DeepSpeed reduces gradients
+inside ``engine.backward`` (in hooks under ZeRO 2/3, in its epilogue otherwise), so that time is
+reported as ``time/backward+grad_sync`` and ``time/grad_sync`` stays 0.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable, Optional
+
+import torch
+
+from launcher.config import (EngineConfig, ModelConfig, OptimizerConfig, ParallelismConfig,
+                             Precision, TrainerConfig)
+from launcher.engines.base import CheckpointError, NonFiniteLoss, StepResult
+from launcher.engines.common import masked_mean, param_groups
+from launcher.engines.deepspeed.mpu import DeepSpeedMPU
+from launcher.runtime import collectives
+from launcher.runtime.schedule import set_lr
+
+__all__ = ["DeepSpeedEngine", "DeepSpeedCheckpointIO", "DeepSpeedMPU", "build_engine",
+           "deepspeed_config", "param_groups", "FUSED_BACKWARD"]
+
+NEVER_PRINT = 2 ** 31 - 1
+FUSED_BACKWARD = "backward+grad_sync"
+"""Metric name of the backward phase: DeepSpeed reduces gradients inside engine.backward."""
+
+
+def _zero_section(plan, parallelism: ParallelismConfig, engine: EngineConfig) -> dict:
+    stage = parallelism.zero_stage
+    zero = {"stage": stage, "reduce_bucket_size": engine.reduce_bucket_size,
+            "allgather_bucket_size": engine.reduce_bucket_size,
+            "overlap_comm": engine.overlap_grad_reduce and plan.data_parallel_size > 1,
+            "contiguous_gradients": True}
+    if parallelism.offload_optimizer and stage >= 1:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    if parallelism.offload_params and stage == 3:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    if stage == 3:
+        zero["stage3_prefetch_bucket_size"] = engine.reduce_bucket_size
+    return zero
+
+
+def deepspeed_config(plan, *, parallelism: ParallelismConfig, optimizer: OptimizerConfig,
+                     trainer: TrainerConfig, engine: EngineConfig) -> dict:
+    """DeepSpeed's config dict for ``plan`` (a :class:`launcher.plan.Plan`)."""
+    precision = Precision(trainer.precision)
+    return {
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.grad_accum_steps,
+        "train_batch_size": plan.global_batch_size,
+        "gradient_clipping": optimizer.clip_grad,
+        "zero_optimization": _zero_section(plan, parallelism, engine),
+        "bf16": {"enabled": precision == Precision.bf16},
+        # loss_scale 0 = dynamic loss scaling, starting at 2**initial_scale_power.
+        "fp16": {"enabled": precision == Precision.fp16, "loss_scale": 0,
+                 "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,
+                 "min_loss_scale": 1},
+        "communication_data_type": "fp32" if engine.grad_reduce_in_fp32 else None,
+        "data_types": {"grad_accum_dtype": "fp32" if engine.grad_reduce_in_fp32 else None},
+        # The client optimizer (torch AdamW with decay groups) is used under every stage/offload.
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": NEVER_PRINT,
+        "wall_clock_breakdown": False,
+    }
+
+
+def _sync_sequence_parallel_grads(module: torch.nn.Module) -> None:
+    """Sum the gradients of sequence-parallel norm weights over the TP group as they are
+    produced (Megatron's finalize_model_grads does this; DeepSpeed does not)."""
+    from megatron.core import parallel_state
+
+    if parallel_state.get_tensor_model_parallel_world_size() == 1:
+        return
+    group = parallel_state.get_tensor_model_parallel_group()
+
+    def reduce(grad):
+        return collectives.sum_(grad.clone(), group)
+
+    for param in module.parameters():
+        if getattr(param, "sequence_parallel", False):
+            param.register_hook(reduce)
+
+
+def build_engine(plan, *, model: ModelConfig, parallelism: ParallelismConfig,
+                 optimizer: OptimizerConfig, trainer: TrainerConfig, engine: EngineConfig,
+                 ds_config: Optional[dict] = None) -> "DeepSpeedEngine":
+    """GPTModel + AdamW + DeepSpeed engine on an initialised parallel state (collective)."""
+    import deepspeed
+
+    from launcher.engines.model import build_gpt_model
+
+    deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(),
+                               auto_mpi_discovery=False)
+    gpt = build_gpt_model(model, parallelism, trainer)
+    if parallelism.sequence_parallel:
+        _sync_sequence_parallel_grads(gpt)
+    adamw = torch.optim.AdamW(param_groups(gpt, optimizer.weight_decay), lr=optimizer.lr,
+                              betas=(optimizer.adam_beta1, optimizer.adam_beta2),
+                              eps=optimizer.adam_eps)
+    config = ds_config or deepspeed_config(plan, parallelism=parallelism, optimizer=optimizer,
+                                           trainer=trainer, engine=engine)
+    ds_engine, ds_optimizer, _, _ = deepspeed.initialize(
+        args=_device_args(), model=gpt, optimizer=adamw, config=config, mpu=DeepSpeedMPU())
+    return DeepSpeedEngine(ds_engine, ds_optimizer, plan.grad_accum_steps, trainer.nan_policy)
+
+
+def _device_args() -> SimpleNamespace:
+    """DeepSpeed's ``args.device_rank``: the GPU this rank already uses. Left alone, DeepSpeed
+    takes LOCAL_RANK, which names no GPU when ranks share one (cluster.ranks_per_gpu > 1)."""
+    if torch.cuda.is_available():
+        return SimpleNamespace(device_rank=torch.cuda.current_device())
+    return SimpleNamespace(device_rank=int(os.environ.get("LOCAL_RANK", "0")))
+
+
+class DeepSpeedEngine:
+    """A DeepSpeed engine plus the step logic (see module docstring)."""
+
+    def __init__(self, ds_engine, ds_optimizer, grad_accum_steps: int, nan_policy: str):
+        self.ds, self.optimizer = ds_engine, ds_optimizer
+        self.grad_accum_steps, self.nan_policy = grad_accum_steps, nan_policy
+        self.device = ds_engine.device
+        self.checkpoint_io = DeepSpeedCheckpointIO(ds_engine)
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        """Per-token losses ``[b, s]`` of one micro-batch (labels given, so no logits)."""
+        return self.ds(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+
+    masked_mean = staticmethod(masked_mean)
+
+    def reduce_phase_times(self, times: dict) -> dict:
+        """Phase times as measured on this rank (every rank runs the same phases)."""
+        return times
+
+    @staticmethod
+    def _agree_finite(loss: torch.Tensor) -> tuple[float, bool]:
+        """(sum of losses over all ranks, whether every rank's loss is finite): one all-reduce."""
+        value = float(loss.detach())
+        total, _, finite = collectives.agree_loss(value, 1, math.isfinite(value))
+        return total, finite
+
+    def _surrogate(self) -> torch.Tensor:
+        """A loss with zero gradient for every parameter (backward of a skipped micro-batch)."""
+        return sum((p * 0).sum() for p in self.ds.module.parameters() if p.requires_grad)
+
+    def train_step(self, next_batch: Callable[[], dict], lr: float, timer) -> StepResult:
+        """One optimizer step over ``grad_accum_steps`` micro-batches from ``next_batch``."""
+        timer.rename("backward", FUSED_BACKWARD)
+        world = collectives.world_size()
+        total, bad = 0.0, False
+        set_lr(self.optimizer, lr)
+        for _ in range(self.grad_accum_steps):
+            with timer.phase("data"):
+                batch = {k: v.to(self.device) for k, v in next_batch().items()}
+            with timer.phase("forward"):
+                token_losses = self.forward(batch)
+            with timer.phase("loss"):
+                loss = self.masked_mean(token_losses, batch["loss_mask"])
+                loss_sum, finite = self._agree_finite(loss)
+                total += loss_sum / world
+            if not finite:
+                if self.nan_policy != "skip":
+                    raise NonFiniteLoss("non-finite loss on at least one rank")
+                bad = True
+                set_lr(self.optimizer, 0.0)  # weights stay as they are for this step
+            with timer.phase("backward"):
+                self.ds.backward(loss if finite else self._surrogate())
+            with timer.phase("optimizer"):
+                self.ds.step()
+        return StepResult(loss=math.nan if bad else total / self.grad_accum_steps,
+                          grad_norm=self.grad_norm(), loss_scale=self.loss_scale(), skipped=bad,
+                          micro_batches=self.grad_accum_steps)
+
+    def grad_norm(self) -> Optional[float]:
+        norm = self.ds.get_global_grad_norm()
+        return None if norm is None else float(norm)
+
+    def loss_scale(self) -> float:
+        """The current (dynamic) loss scale under fp16; 1.0 otherwise."""
+        scale = getattr(self.optimizer, "cur_scale", None)
+        if scale is None:
+            scaler = getattr(self.optimizer, "loss_scaler", None)
+            scale = getattr(scaler, "cur_scale", 1.0)
+        return float(scale)
+
+    @torch.no_grad()
+    def eval_loss(self, batches) -> float:
+        """Mean masked loss over ``batches`` on all ranks (model in eval mode meanwhile)."""
+        self.ds.eval()
+        total, count = 0.0, 0
+        for batch in batches:
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+            total += float(self.masked_mean(self.forward(batch), batch["loss_mask"]))
+            count += 1
+        self.ds.train()
+        total, count = collectives.sum_floats([total, float(count)])
+        return total / max(count, 1.0)
+
+
+class DeepSpeedCheckpointIO:
+    """DeepSpeed's own checkpoint files (model, ZeRO partitions) inside a step directory.
+
+    ``engine.save_checkpoint(<parent>, tag=<step dir name>)`` writes ``<step dir>/...``; the
+    caller owns ``latest``, so DeepSpeed's own pointer is not written. DeepSpeed saves
+    synchronously (no background writes)."""
+
+    def __init__(self, ds_engine):
+        self.ds = ds_engine
+
+    def write(self, step_dir: Path, *, background: bool) -> bool:
+        self.ds.save_checkpoint(str(step_dir.parent), tag=step_dir.name, save_latest=False)
+        return False
+
+    def finish_background(self, blocking: bool) -> bool:
+        return True
+
+    def read(self, step_dir: Path) -> None:
+        path, _ = self.ds.load_checkpoint(str(step_dir.parent), tag=step_dir.name,
+                                          load_optimizer_states=True,
+                                          load_lr_scheduler_states=False)
+        if path is None:
+            raise CheckpointError(f"DeepSpeed could not load {step_dir}")

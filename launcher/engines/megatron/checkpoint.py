@@ -1,0 +1,269 @@
+"""Megatron-Core dist-checkpointing (``torch_dist``): engine=megatron's checkpoint IO.
+
+:class:`MegatronCheckpointIO` writes and reads ``<step dir>/megatron``; the step directory's
+atomic protocol (``step_N.tmp`` -> ``complete`` -> rename -> ``latest``) and the RNG-state files
+are :class:`launcher.runtime.checkpoint.CheckpointManager`'s, the same for every engine.
+
+The model is saved as a sharded state dict in model space: tensors are addressed by global name
+and global slice, not by rank, so a checkpoint written with one TP/PP/DP layout loads into
+another. The optimizer follows the same idea:
+
+* plain optimizer (``parallelism.zero_stage=0``): Megatron-Core's model-space optimizer state;
+* distributed optimizer (``zero_stage=1``): ``distrib_optim_sharding_type=fully_reshardable``.
+  On save Megatron-Core gathers the flat ZeRO-1 shards over the data-parallel group and reshapes
+  them to parameter shape; on load every rank reads what its new shard needs. TP, PP and DP may
+  all change. (``fully_sharded_model_space`` is deprecated and rejects the flattened shards
+  in 0.16.1; ``dp_reshardable`` would only allow DP changes.)
+
+The checkpoint records its layout and optimizer format as dist-checkpointing *content metadata*;
+a load reads it back, builds the optimizer's sharded state dict in the saved format, and refuses
+with :class:`launcher.engines.base.CheckpointError` (naming both layouts and the fix) what
+Megatron-Core cannot convert: optimizer state across ``zero_stage`` 0 <-> 1, and across a
+change in the number of chained optimizers (MoE with EP > 1 vs EP = 1).
+
+Four things Megatron-Core 0.16.1 leaves to the training loop (or gets wrong with torch's Adam,
+i.e. without Transformer Engine or Apex), each handled here and tested:
+
+* a fresh distributed optimizer has no Adam state, and ``DistributedOptimizer.state_dict`` (used
+  by save and load) asserts one common per-parameter ``step``: :func:`prime_optimizer_state`;
+* ``fully_reshardable`` loading raises KeyError 'step': :func:`launcher.engines.compat.keep_adam_step`;
+* after a load every parameter shares one ``step`` tensor, which then advances once per
+  parameter per step: :func:`launcher.engines.compat.unshare_adam_steps`;
+* with ``engine.overlap_param_gather`` the other ranks' parameter shards are one update behind
+  until the next forward, so the saved model tensors would be stale: :func:`sync_params`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from launcher.engines import compat
+from launcher.engines.base import CheckpointError
+from launcher.runtime import collectives
+
+SUBDIR = "megatron"
+"""Directory inside a step directory that holds the torch_dist files."""
+
+FORMAT_VERSION = 1
+"""Version of the content metadata written next to the tensors."""
+
+DISTRIBUTED_SHARDING = "fully_reshardable"
+"""Megatron-Core ``distrib_optim_sharding_type`` used for distributed-optimizer state."""
+
+_LEGACY = {"distrib_optim_sharding_type": DISTRIBUTED_SHARDING}
+"""What a checkpoint without content metadata (written before it was recorded) holds."""
+
+
+def _model_state(chunks: list) -> dict:
+    """Sharded state dict of every GPTModel chunk (DDP/Float16Module unwrapped, so keys are the
+    model's own names, with global layer numbers)."""
+    from megatron.core.utils import unwrap_model
+
+    return {f"chunk{i}": unwrap_model(chunk).sharded_state_dict()
+            for i, chunk in enumerate(chunks)}
+
+
+def _sub_optimizers(optimizer) -> list:
+    """The Megatron optimizers inside a ChainedOptimizer (or the optimizer itself)."""
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def _distributed_subs(optimizer) -> list:
+    """The DistributedOptimizers of ``optimizer`` that hold parameters (stubs have none)."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    return [sub for sub in _sub_optimizers(optimizer) if isinstance(sub, DistributedOptimizer)
+            and not getattr(sub, "is_stub_optimizer", False)]
+
+
+def is_distributed(optimizer) -> bool:
+    """Whether ``optimizer`` is (made of) Megatron-Core DistributedOptimizer(s) (ZeRO-1)."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    return any(isinstance(o, DistributedOptimizer) for o in _sub_optimizers(optimizer))
+
+
+def layout() -> dict:
+    """This run's parallel layout as recorded in (and compared against) a checkpoint."""
+    from megatron.core import parallel_state as ps
+
+    vpp = ps.get_virtual_pipeline_model_parallel_world_size()
+    return {"tp": ps.get_tensor_model_parallel_world_size(),
+            "pp": ps.get_pipeline_model_parallel_world_size(), "vpp": vpp or 1,
+            "cp": ps.get_context_parallel_world_size(),
+            "ep": ps.get_expert_model_parallel_world_size(),
+            "dp": ps.get_data_parallel_world_size()}
+
+
+def describe(saved: dict) -> str:
+    """``zero_stage=1 (TP=2 PP=1 VPP=1 CP=1 EP=1 DP=1)`` for a content-metadata dict."""
+    dims = " ".join(f"{k.upper()}={v}" for k, v in saved.get("layout", {}).items())
+    return f"zero_stage={saved.get('zero_stage', '?')} ({dims})"
+
+
+def content_metadata(optimizer) -> dict:
+    """What a save records: format version, layout and the optimizer state format."""
+    distributed = is_distributed(optimizer)
+    return {"trainwright_format": FORMAT_VERSION, "layout": layout(),
+            "zero_stage": 1 if distributed else 0,
+            "distrib_optim_sharding_type": DISTRIBUTED_SHARDING if distributed else None,
+            "optimizers": len(_sub_optimizers(optimizer))}
+
+
+def optimizer_metadata(saved: dict) -> dict:
+    """The ``metadata`` argument of ``optimizer.sharded_state_dict`` for a checkpoint's format
+    (the keys Megatron-LM's training loop passes)."""
+    metadata = {"chained_optim_avoid_prefix": True, "singleton_local_shards": False}
+    if saved.get("distrib_optim_sharding_type"):
+        metadata["distrib_optim_sharding_type"] = saved["distrib_optim_sharding_type"]
+    return metadata
+
+
+_ADAM_STATE = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step")
+"""Per-parameter Adam state that a fresh optimizer holds as zeros (never the master weights)."""
+
+
+@torch.no_grad()
+def prime_optimizer_state(optimizer) -> None:
+    """Allocate the Adam state of every distributed optimizer that has none yet, equal to what
+    torch allocates on its first step (zero moments, step 0); weights are left as they are.
+
+    Megatron-Core's ``_init_optimizer_states_with_dummy_values`` takes one optimizer step on zero
+    gradients; with lr and weight decay at 0 for that step it changes no weight, and resetting
+    the moments and step counts afterwards (per parameter for torch Adam, per group for
+    FusedAdam) undoes the step."""
+    for sub in _distributed_subs(optimizer):
+        if len(sub.optimizer.state) > 0:
+            continue
+        groups = sub.optimizer.param_groups
+        saved = [{k: g[k] for k in ("lr", "weight_decay", "step") if k in g} for g in groups]
+        for group in groups:
+            group["lr"], group["weight_decay"] = 0.0, 0.0
+        try:
+            sub._init_optimizer_states_with_dummy_values()
+        finally:
+            for group, before in zip(groups, saved):
+                group.pop("step", None)
+                group.update(before)
+        for state in sub.optimizer.state.values():
+            for key in _ADAM_STATE:
+                if torch.is_tensor(state.get(key)):
+                    state[key].zero_()
+
+
+def sync_params(chunks: list) -> None:
+    """Finish the distributed optimizer's parameter all-gather before a save.
+
+    With ``engine.overlap_param_gather`` the all-gather of the updated shards is deferred to the
+    next forward pass, so right after a step each rank holds the other ranks' parameter shards
+    one update behind; the model tensors saved from data-parallel rank 0 would be stale (as
+    Megatron-LM's training loop, force a synchronous gather first; the next forward then has
+    nothing left to gather, so training continues bitwise the same)."""
+    for chunk in chunks:
+        ddp_config = getattr(chunk, "ddp_config", None)
+        if ddp_config is not None and ddp_config.use_distributed_optimizer \
+                and ddp_config.overlap_param_gather:
+            chunk.start_param_sync(force_sync=True)
+
+
+def _full_state(chunks: list, optimizer, saved: dict, is_loading: bool,
+                with_optimizer: bool = True) -> dict:
+    state = {"model": _model_state(chunks)}
+    if with_optimizer:
+        prime_optimizer_state(optimizer)
+        state["optimizer"] = optimizer.sharded_state_dict(
+            state["model"], is_loading=is_loading, metadata=optimizer_metadata(saved))
+    return state
+
+
+def check_compatible(saved: dict, current: dict, source: Path) -> None:
+    """Raise CheckpointError when the optimizer state in ``source`` (saved with ``saved``) cannot
+    be loaded by this run's optimizer (``current``); TP, PP and DP changes are loadable."""
+    where = f"{source} was saved with {describe(saved)}, this run uses {describe(current)}"
+    if saved.get("zero_stage", current["zero_stage"]) != current["zero_stage"]:
+        raise CheckpointError(
+            f"{where}: Megatron-Core cannot convert optimizer state between the distributed "
+            "optimizer (zero_stage=1) and the plain one (zero_stage=0). Resume with "
+            f"parallelism.zero_stage={saved['zero_stage']} (TP, PP and DP may change).")
+    if saved.get("optimizers", current["optimizers"]) != current["optimizers"]:
+        ep = saved.get("layout", {}).get("ep", "?")
+        raise CheckpointError(
+            f"{where}: the checkpoint holds {saved['optimizers']} optimizer(s) (with MoE and "
+            "EP > 1 expert parameters get their own), this run builds "
+            f"{current['optimizers']}, and Megatron-Core cannot map the state of one onto the "
+            f"other. Resume with parallelism.expert_parallel_size={ep} (TP, PP and DP may "
+            "change).")
+
+
+class MegatronCheckpointIO:
+    """Save/load a Megatron engine's chunks and optimizer with ``dist_checkpointing``.
+
+    A background write (``trainer.async_save``; the manager asks for one except for the run's
+    last save and a save on a stop request) is written by a forked process (Megatron-Core
+    ``AsyncCallsQueue``; the fork is a snapshot, so training may change the weights meanwhile);
+    :meth:`finish_background` writes the global metadata once every rank's write has finished."""
+
+    def __init__(self, chunks: list, optimizer):
+        self.chunks, self.optimizer = chunks, optimizer
+        self._queue = None
+
+    def _prepare(self, step_dir: Path) -> tuple:
+        """(target directory, sharded state dict, content metadata) of a save (collective)."""
+        target = Path(step_dir) / SUBDIR
+        if collectives.rank() == 0:
+            target.mkdir(parents=True, exist_ok=True)
+        collectives.barrier()
+        sync_params(self.chunks)
+        metadata = content_metadata(self.optimizer)
+        return target, _full_state(self.chunks, self.optimizer, metadata, is_loading=False), \
+            metadata
+
+    def write(self, step_dir: Path, *, background: bool) -> bool:
+        """Write ``<step_dir>/megatron`` (collective), or schedule it with ``background``."""
+        from megatron.core import dist_checkpointing
+        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+        target, state, metadata = self._prepare(step_dir)
+        if not background:
+            dist_checkpointing.save(state, str(target), content_metadata=metadata)
+            return False
+        request = dist_checkpointing.save(state, str(target), content_metadata=metadata,
+                                          async_sharded_save=True)
+        if self._queue is None:
+            self._queue = AsyncCallsQueue(persistent=False)
+        self._queue.schedule_async_request(request)
+        return True
+
+    def finish_background(self, blocking: bool) -> bool:
+        """Finish the scheduled writes that every rank has completed (``blocking``: wait for
+        all); True when none is left (collective)."""
+        if self._queue is None:
+            return True
+        self._queue.maybe_finalize_async_calls(blocking=blocking)
+        return self._queue.get_num_unfinalized_calls() == 0
+
+    def read(self, step_dir: Path, with_optimizer: bool = True) -> None:
+        """Load ``<step_dir>/megatron`` into this layout (the lr schedule is recomputed from the
+        step, so there is none to load)."""
+        from megatron.core import dist_checkpointing
+        from megatron.core.utils import unwrap_model
+
+        source = Path(step_dir) / SUBDIR
+        if not source.is_dir():
+            raise FileNotFoundError(f"{source} does not exist (not a Megatron checkpoint?)")
+        # No content metadata: written before it was recorded, always as fully_reshardable.
+        saved = dist_checkpointing.load_content_metadata(str(source)) or _LEGACY
+        if with_optimizer:
+            check_compatible(saved, content_metadata(self.optimizer), source)
+        state = _full_state(self.chunks, self.optimizer, saved, is_loading=True,
+                            with_optimizer=with_optimizer)
+        loaded = dist_checkpointing.load(state, str(source))
+        for i, chunk in enumerate(self.chunks):
+            unwrap_model(chunk).load_state_dict(loaded["model"][f"chunk{i}"])
+        if with_optimizer:
+            subs = _distributed_subs(self.optimizer)
+            with compat.keep_adam_step(subs):
+                self.optimizer.load_state_dict(loaded["optimizer"])
+            compat.unshare_adam_steps(subs)

@@ -1,0 +1,289 @@
+"""Translate trainwright's config into Megatron-Core objects: the one place that does so.
+
+:func:`transformer_config` maps ModelConfig / ParallelismConfig / TrainerConfig onto a
+``TransformerConfig``; :func:`build_gpt_model` builds the ``GPTModel`` of one pipeline stage;
+:func:`init_parallel_state` sets up Megatron's process groups and RNG streams.
+
+Transformer Engine layer specs are used when TE is importable and CUDA is available, the local
+(pure PyTorch) specs otherwise. Under bf16/fp16 the model's parameters are created in that dtype;
+wrapping it for mixed precision (Float16Module, fp32 master weights) is the engine's job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from launcher.config import (
+    Arch,
+    AttentionBackend,
+    ModelConfig,
+    ParallelismConfig,
+    Precision,
+    Recompute,
+    TrainerConfig,
+)
+from launcher.plan.params import padded_vocab_size
+
+__all__ = [
+    "KernelUnavailable",
+    "build_gpt_model",
+    "init_parallel_state",
+    "padded_vocab_size",
+    "runnable_attention",
+    "transformer_config",
+    "use_transformer_engine",
+]
+
+_DTYPES = {
+    Precision.bf16: torch.bfloat16,
+    Precision.fp16: torch.float16,
+    Precision.fp32: torch.float32,
+}
+
+
+def use_transformer_engine() -> bool:
+    """True when Transformer Engine is importable (and not hidden by TRAINWRIGHT_DISABLE_TE) and a
+    CUDA device is present."""
+    from launcher.engines.compat import transformer_engine_available
+
+    return torch.cuda.is_available() and transformer_engine_available()
+
+
+class KernelUnavailable(Exception):
+    """The config asks for an attention kernel this machine cannot run (a config error)."""
+
+
+def runnable_attention(trainer: TrainerConfig, *, planned_flash: bool, gpu: Optional[bool] = None,
+                       te: Optional[bool] = None) -> tuple[TrainerConfig, Optional[str]]:
+    """``trainer`` with the attention backend this process will really run, and a note.
+
+    On a GPU the plan counts flash attention (no stored scores) for ``auto``; Megatron-Core
+    runs it only through Transformer Engine. Without TE the model falls back to Megatron-Core's
+    unfused attention, which keeps about 6 bytes per score: the returned config says
+    ``unfused`` so that the plan is recomputed (and refused if it no longer fits) before
+    anything is built. ``flash`` asked for explicitly without TE raises KernelUnavailable.
+    """
+    gpu = torch.cuda.is_available() if gpu is None else gpu
+    te = use_transformer_engine() if te is None else te
+    if not (planned_flash and gpu and not te):
+        return trainer, None
+    if trainer.attention_backend == AttentionBackend.flash:
+        raise KernelUnavailable(
+            "trainer.attention_backend=flash needs Transformer Engine, which is not importable "
+            "here; install transformer-engine[pytorch] or set trainer.attention_backend=unfused")
+    note = ("Transformer Engine is not installed: attention runs unfused (scores stored), so the "
+            "plan was recomputed with trainer.attention_backend=unfused; install "
+            "transformer-engine[pytorch] for flash attention")
+    return dataclasses.replace(trainer, attention_backend=AttentionBackend.unfused), note
+
+
+def _arch_fields(model: ModelConfig) -> dict:
+    """Norm, MLP activation and bias settings that follow from the architecture."""
+    llama = model.arch == Arch.llama
+    return dict(
+        normalization="RMSNorm" if llama else "LayerNorm",
+        gated_linear_unit=llama,
+        activation_func=F.silu if llama else F.gelu,
+        add_bias_linear=model.add_bias_linear,
+        add_qkv_bias=model.add_qkv_bias or model.add_bias_linear,
+        masked_softmax_fusion=False,  # needs Megatron-LM's compiled softmax kernels
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,  # needs main_grad, which DeepSpeed does not have
+        **_fusion_fields(model, gpu=torch.cuda.is_available(), te=use_transformer_engine()),
+    )
+
+
+def _fusion_fields(model: ModelConfig, *, gpu: bool, te: bool) -> dict:
+    """Fused kernels, on a GPU only (on a CPU they would be compiled for no gain).
+
+    The fused bias-SwiGLU/GeLU keeps only its input for backward (the plan counts 3 x ffn
+    values per token for a gated MLP; unfused SwiGLU keeps 4). Megatron-Core refuses the GeLU
+    fusion without a bias. The fused RoPE comes from Transformer Engine.
+    """
+    gated = model.arch == Arch.llama
+    return dict(
+        bias_activation_fusion=gpu and (gated or model.add_bias_linear),
+        bias_dropout_fusion=gpu,
+        apply_rope_fusion=gpu and te and model.arch == Arch.llama,
+    )
+
+
+def _moe_fields(model: ModelConfig, parallelism: ParallelismConfig) -> dict:
+    """Mixture-of-experts settings; empty for a dense model."""
+    if model.num_experts <= 0:
+        return {}
+    return dict(
+        num_moe_experts=model.num_experts,
+        moe_router_topk=model.moe_router_topk,
+        moe_ffn_hidden_size=model.moe_ffn_hidden_size or model.ffn_hidden_size,
+        moe_aux_loss_coeff=model.moe_aux_loss_coeff,
+        moe_router_load_balancing_type="aux_loss",
+        moe_expert_capacity_factor=model.moe_capacity_factor or None,
+        # The alltoall dispatcher creates a torch.cuda.Stream (token_dispatcher.py); without
+        # CUDA the allgather dispatcher does expert parallelism instead.
+        moe_token_dispatcher_type="alltoall"
+        if parallelism.expert_parallel_size > 1 and torch.cuda.is_available() else "allgather",
+        moe_grouped_gemm=False,
+    )
+
+
+def _parallel_fields(parallelism: ParallelismConfig, dtype: torch.dtype) -> dict:
+    """Parallel sizes; TP and PP must be given or every pipeline stage builds all layers."""
+    vpp = parallelism.virtual_pipeline_parallel_size
+    return dict(
+        tensor_model_parallel_size=parallelism.tensor_parallel_size,
+        pipeline_model_parallel_size=parallelism.pipeline_parallel_size,
+        virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+        context_parallel_size=parallelism.context_parallel_size,
+        expert_model_parallel_size=parallelism.expert_parallel_size,
+        sequence_parallel=parallelism.sequence_parallel and parallelism.tensor_parallel_size > 1,
+        pipeline_dtype=dtype,
+    )
+
+
+def _recompute_fields(recompute: Recompute) -> dict:
+    """Activation recompute: selective = core attention; full = each whole layer (uniform, 1)."""
+    if recompute == Recompute.selective:
+        return dict(recompute_granularity="selective")
+    if recompute == Recompute.full:
+        return dict(
+            recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1
+        )
+    return {}
+
+
+def transformer_config(model: ModelConfig, parallelism: ParallelismConfig, trainer: TrainerConfig):
+    """The ``TransformerConfig`` of ``model`` trained with ``parallelism`` at ``trainer.precision``.
+
+    Sentinels resolve here: num_query_groups 0 = heads, kv_channels 0 = hidden / heads,
+    moe_ffn_hidden_size 0 = ffn_hidden_size, moe_capacity_factor 0 = no token dropping.
+    """
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.enums import AttnBackend
+
+    precision = Precision(trainer.precision)
+    dtype = _DTYPES[precision]
+    heads = model.num_attention_heads
+    return TransformerConfig(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        ffn_hidden_size=model.ffn_hidden_size,
+        num_attention_heads=heads,
+        num_query_groups=model.num_query_groups or heads,
+        kv_channels=model.kv_channels or model.hidden_size // heads,
+        layernorm_epsilon=model.norm_epsilon,
+        hidden_dropout=model.hidden_dropout,
+        attention_dropout=model.attention_dropout,
+        init_method_std=model.init_method_std,
+        params_dtype=dtype,
+        bf16=precision == Precision.bf16,
+        fp16=precision == Precision.fp16,
+        use_cpu_initialization=not torch.cuda.is_available(),
+        attention_backend=AttnBackend[AttentionBackend(trainer.attention_backend).value]
+        if use_transformer_engine()
+        else AttnBackend.local,
+        **_arch_fields(model),
+        **_moe_fields(model, parallelism),
+        **_parallel_fields(parallelism, dtype),
+        **_recompute_fields(Recompute(trainer.activation_recompute)),
+    )
+
+
+class _SequenceParallelTorchNorm:
+    """torch LayerNorm/RMSNorm whose parameters are tagged ``sequence_parallel``.
+
+    Megatron's local WrappedTorchNorm refuses sequence parallelism because it does not tag its
+    parameters; finalize_model_grads all-reduces the grads of tagged parameters across the TP group
+    (as TENorm and FusedLayerNorm do), which is all sequence parallelism needs from a norm.
+    """
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_unused):
+        norm_cls = torch.nn.RMSNorm if config.normalization == "RMSNorm" else torch.nn.LayerNorm
+        norm = norm_cls(hidden_size, eps=eps)
+        for param in norm.parameters():
+            setattr(param, "sequence_parallel", config.sequence_parallel)
+        return norm
+
+
+def _with_sp_norms(block_spec):
+    """Swap the local norms of a block spec for :class:`_SequenceParallelTorchNorm`."""
+    layers = []
+    for spec in block_spec.layer_specs:
+        subs = dataclasses.replace(
+            spec.submodules,
+            input_layernorm=_SequenceParallelTorchNorm,
+            pre_mlp_layernorm=_SequenceParallelTorchNorm,
+        )
+        layers.append(dataclasses.replace(spec, submodules=subs))
+    norm = _SequenceParallelTorchNorm
+    return dataclasses.replace(block_spec, layer_specs=layers, layer_norm=norm)
+
+
+def _block_spec(config, vp_stage: Optional[int]):
+    """Layer specs of this pipeline stage (dense or MoE), TE or local."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    use_te = use_transformer_engine()
+    spec = get_gpt_decoder_block_spec(
+        config, use_transformer_engine=use_te, normalization=config.normalization, vp_stage=vp_stage
+    )
+    if not use_te and config.sequence_parallel:
+        spec = _with_sp_norms(spec)
+    return spec
+
+
+def build_gpt_model(
+    model: ModelConfig,
+    parallelism: ParallelismConfig,
+    trainer: TrainerConfig,
+    pre_process: bool = True,
+    post_process: bool = True,
+    vp_stage: Optional[int] = None,
+):
+    """Build the Megatron-Core ``GPTModel`` (this rank's pipeline stage / TP shard) of ``model``.
+
+    Needs an initialised parallel state (:func:`init_parallel_state`). The vocabulary is padded to a
+    multiple of make_vocab_size_divisible_by x TP.
+    """
+    from megatron.core.models.gpt import GPTModel
+
+    config = transformer_config(model, parallelism, trainer)
+    llama = model.arch == Arch.llama
+    vocab = padded_vocab_size(
+        model.vocab_size, model.make_vocab_size_divisible_by, parallelism.tensor_parallel_size
+    )
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=_block_spec(config, vp_stage),
+        vocab_size=vocab,
+        max_sequence_length=model.max_position_embeddings or model.seq_length,
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
+        position_embedding_type="rope" if llama else "learned_absolute",
+        rotary_base=model.rotary_base,
+        vp_stage=vp_stage,
+    )
+
+
+def init_parallel_state(parallelism: ParallelismConfig, seed: int = 1234) -> None:
+    """Create Megatron's TP/PP/CP/EP/DP groups on the initialised default process group and seed
+    the model-parallel RNG streams (distinct dropout per TP rank, same weights init everywhere)."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    vpp = parallelism.virtual_pipeline_parallel_size
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=parallelism.tensor_parallel_size,
+        pipeline_model_parallel_size=parallelism.pipeline_parallel_size,
+        virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+        context_parallel_size=parallelism.context_parallel_size,
+        expert_model_parallel_size=parallelism.expert_parallel_size,
+    )
+    # On CPU torch.cuda.manual_seed (inside the call below) is a queued no-op: seed the CPU
+    # generator that weight init and data-parallel dropout draw from.
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)

@@ -1,0 +1,1 @@
+"""How processes start: Slurm scripts, per-node agents and Hydra sweeps."""

@@ -1,0 +1,29 @@
+"""Model FLOPs per token, the numerator of MFU.
+
+Counts the matrix multiplications of one token's forward pass (2 FLOPs per multiply-add): QKV and
+output projections, attention scores and weighted values over the full sequence (the convention of
+Narayanan et al. 2021 and PaLM's MFU, causal masking not discounted), the MLP or the top-k experts
+and router, and the output layer over the padded vocabulary. Training is 3x forward; activation
+recompute adds hardware FLOPs but not model FLOPs, so MFU ignores it.
+"""
+
+from __future__ import annotations
+
+from launcher.plan.params import Dims
+
+
+def forward_flops_per_token(d: Dims) -> float:
+    attn_linear = 2 * d.hidden * (d.q_dim + 2 * d.kv_dim) + 2 * d.q_dim * d.hidden
+    attn_scores = 2 * 2 * d.seq * d.q_dim  # QK^T and scores x V
+    matrices = 3 if d.gated else 2
+    if d.experts:
+        mlp = d.topk * 2 * matrices * d.hidden * d.expert_ffn + 2 * d.hidden * d.experts
+    else:
+        mlp = 2 * matrices * d.hidden * d.ffn
+    logits = 2 * d.hidden * d.padded_vocab
+    return d.layers * (attn_linear + attn_scores + mlp) + logits
+
+
+def train_flops_per_token(d: Dims) -> float:
+    """Forward + backward (backward = 2x forward)."""
+    return 3 * forward_flops_per_token(d)

@@ -1,0 +1,171 @@
+"""Parameter counts of the Megatron-Core GPTModel a ModelConfig builds, whole and per GPU.
+
+The counts follow Megatron-Core's module layout (local and Transformer Engine specs hold the same
+parameters): per layer an input norm, a fused QKV projection, an output projection, a pre-MLP norm
+and an MLP (or a router plus experts); a word embedding padded to a multiple of
+``make_vocab_size_divisible_by * tensor_parallel_size`` (and a learned position table for gpt2);
+a final norm and, with untied embeddings, an output layer. Tests check them against
+``sum(p.numel())`` of built models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.config import Arch, ModelConfig
+from launcher.plan.dims import ParallelDims
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: int = 1) -> int:
+    """Rows of the embedding table: vocab_size rounded up to divisible_by x TP."""
+    multiple = divisible_by * tensor_parallel_size
+    return -(-vocab_size // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Derived shapes of a ModelConfig (all sentinels resolved)."""
+
+    hidden: int
+    ffn: int
+    heads: int
+    groups: int
+    head_dim: int
+    layers: int
+    vocab: int
+    padded_vocab: int
+    seq: int
+    positions: int  # rows of the learned position table, 0 for rotary
+    gated: bool
+    norm_params: int  # parameters of one norm over the hidden size
+    bias: bool
+    qkv_bias: bool
+    experts: int
+    topk: int
+    expert_ffn: int
+    tied: bool
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.groups * self.head_dim
+
+
+def model_dims(model: ModelConfig, tensor_parallel_size: int = 1) -> Dims:
+    gpt2 = model.arch == Arch.gpt2
+    heads = model.num_attention_heads
+    return Dims(
+        hidden=model.hidden_size, ffn=model.ffn_hidden_size, heads=heads,
+        groups=model.num_query_groups or heads,
+        head_dim=model.kv_channels or model.hidden_size // heads,
+        layers=model.num_layers, vocab=model.vocab_size,
+        padded_vocab=padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by,
+                                       tensor_parallel_size),
+        seq=model.seq_length,
+        positions=(model.max_position_embeddings or model.seq_length) if gpt2 else 0,
+        gated=not gpt2, norm_params=model.hidden_size * (2 if gpt2 else 1),
+        bias=model.add_bias_linear, qkv_bias=model.add_bias_linear or model.add_qkv_bias,
+        experts=model.num_experts, topk=model.moe_router_topk if model.num_experts else 0,
+        expert_ffn=model.moe_ffn_hidden_size or model.ffn_hidden_size,
+        tied=not model.untie_embeddings_and_output_weights,
+    )
+
+
+@dataclass(frozen=True)
+class LayerParams:
+    """One transformer layer on one GPU, split into what is sharded how."""
+
+    attention: int
+    norms: int
+    mlp: int  # dense MLP, or the router (replicated over TP and EP)
+    experts: int  # the experts held by this GPU (0 for dense models)
+
+    @property
+    def total(self) -> int:
+        return self.attention + self.norms + self.mlp + self.experts
+
+
+def _mlp_params(hidden: int, ffn: int, gated: bool, bias: bool, tp: int) -> int:
+    fc1_out = ffn * (2 if gated else 1) // tp
+    fc1 = hidden * fc1_out + (fc1_out if bias else 0)
+    fc2 = (ffn // tp) * hidden + (hidden if bias else 0)  # row-parallel bias is replicated
+    return fc1 + fc2
+
+
+def layer_params(d: Dims, tp: int = 1, ep: int = 1) -> LayerParams:
+    """Parameters of one layer held by one GPU of a TP (and EP) group."""
+    qkv_out = (d.q_dim + 2 * d.kv_dim) // tp
+    attention = d.hidden * qkv_out + (qkv_out if d.qkv_bias else 0)
+    attention += (d.q_dim // tp) * d.hidden + (d.hidden if d.bias else 0)
+    if d.experts:
+        router = d.experts * d.hidden + (d.experts if d.bias else 0)
+        experts = (d.experts // ep) * _mlp_params(d.hidden, d.expert_ffn, d.gated, d.bias, tp)
+        return LayerParams(attention, 2 * d.norm_params, router, experts)
+    return LayerParams(attention, 2 * d.norm_params,
+                       _mlp_params(d.hidden, d.ffn, d.gated, d.bias, tp), 0)
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Whole-model parameter counts by component (one copy of every weight)."""
+
+    embedding: int  # word embedding (padded) + learned positions
+    attention: int
+    mlp: int  # dense MLPs, or routers + experts
+    norms: int  # per-layer norms + final norm
+    output_layer: int  # 0 when tied to the embedding
+    vocab_padding: int  # of the above, rows added by vocabulary padding
+    total: int
+    total_unpadded: int  # total without vocabulary padding (the published figure)
+    active_per_token: int  # parameters a token passes through (top-k experts only)
+
+
+def count_parameters(model: ModelConfig, tensor_parallel_size: int = 1) -> ParamCounts:
+    d = model_dims(model, tensor_parallel_size)
+    layer = layer_params(d)
+    word = d.padded_vocab * d.hidden
+    embedding = word + d.positions * d.hidden
+    output = 0 if d.tied else word
+    attention, mlp = layer.attention * d.layers, (layer.mlp + layer.experts) * d.layers
+    norms = layer.norms * d.layers + d.norm_params
+    total = embedding + attention + mlp + norms + output
+    padding = (d.padded_vocab - d.vocab) * d.hidden * (1 if d.tied else 2)
+    inactive = 0
+    if d.experts:
+        per_expert = _mlp_params(d.hidden, d.expert_ffn, d.gated, d.bias, 1)
+        inactive = (d.experts - d.topk) * per_expert * d.layers
+    return ParamCounts(embedding, attention, mlp, norms, output, padding, total,
+                       total - padding, total - padding - inactive)
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters held by one GPU of a pipeline stage."""
+
+    dense: int  # replicated across data-parallel (x context-parallel) replicas
+    expert: int  # replicated across expert-data-parallel replicas
+    largest_layer: int  # parameters of the largest single layer on this GPU (ZeRO-3 gathers)
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.expert
+
+
+def stage_params(model: ModelConfig, dims: ParallelDims, first: bool, last: bool) -> StageParams:
+    """What one GPU of the first and/or last pipeline stage holds (both flags for PP=1)."""
+    tp, pp = dims.tp, dims.pp
+    d = model_dims(model, tp)
+    layer = layer_params(d, tp, dims.ep)
+    layers = dims.layers_per_stage(d.layers)
+    dense = (layer.attention + layer.norms + layer.mlp) * layers
+    word = d.padded_vocab // tp * d.hidden
+    if first:
+        dense += word + d.positions * d.hidden
+    if last:
+        dense += d.norm_params
+        if not d.tied or pp > 1:  # a tied output layer keeps its own copy on the last stage
+            dense += word
+    return StageParams(dense, layer.experts * layers, max(layer.total, word))

@@ -1,0 +1,134 @@
+"""Render a Plan as a readable rich table (the JSON form is ``Plan.to_dict``)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from launcher.plan.plan import Plan
+
+GIB = 2 ** 30
+
+
+def _n(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def _b(value: float) -> str:
+    return f"{value / GIB:,.2f} GiB"
+
+
+def _si(value: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:,.2f}{unit}"
+    return f"{value:,.0f}"
+
+
+def _section(table: Table, title: str, rows: list[tuple[str, str, str]]) -> None:
+    table.add_row(f"[bold cyan]{title}[/]", "", "")
+    for row in rows:
+        table.add_row(*row)
+
+
+def _world_rows(p: Plan) -> list[tuple[str, str, str]]:
+    machines, n = f"{p.nodes:,} nodes x {p.gpus_per_node} {p.gpu}", p.ranks_per_gpu
+    if n == 1:
+        return [("GPUs (world size)", _n(p.dims.world), machines)]
+    return [("ranks (world size)", _n(p.dims.world), f"{machines}, {n} ranks on each"),
+            ("ranks per GPU", str(n), "development: the ranks share each GPU's memory and compute")]
+
+
+def _layout_rows(p: Plan) -> list[tuple[str, str, str]]:
+    d = p.dims
+    return _world_rows(p) + [
+        ("tensor parallel (TP)", str(d.tp),
+         f"{_n(d.tp_groups)} TP groups" + (", sequence parallel" if d.sequence_parallel else "")),
+        ("pipeline stages (PP)", str(d.pp),
+         f"{p.layers_per_stage} layers each" + (f", {d.vpp} virtual" if d.vpp > 1 else "")),
+        ("context parallel (CP)", str(d.cp), ""),
+        ("expert parallel (EP)", str(d.ep),
+         f"{_n(d.edp)} expert-data-parallel replicas" if d.ep > 1 else ""),
+        ("model-parallel group", _n(d.model_parallel), "TP x PP x CP GPUs per replica"),
+        ("data-parallel replicas", _n(d.dp), f"engine={p.engine}, zero_stage={p.zero_stage}"),
+    ]
+
+
+def _batch_rows(p: Plan) -> list[tuple[str, str, str]]:
+    return [
+        ("micro-batch", f"{p.micro_batch_size} seq", f"{_n(p.micro_batch_tokens)} tokens"),
+        ("gradient accumulation", str(p.grad_accum_steps), "micro-batches per step per replica"),
+        ("global batch", f"{_n(p.global_batch_size)} seq", f"{_n(p.global_batch_tokens)} tokens"),
+        ("optimizer steps", _n(p.train_steps), f"{_si(p.train_tokens)} tokens"),
+    ]
+
+
+def _param_rows(p: Plan) -> list[tuple[str, str, str]]:
+    rows = [(f"  {name}", _n(count), _si(count)) for name, count in p.params_by_component.items()]
+    rows += [
+        ("total", _n(p.params_total), f"{_si(p.params_total_unpadded)} without vocab padding"),
+        ("vocabulary padding", _n(p.vocab_padding_params),
+         f"{p.vocab_size:,} -> {p.padded_vocab_size:,} rows"),
+        ("active per token", _n(p.params_active_per_token), ""),
+        ("per GPU (most loaded)", _n(p.params_per_gpu), _si(p.params_per_gpu)),
+    ]
+    return rows
+
+
+def _total_rows(p: Plan) -> list[tuple[str, str, str]]:
+    """The most loaded GPU's total against its capacity (all ranks_per_gpu ranks on it)."""
+    m, n = p.memory_per_gpu, p.ranks_per_gpu
+    cap = f"of {_b(p.gpu_memory_bytes)}" if p.gpu_memory_bytes else "capacity not checked"
+    fits = not p.gpu_memory_bytes or n * m.total <= p.gpu_memory_bytes
+    verdict = f"{cap} ({m.stage} stage) " + ("[green]fits[/]" if fits else "[red]DOES NOT FIT[/]")
+    if n == 1:
+        return [("total per GPU", _b(m.total), verdict)]
+    return [("total per rank", _b(m.total), f"{n} ranks per GPU"),
+            (f"total per GPU ({n} ranks)", _b(n * m.total), verdict)]
+
+
+def _memory_rows(p: Plan) -> list[tuple[str, str, str]]:
+    m = p.memory_per_gpu
+    rows = [(f"  {k}", _b(getattr(m, k)), "") for k in ("weights", "grads", "optimizer")]
+    rows.append(("  activations", _b(m.activations),
+                 f"recompute={p.activation_recompute}, "
+                 f"{'flash' if p.flash_attention else 'unfused'} attention"))
+    rows += _total_rows(p)
+    if m.cpu_offload:
+        rows.append(("offloaded to CPU", _b(m.cpu_offload), "per GPU"))
+    rows.append(("training state, 1 copy", _b(p.training_state_bytes),
+                 f"{_b(p.redundant_state_bytes)} held redundantly across GPUs"))
+    return rows
+
+
+def _time_rows(p: Plan) -> list[tuple[str, str, str]]:
+    return [
+        ("FLOPs per step", f"{p.flops_per_step:.3e}", f"{p.flops_per_token:.3e} per token"),
+        ("step time", f"{p.step_time_s:,.3f} s",
+         f"{p.assumed_mfu:.0%} MFU while computing, {p.effective_mfu:.1%} with the bubble; "
+         f"peak {p.peak_tflops_per_gpu:,.0f} TFLOP/s per GPU"),
+        ("throughput", f"{_si(p.tokens_per_s)} tok/s",
+         f"pipeline bubble (PP-1)/(VPP x accumulation) = {p.pipeline_bubble_fraction:.1%} of compute"
+         if p.dims.pp > 1 else ""),
+        ("time to train", f"{p.time_to_train_days:,.2f} days", f"{p.train_steps:,} steps"),
+    ]
+
+
+def _engine_rows(p: Plan) -> list[tuple[str, str, str]]:
+    return [("engine" if i == 0 else "", p.engine if i == 0 else "", note)
+            for i, note in enumerate(p.engine_notes)]
+
+
+def render_plan(plan: Plan, console: Console | None = None) -> None:
+    table = Table(title="trainwright plan", show_header=True, header_style="bold")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    table.add_column("detail")
+    _section(table, "layout", _layout_rows(plan))
+    _section(table, "engine choice", _engine_rows(plan))
+    _section(table, "batch", _batch_rows(plan))
+    _section(table, "parameters", _param_rows(plan))
+    _section(table, "memory per GPU" if plan.ranks_per_gpu == 1 else "memory per rank",
+             _memory_rows(plan))
+    _section(table, "compute", _time_rows(plan))
+    (console or Console()).print(table)

@@ -1,0 +1,177 @@
+"""Checks of a composed config, split by concern. Each returns every problem it finds.
+
+A problem names the keys involved, their values and a fix. ``launcher.plan`` runs them all before
+deriving anything, so a user sees every mistake at once, before any process is spawned.
+"""
+
+from __future__ import annotations
+
+from launcher.config import ModelConfig, TrainwrightConfig
+from launcher.engines import spec
+from launcher.plan.dims import ParallelDims
+from launcher.plan.problems import Problem, divisors, fmt_values
+
+
+def _not_divisible(key: str, value: int, by_key: str, by: int, fix_key: str | None = None) -> Problem:
+    """'<key>=v is not divisible by <by_key>=b; use one of <divisors of v>' (for fix_key)."""
+    fix_key = fix_key or by_key
+    return Problem((key, by_key), f"{key}={value} is not divisible by {by_key}={by}; "
+                                  f"use {fix_key} from {fmt_values(divisors(value))}")
+
+
+def check_positive(cfg: TrainwrightConfig) -> list[Problem]:
+    values = {
+        "model.num_layers": cfg.model.num_layers, "model.hidden_size": cfg.model.hidden_size,
+        "model.ffn_hidden_size": cfg.model.ffn_hidden_size,
+        "model.num_attention_heads": cfg.model.num_attention_heads,
+        "model.vocab_size": cfg.model.vocab_size, "model.seq_length": cfg.model.seq_length,
+        "cluster.nodes": cfg.cluster.nodes, "cluster.gpus_per_node": cfg.cluster.gpus_per_node,
+        "cluster.ranks_per_gpu": cfg.cluster.ranks_per_gpu,
+        "trainer.micro_batch_size": cfg.trainer.micro_batch_size,
+        **{f"parallelism.{k}": getattr(cfg.parallelism, k) for k in (
+            "tensor_parallel_size", "pipeline_parallel_size", "virtual_pipeline_parallel_size",
+            "context_parallel_size", "expert_parallel_size")},
+    }
+    problems = [Problem((k,), f"{k}={v} must be a positive integer") for k, v in values.items()
+                if v < 1]
+    for key in ("model.num_query_groups", "model.kv_channels", "model.num_experts",
+                "trainer.global_batch_size", "trainer.train_tokens", "trainer.train_steps"):
+        group, name = key.split(".")
+        if getattr(getattr(cfg, group), name) < 0:
+            problems.append(Problem((key,), f"{key} must be >= 0 (0 means derived/unset)"))
+    if not 0 < cfg.plan.mfu <= 1:
+        problems.append(Problem(("plan.mfu",), f"plan.mfu={cfg.plan.mfu} must be in (0, 1]; "
+                                               "0.3-0.5 is typical for dense LLMs on H100"))
+    return problems
+
+
+def check_model_shapes(cfg: TrainwrightConfig, dims: ParallelDims) -> list[Problem]:
+    """Heads, groups, widths, layers, sequence and experts split evenly over their groups."""
+    m = cfg.model
+    tp, cp, ep = dims.tp, dims.cp, dims.ep
+    groups = m.num_query_groups or m.num_attention_heads
+    tp_key = "parallelism.tensor_parallel_size"
+    problems = []
+    if m.num_attention_heads % tp:
+        problems.append(_not_divisible("model.num_attention_heads", m.num_attention_heads,
+                                       tp_key, tp))
+    if groups % tp:
+        problems.append(_not_divisible("model.num_query_groups", groups, tp_key, tp))
+    if m.num_attention_heads % groups:
+        problems.append(_not_divisible("model.num_attention_heads", m.num_attention_heads,
+                                       "model.num_query_groups", groups))
+    if not m.kv_channels and m.hidden_size % m.num_attention_heads:
+        problems.append(_not_divisible("model.hidden_size", m.hidden_size,
+                                       "model.num_attention_heads", m.num_attention_heads))
+    ffn = m.moe_ffn_hidden_size or m.ffn_hidden_size if m.num_experts else m.ffn_hidden_size
+    if ffn % tp:
+        problems.append(_not_divisible("model.ffn_hidden_size", ffn, tp_key, tp))
+    stages = dims.pp * dims.vpp
+    if m.num_layers % stages:
+        problems.append(Problem(
+            ("model.num_layers", "parallelism.pipeline_parallel_size",
+             "parallelism.virtual_pipeline_parallel_size"),
+            f"model.num_layers={m.num_layers} is not divisible by pipeline_parallel_size x "
+            f"virtual_pipeline_parallel_size = {dims.pp} x {dims.vpp} = {stages}; use a product "
+            f"from {fmt_values(divisors(m.num_layers))}"))
+    if cp > 1 and m.seq_length % (2 * cp):
+        problems.append(Problem(
+            ("model.seq_length", "parallelism.context_parallel_size"),
+            f"model.seq_length={m.seq_length} is not divisible by 2 x context_parallel_size = "
+            f"{2 * cp} (each CP rank takes two balanced chunks); use context_parallel_size with "
+            f"2 x CP from {fmt_values(divisors(m.seq_length))}"))
+    problems += _check_experts(m.num_experts, ep) + _check_expert_bias(m, tp)
+    return problems
+
+
+def _check_experts(experts: int, ep: int) -> list[Problem]:
+    if ep > 1 and not experts:
+        return [Problem(("parallelism.expert_parallel_size", "model.num_experts"),
+                        f"parallelism.expert_parallel_size={ep} needs a mixture-of-experts model "
+                        "(model.num_experts > 0); set expert_parallel_size=1")]
+    if experts and experts % ep:
+        return [_not_divisible("model.num_experts", experts,
+                               "parallelism.expert_parallel_size", ep)]
+    return []
+
+
+def _check_expert_bias(m: ModelConfig, tp: int) -> list[Problem]:
+    """Megatron-Core (0.16) asserts "Bias in Moe is only supported when ETP==1" when it builds the
+    TransformerConfig; the expert tensor-parallel size is the tensor-parallel size here."""
+    if m.num_experts and m.add_bias_linear and tp > 1:
+        return [Problem(
+            ("model.add_bias_linear", "model.num_experts", "parallelism.tensor_parallel_size"),
+            f"model.add_bias_linear=true with a mixture-of-experts model (model.num_experts="
+            f"{m.num_experts}) needs parallelism.tensor_parallel_size=1, got {tp} (Megatron-Core "
+            "supports expert biases only at expert tensor-parallel size 1, which equals "
+            "tensor_parallel_size here); set model.add_bias_linear=false or "
+            "parallelism.tensor_parallel_size=1")]
+    return []
+
+
+def check_batch(cfg: TrainwrightConfig, data_parallel_size: int) -> list[Problem]:
+    t = cfg.trainer
+    problems = []
+    per_step = t.micro_batch_size * data_parallel_size
+    if t.global_batch_size and t.global_batch_size % per_step:
+        options = [per_step * k for k in range(1, 5)]
+        problems.append(Problem(
+            ("trainer.global_batch_size", "trainer.micro_batch_size"),
+            f"trainer.global_batch_size={t.global_batch_size} is not divisible by "
+            f"micro_batch_size x data-parallel size = {t.micro_batch_size} x {data_parallel_size}"
+            f" = {per_step}; use a multiple of {per_step} ({fmt_values(options, 4)}, ...) or a "
+            f"micro_batch_size from {fmt_values(_batch_options(t.global_batch_size, data_parallel_size))}"))
+    if bool(t.train_tokens) == bool(t.train_steps):
+        problems.append(Problem(
+            ("trainer.train_tokens", "trainer.train_steps"),
+            f"set exactly one of trainer.train_tokens={t.train_tokens} and trainer.train_steps="
+            f"{t.train_steps} (the other is derived); e.g. trainer.train_steps=0"))
+    return problems
+
+
+def check_schedule(cfg: TrainwrightConfig, train_steps: int) -> list[Problem]:
+    """The learning-rate schedule fits in the step budget."""
+    o = cfg.optimizer
+    if o.warmup_steps >= train_steps:
+        return [Problem(("optimizer.warmup_steps", "trainer.train_steps"),
+                        f"optimizer.warmup_steps={o.warmup_steps} is not below the {train_steps} "
+                        f"optimizer steps of the run (trainer.train_steps/train_tokens); the lr "
+                        f"would never reach optimizer.lr={o.lr}; use warmup_steps < {train_steps}, "
+                        f"e.g. optimizer.warmup_steps={max(0, train_steps // 10)}")]
+    return []
+
+
+def _batch_options(global_batch: int, dp: int) -> list[int]:
+    return [m for m in divisors(global_batch) if global_batch % (m * dp) == 0]
+
+
+def check_engine(cfg: TrainwrightConfig) -> list[Problem]:
+    """The ZeRO stage range, then what the chosen engine refuses (its spec's problems, from the
+    registry), each with the setting that works."""
+    p = cfg.parallelism
+    problems = []
+    if not 0 <= p.zero_stage <= 3:
+        problems.append(Problem(("parallelism.zero_stage",),
+                                f"parallelism.zero_stage={p.zero_stage} must be 0, 1, 2 or 3"))
+    return problems + [Problem(tuple(e.keys), e.message)
+                       for e in spec(cfg.engine.name).problems(cfg)]
+
+
+def check_cluster(cfg: TrainwrightConfig) -> list[Problem]:
+    """Several ranks per GPU is a development feature of the local launcher."""
+    c = cfg.cluster
+    if c.ranks_per_gpu > 1 and c.launcher == "slurm":
+        return [Problem(
+            ("cluster.ranks_per_gpu", "cluster.launcher"),
+            f"cluster.ranks_per_gpu={c.ranks_per_gpu} with cluster.launcher=slurm: several "
+            "training processes per GPU is a development feature of the local launcher "
+            "(python -m launcher.train on one machine); set cluster.ranks_per_gpu=1 for a Slurm "
+            "job, or run locally (e.g. cluster=local_gpu)")]
+    return []
+
+
+def check_static(cfg: TrainwrightConfig, dims: ParallelDims) -> list[Problem]:
+    """Every check that needs no derived numbers beyond the layout ``dims`` (built once
+    check_positive has passed; its own problems come first)."""
+    return (dims.problems(cfg.cluster, moe=bool(cfg.model.num_experts))
+            + check_model_shapes(cfg, dims) + check_engine(cfg) + check_cluster(cfg))

@@ -1,0 +1,1 @@
+"""The training runtime: the loop, its collectives, checkpoints, data, metrics and stop requests."""

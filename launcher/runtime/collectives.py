@@ -1,0 +1,114 @@
+"""Every reduction the runtime makes, each on the device its process group needs.
+
+NCCL reduces only tensors on the GPU; gloo reduces host tensors. :func:`device_for` is the one
+place that decides which device a group's tensors live on, and every function here builds its
+tensors there, so callers pass Python numbers (or tensors that are already on the group's device,
+checked by :func:`sum_`). No other module of the runtime, the engines or the launch calls
+``torch.distributed`` collectives directly (``tests/test_collectives.py`` enforces it).
+
+Without an initialised default process group every function answers for a world of one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+Group = Any
+"""A torch.distributed process group; None means the default (world) group."""
+
+
+def initialized() -> bool:
+    """Whether a default process group exists in this process."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def device_for(group: Group = None) -> torch.device:
+    """The device a collective on ``group`` needs its tensors on: this rank's GPU under NCCL,
+    the host otherwise."""
+    if initialized() and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _reduce(values: Sequence[float], op, group: Group, dtype=torch.float64) -> list[float]:
+    """All-reduce ``values`` with ``op`` in one call; the results as Python floats."""
+    if not initialized():
+        return [float(v) for v in values]
+    packed = torch.tensor([float(v) for v in values], dtype=dtype, device=device_for(group))
+    dist.all_reduce(packed, op=op, group=group)
+    return packed.tolist()
+
+
+def sum_floats(values: Sequence[float], group: Group = None) -> list[float]:
+    """Element-wise sum of ``values`` over the ranks of ``group``."""
+    return _reduce(values, dist.ReduceOp.SUM, group)
+
+
+def max_floats(values: Sequence[float], group: Group = None) -> list[float]:
+    """Element-wise maximum of ``values`` over the ranks of ``group``."""
+    return _reduce(values, dist.ReduceOp.MAX, group)
+
+
+def any_rank(flag: bool, group: Group = None) -> bool:
+    """True on every rank of ``group`` when ``flag`` is True on any (stop agreement)."""
+    return max_floats([1.0 if flag else 0.0], group)[0] > 0.0
+
+
+def agree_loss(loss_sum: float, count: float, finite: bool,
+               group: Group = None) -> tuple[float, float, bool]:
+    """One all-reduce of (sum of losses, how many, any non-finite) over ``group``.
+
+    Returns (total, total count, every rank finite). A rank with a non-finite loss contributes 0
+    to the sum, so the total stays finite and every rank learns the same verdict. Ranks that
+    computed no loss (non-last pipeline stages) pass 0 and count 0."""
+    total, n, bad = sum_floats([loss_sum if finite else 0.0, count, 0.0 if finite else 1.0],
+                               group)
+    return total, n, bad == 0.0
+
+
+def max_phase_times(times: dict, names: Sequence[str], group: Group = None) -> dict:
+    """``times`` with each phase in ``names`` replaced by its maximum over ``group``."""
+    present = [name for name in names if name in times]
+    return {**times, **dict(zip(present, max_floats([times[n] for n in present], group)))}
+
+
+def gather_floats(values: Sequence[float], group: Group = None) -> list[list[float]]:
+    """Every rank's ``values`` (same length everywhere), indexed by rank within ``group``."""
+    if not initialized():
+        return [[float(v) for v in values]]
+    mine = torch.tensor([float(v) for v in values], dtype=torch.float64,
+                        device=device_for(group))
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, mine, group=group)
+    return [part.cpu().tolist() for part in parts]
+
+
+def sum_(tensor: torch.Tensor, group: Group = None) -> torch.Tensor:
+    """Sum ``tensor`` over ``group`` in place (it must already be on :func:`device_for`)."""
+    if not initialized():
+        return tensor
+    expected = device_for(group)
+    if tensor.device.type != expected.type:
+        raise RuntimeError(f"collectives.sum_: tensor on {tensor.device}, but this group's "
+                           f"backend ({dist.get_backend(group)}) needs {expected}")
+    dist.all_reduce(tensor, group=group)
+    return tensor
+
+
+def barrier(group: Group = None) -> None:
+    """Wait for every rank of ``group`` (nothing without a process group)."""
+    if initialized():
+        dist.barrier(group=group)
+
+
+def rank(group: Group = None) -> int:
+    """This process's rank in ``group`` (0 without a process group)."""
+    return dist.get_rank(group) if initialized() else 0
+
+
+def world_size(group: Group = None) -> int:
+    """Ranks in ``group`` (1 without a process group)."""
+    return dist.get_world_size(group) if initialized() else 1

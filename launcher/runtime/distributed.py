@@ -1,0 +1,262 @@
+"""Process-group setup: torchrun / Slurm environments, a local multi-process launcher, init.
+
+Three ways a training process can start, all ending in :func:`init_distributed`:
+
+* under ``torchrun`` (or any launcher that sets RANK and WORLD_SIZE): used as is;
+* under ``srun`` with one task per GPU: :func:`torch_env_from_slurm` derives RANK, LOCAL_RANK,
+  WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT from Slurm's variables;
+* from a plain ``python -m launcher.train`` on one machine: :func:`launch_local_world` spawns
+  the workers with torch's elastic launcher (c10d rendezvous on localhost, a free port).
+
+torch is imported lazily so that the pure helpers (hostlist expansion, env mapping) stay cheap.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence
+
+DEFAULT_TIMEOUT_S = 1800.0
+"""Default collective timeout (seconds) of the default process group."""
+
+_BRACKET_RE = re.compile(r"\[([^\[\]]*)\]")
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas that are not inside brackets: ``a[1,2],b`` -> ``a[1,2]``, ``b``."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth < 0 or depth > 1:
+            raise ValueError(f"unbalanced or nested brackets in hostlist {text!r}")
+        if char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        raise ValueError(f"unbalanced brackets in hostlist {text!r}")
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _expand_ranges(spec: str, hostlist: str) -> list[str]:
+    """``01-03,07`` -> ``01 02 03 07`` (zero padding kept from the lower bound)."""
+    out = []
+    for item in spec.split(","):
+        low, sep, high = item.strip().partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            raise ValueError(f"bad range {item!r} in hostlist {hostlist!r}")
+        if not sep:
+            out.append(low)
+            continue
+        if int(high) < int(low):
+            raise ValueError(f"descending range {item!r} in hostlist {hostlist!r}")
+        out.extend(str(n).zfill(len(low)) for n in range(int(low), int(high) + 1))
+    return out
+
+
+def _expand_one(pattern: str, hostlist: str) -> list[str]:
+    """Expand every bracket group of one host pattern (cartesian product, left to right)."""
+    match = _BRACKET_RE.search(pattern)
+    if match is None:
+        return [pattern]
+    head, tail = pattern[:match.start()], pattern[match.end():]
+    return [head + value + rest for value in _expand_ranges(match.group(1), hostlist)
+            for rest in _expand_one(tail, hostlist)]
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Slurm hostlist syntax to host names, in order.
+
+    ``node[01-03,07],gpu5`` -> ``node01 node02 node03 node07 gpu5``;
+    ``rack[1-2]-n[1-2]`` -> ``rack1-n1 rack1-n2 rack2-n1 rack2-n2``. Raises ValueError on
+    malformed input.
+    """
+    hosts = [host for part in _split_top_level(hostlist) for host in _expand_one(part, hostlist)]
+    if not hosts:
+        raise ValueError(f"empty hostlist {hostlist!r}")
+    return hosts
+
+
+def _tasks_on_node(tasks_per_node: str, node_id: int) -> int:
+    """SLURM_TASKS_PER_NODE (``2(x3),1``) -> the task count of node ``node_id``."""
+    counts = []
+    for item in tasks_per_node.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", item)
+        if m is None:
+            raise ValueError(f"bad SLURM_TASKS_PER_NODE {tasks_per_node!r}")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts[min(node_id, len(counts) - 1)]
+
+
+def in_distributed_launch(env: Mapping[str, str] = os.environ) -> bool:
+    """True under torchrun-style launchers (RANK and WORLD_SIZE set) or a multi-task ``srun``."""
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return True
+    under_srun = "SLURM_STEP_ID" in env or "SLURM_STEPID" in env
+    return under_srun and "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1
+
+
+def torch_env_from_slurm(env: Mapping[str, str]) -> dict:
+    """torch.distributed's env:// variables derived from an ``srun`` task's Slurm variables.
+
+    SLURM_PROCID -> RANK, SLURM_LOCALID -> LOCAL_RANK, SLURM_NTASKS -> WORLD_SIZE,
+    SLURM_NTASKS_PER_NODE (else this node's entry of SLURM_TASKS_PER_NODE) -> LOCAL_WORLD_SIZE,
+    first host of SLURM_JOB_NODELIST -> MASTER_ADDR, 20000 + SLURM_JOB_ID % 20000 -> MASTER_PORT.
+    MASTER_ADDR and MASTER_PORT already in ``env`` are kept. Returns only the derived variables.
+    """
+    missing = [k for k in ("SLURM_PROCID", "SLURM_NTASKS") if k not in env]
+    if missing:
+        raise ValueError(f"not a Slurm task: {', '.join(missing)} not set")
+    out = {"RANK": env["SLURM_PROCID"], "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+           "WORLD_SIZE": env["SLURM_NTASKS"]}
+    if env.get("SLURM_NTASKS_PER_NODE"):
+        out["LOCAL_WORLD_SIZE"] = str(_tasks_on_node(env["SLURM_NTASKS_PER_NODE"], 0))
+    elif env.get("SLURM_TASKS_PER_NODE"):
+        node_id = int(env.get("SLURM_NODEID", "0"))
+        out["LOCAL_WORLD_SIZE"] = str(_tasks_on_node(env["SLURM_TASKS_PER_NODE"], node_id))
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    out["MASTER_ADDR"] = env.get("MASTER_ADDR") or (
+        expand_hostlist(nodelist)[0] if nodelist else "127.0.0.1")
+    if env.get("MASTER_PORT"):
+        out["MASTER_PORT"] = env["MASTER_PORT"]
+    elif env.get("SLURM_JOB_ID"):
+        out["MASTER_PORT"] = str(20000 + int(env["SLURM_JOB_ID"]) % 20000)
+    else:
+        raise ValueError("neither MASTER_PORT nor SLURM_JOB_ID is set; cannot pick a port")
+    return out
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _failure_exit_code(exc) -> tuple[int, int, str]:
+    """(rank, exit code, description) of the root failure of a ChildFailedError.
+
+    A worker that exited by itself with a code > 0 wins over ranks the agent killed afterwards
+    (negative codes = signals); among those the earliest wins, and at equal times a deliberate
+    ``SystemExit`` (no error file) wins over an exception. A death by signal N becomes 128 + N.
+    """
+    failures = exc.failures
+    own = {rank: f for rank, f in failures.items() if f.exitcode > 0}
+    pool = own or failures
+    rank = min(pool, key=lambda r: (pool[r].timestamp, os.path.isfile(pool[r].error_file), r))
+    failure = pool[rank]
+    code = failure.exitcode if failure.exitcode > 0 else 128 + (-failure.exitcode or 1)
+    how = f"exit code {failure.exitcode}" if failure.exitcode > 0 \
+        else f"signal {failure.signal_name()}"
+    return rank, code, f"rank {rank} failed with {how} (error file: {failure.error_file})"
+
+
+def launch_local_world(entrypoint: Callable, args: tuple, nprocs: int, run_id: str,
+                       log_dir: Optional[Path] = None,
+                       ignore_signals: Sequence[str] = ("SIGUSR1",)) -> None:
+    """Run ``entrypoint(*args)`` in ``nprocs`` worker processes on this machine and wait.
+
+    Uses torch's elastic launcher with a c10d rendezvous on 127.0.0.1 at a free port; workers see
+    RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as under torchrun. ``entrypoint`` must
+    be picklable (a module-level function; workers are spawned). With ``log_dir`` each worker's
+    stdout/stderr go to files there (``<log_dir>/<run_id>_*/attempt_0/<rank>/``).
+
+    If any worker fails, prints which one to stderr and raises ``SystemExit`` with that worker's
+    exit code (so REQUEUE_EXIT_CODE from a worker becomes the launcher's exit code).
+
+    While the workers run, this process ignores ``ignore_signals`` (the stop signal, which Slurm
+    and terminals deliver to the whole process group): the workers' StopRequest handles it and
+    they exit with REQUEUE_EXIT_CODE, which is passed on. If the launcher itself is terminated
+    (SIGTERM, SIGINT, ...), the elastic agent stops the workers and this raises ``SystemExit``
+    with 128 + the signal number.
+    """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    logs = DefaultLogsSpecs(log_dir=str(log_dir) if log_dir else None,
+                            redirects=Std.ALL if log_dir else Std.NONE)
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=run_id, role="trainer",
+        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0,
+        monitor_interval=0.1, start_method="spawn", local_addr="127.0.0.1", logs_specs=logs)
+    previous = {sig: signal.signal(sig, signal.SIG_IGN)
+                for sig in (getattr(signal, name) for name in ignore_signals)}
+    try:
+        elastic_launch(config, entrypoint)(*args)
+    except ChildFailedError as exc:
+        rank, code, message = _failure_exit_code(exc)
+        print(f"launch_local_world: {message}; exiting with {code}", file=sys.stderr, flush=True)
+        raise SystemExit(code) from exc
+    except SignalException as exc:
+        print(f"launch_local_world: received {exc.sigval.name}; workers stopped",
+              file=sys.stderr, flush=True)
+        raise SystemExit(128 + int(exc.sigval)) from exc
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _single_process_env() -> None:
+    """Make a plain ``python`` process a world of one; check a launched one has a rendezvous."""
+    if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        return
+    os.environ.setdefault("LOCAL_RANK", "0")
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+               if not os.environ.get(k)]
+    if missing:
+        raise RuntimeError(f"launched process lacks {', '.join(missing)}; start it with torchrun, "
+                           f"srun or launcher.runtime.distributed.launch_local_world")
+
+
+def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S,
+                     ranks_per_gpu: int = 1) -> tuple[int, int, int]:
+    """Initialise the default process group; return (rank, local_rank, world_size).
+
+    Slurm variables are translated when RANK is not set; a process started without any launcher
+    becomes a world of one. Backend nccl when CUDA is available (the CUDA device is set from the
+    local rank first), else gloo. ``timeout_s`` bounds every collective. Idempotent.
+
+    With ``ranks_per_gpu`` > 1 (development: cluster.ranks_per_gpu) consecutive local ranks share
+    one GPU, and each rank gets its own ``NCCL_HOSTID``: NCCL refuses two ranks of one host on
+    one device, but ranks it believes are on different hosts share it (over loopback sockets).
+    """
+    import torch
+    import torch.distributed as dist
+
+    if "RANK" not in os.environ and in_distributed_launch(os.environ):
+        os.environ.update(torch_env_from_slurm(os.environ))
+    _single_process_env()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if dist.is_initialized():
+        return dist.get_rank(), local_rank, dist.get_world_size()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank // ranks_per_gpu)
+        if ranks_per_gpu > 1:
+            os.environ["NCCL_HOSTID"] = f"{socket.gethostname()}-rank{rank}"
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return rank, local_rank, world
+
+
+def destroy_distributed() -> None:
+    """Destroy Megatron's model-parallel groups (if Megatron is loaded) and the default group."""
+    import torch.distributed as dist
+
+    parallel_state = sys.modules.get("megatron.core.parallel_state")
+    if parallel_state is not None:
+        parallel_state.destroy_model_parallel()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,222 @@
+"""Rank-0 side effects of training metrics: metrics.jsonl, events.jsonl, console, wandb.
+
+Every rank calls :func:`make_metrics_logger`; rank 0 gets a :class:`MetricsLogger`, the others a
+:class:`NullMetricsLogger` with the same methods doing nothing, so the training loop never
+branches on the rank:
+
+    metrics = make_metrics_logger(rank, run_dir=run_dir, logger=cfg.logger, run_name=name,
+                                  config=to_plain(cfg))
+    metrics.log(step, {"loss": 2.31, "lr": 3e-4, **timer_metrics(timer.snapshot())})
+    metrics.log_event("loss_spike", "loss 9.1 > 3.0 x recent max 2.9", step=step, loss=9.1)
+    metrics.close()
+
+Keys are documented in docs/metrics.md. Nothing secret is written: the wandb config is passed
+through :func:`launcher.runtime.rundir.redact`, event text through :func:`launcher.runtime.rundir.redact_text`.
+
+wandb: with ``logger.name == "wandb"`` a run is started in ``<run_dir>/wandb``. Its id is kept in
+``<run_dir>/wandb_id`` (written on the first start), and later starts of the same run directory
+resume it (``resume="allow"``), so a requeued job continues the same wandb run. ``WANDB_MODE``
+(online, offline, disabled) overrides ``logger.mode``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import string
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Union
+
+from launcher.atomic import atomic_write_json, atomic_write_text
+from launcher.config import LoggerConfig
+from launcher.runtime.rundir import (prepare_run_dir, redact, redact_text, secret_env_values,
+                                     to_plain)
+from launcher.runtime.timers import PHASES
+
+WANDB_ID_FILE = "wandb_id"
+"""File in the run directory holding the wandb run id across restarts."""
+
+
+def timer_metrics(snapshot: Mapping[str, float]) -> Dict[str, float]:
+    """A PhaseTimer snapshot as metric keys: ``{"time/<phase>": seconds}``."""
+    return {f"time/{name}": float(seconds) for name, seconds in snapshot.items()}
+
+
+def _scalar(value: Any) -> Any:
+    """Tensors, numpy scalars -> Python numbers; non-finite floats -> None (valid JSON)."""
+    if hasattr(value, "item") and callable(value.item):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _with_all_phases(metrics: Dict[str, Any]) -> Dict[str, Any]:
+    """In a step record (one with any ``time/`` key), add ``time/<phase>`` = 0.0 for phases
+    neither present nor part of a fused key. Other records (eval lines) are left alone, so a
+    second wandb.log at the same step cannot overwrite the step's phase times with zeros."""
+    covered = {part for key in metrics if key.startswith("time/")
+               for part in key[len("time/"):].split("+")}
+    if not covered:
+        return metrics
+    for phase in PHASES:
+        if phase not in covered:
+            metrics[f"time/{phase}"] = 0.0
+    return metrics
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "nan" if value is None else format(value, spec)
+
+
+def progress_line(step: int, m: Mapping[str, Any]) -> str:
+    """The compact console line: step, loss, lr, grad_norm, tokens/s, eval loss and phase times."""
+    parts = [f"step {step}"]
+    for key, label, spec in (("loss", "loss", ".4f"), ("lr", "lr", ".3e"),
+                             ("grad_norm", "gnorm", ".3f"), ("tokens_per_s", "tok/s", ",.0f"),
+                             ("eval/loss", "eval loss", ".4f"), ("eval/perplexity", "ppl", ",.1f")):
+        if key in m:
+            parts.append(f"{label} {_fmt(m[key], spec)}")
+    phases = " ".join(f"{k[5:]} {_fmt(v, '.3f')}" for k, v in m.items()
+                      if k.startswith("time/") and v)
+    if phases:
+        parts.append(f"s: {phases}")
+    return " | ".join(parts)
+
+
+class NullMetricsLogger:
+    """What ranks other than 0 get: every method does nothing."""
+
+    run_dir: Optional[Path] = None
+    wandb_run: Any = None
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Do nothing."""
+
+    def log_event(self, kind: str, message: str, **fields: Any) -> None:
+        """Do nothing."""
+
+    def write_json(self, name: str, content: Any) -> None:
+        """Do nothing."""
+
+    def close(self) -> None:
+        """Do nothing."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class MetricsLogger(NullMetricsLogger):
+    """Rank 0's logger: metrics.jsonl and events.jsonl in ``run_dir``, console, optional wandb."""
+
+    def __init__(self, run_dir: Path, logger: LoggerConfig, run_name: str,
+                 config: Mapping[str, Any], group: str = "", console: Any = None):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._secrets = secret_env_values()
+        self._console = console or sys.stdout
+        self._metrics = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        self._events = open(self.run_dir / "events.jsonl", "a", encoding="utf-8")
+        self.wandb_run = None
+        if logger.name not in ("none", "wandb"):
+            self.close()
+            raise ValueError(f"logger.name={logger.name!r} is not supported; use none or wandb")
+        if logger.name == "wandb":
+            try:
+                self.wandb_run = _start_wandb(self.run_dir, logger, run_name,
+                                              redact(to_plain(config), self._secrets), group)
+            except BaseException:
+                self.close()
+                raise
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Append one JSON line (``step`` first; in step records every ``time/<phase>``
+        present), print the progress line, and log to wandb at ``step``."""
+        record = {"step": int(step)}
+        record.update(_with_all_phases({str(k): _scalar(v) for k, v in metrics.items()
+                                        if k != "step"}))
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()
+        print(progress_line(int(step), record), file=self._console, flush=True)
+        if self.wandb_run is not None:
+            self.wandb_run.log({k: v for k, v in record.items() if k != "step" and v is not None},
+                               step=int(step))
+
+    def log_event(self, kind: str, message: str, **fields: Any) -> None:
+        """A warning-level event (``loss_spike``, ``straggler``, ``nan_skip``, ``stop``, ...):
+        one line in events.jsonl and on the console, secrets redacted."""
+        message = redact_text(str(message), self._secrets)
+        record = {"time": round(time.time(), 3), "kind": kind, "message": message}
+        record.update(redact({k: _scalar(v) for k, v in to_plain(fields).items()},
+                             self._secrets))
+        self._events.write(json.dumps(record, default=str) + "\n")
+        self._events.flush()
+        extra = " ".join(f"{k}={v}" for k, v in record.items()
+                         if k not in ("time", "kind", "message"))
+        print(f"[{kind}] {message}" + (f" ({extra})" if extra else ""),
+              file=self._console, flush=True)
+
+    def write_json(self, name: str, content: Any) -> None:
+        """``run_dir/<name>``: a file of the run (e.g. the engine's generated config), redacted
+        and written atomically."""
+        atomic_write_json(self.run_dir / name, redact(to_plain(content), self._secrets))
+
+    def close(self) -> None:
+        """Finish the wandb run and close the files (safe to call twice)."""
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None
+        for handle in (self._metrics, self._events):
+            if not handle.closed:
+                handle.close()
+
+
+def _wandb_id(run_dir: Path) -> str:
+    """The run directory's wandb id: read from ``wandb_id``, or created and stored once."""
+    path = run_dir / WANDB_ID_FILE
+    if path.exists():
+        run_id = path.read_text(encoding="utf-8").strip()
+        if run_id:
+            return run_id
+    alphabet = string.ascii_lowercase + string.digits
+    run_id = "".join(secrets.choice(alphabet) for _ in range(12))
+    atomic_write_text(path, run_id + "\n")
+    return run_id
+
+
+def _start_wandb(run_dir: Path, logger: LoggerConfig, run_name: str, config: Dict[str, Any],
+                 group: str):
+    """wandb.init in ``run_dir/wandb`` resuming the stored id; console capture and git off."""
+    import wandb
+
+    (run_dir / "wandb").mkdir(exist_ok=True)
+    settings = wandb.Settings(console="off", quiet=True, disable_git=True, save_code=False)
+    return wandb.init(
+        project=logger.project, entity=logger.entity or None,
+        group=group or logger.group or None, tags=list(logger.tags) or None, name=run_name,
+        id=_wandb_id(run_dir), resume="allow", dir=str(run_dir), config=config,
+        mode=os.environ.get("WANDB_MODE") or logger.mode, settings=settings)
+
+
+def make_metrics_logger(rank: int, *, run_dir: Path, logger: LoggerConfig, run_name: str,
+                        config: Mapping[str, Any], plan: Any = None,
+                        group: str = "") -> Union[MetricsLogger, NullMetricsLogger]:
+    """A :class:`MetricsLogger` on rank 0, a :class:`NullMetricsLogger` on every other rank.
+
+    ``config`` is the resolved config (dict, DictConfig or dataclass); it goes to wandb redacted.
+    With ``plan``, rank 0 first writes the run directory's config.yaml, plan.json, env.json and
+    data.json (:func:`launcher.runtime.rundir.prepare_run_dir`). ``group`` (e.g. the sweep name)
+    overrides ``logger.group``.
+    """
+    if rank != 0:
+        return NullMetricsLogger()
+    if plan is not None:
+        prepare_run_dir(Path(run_dir), config=config, plan=plan)
+    return MetricsLogger(Path(run_dir), logger, run_name, config, group=group)

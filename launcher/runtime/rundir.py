@@ -1,0 +1,242 @@
+"""The run directory: where a run's config, plan, environment, metrics and checkpoints live.
+
+``<run.output_root>/<run.name or <model>_<cluster>>`` is a pure function of the config, so a
+requeued or restarted job finds its own directory (and its latest checkpoint and wandb run id)
+again. Rank 0 calls :func:`prepare_run_dir` once per start:
+
+    run_dir/
+      config.yaml   resolved config, secrets redacted
+      plan.json     the pre-flight plan (launcher.plan.Plan.to_dict())
+      env.json      library versions, git SHA, hosts, rank variables, CUDA availability
+      checkpoints/  written by the checkpoint module
+      logs/         per-rank logs
+
+Nothing is written un-redacted: :func:`redact` blanks values under secret-looking keys and every
+occurrence of a secret environment variable's value inside any string.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import hashlib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path, PurePath
+from typing import Any, Mapping
+
+import yaml
+
+from launcher.atomic import atomic_write_json, atomic_write_text
+from launcher.config import RunConfig
+
+REDACTED = "<redacted>"
+"""What a secret is replaced with."""
+
+SECRET_KEY_RE = re.compile(
+    r"(?:^|[_.\-])(?:api_?key|access_?key|private_?key|token|secret|password|passwd|"
+    r"credentials?)(?:$|[_.\-])", re.IGNORECASE)
+"""A config key whose (non-numeric) value is a secret: a word ``token``, ``api_key``, ``secret``,
+``password``, ``passwd``, ``credential(s)`` (``hf_token``, ``wandb.api_key``, ``db-password``).
+Keys such as ``train_tokens`` or ``tokenizer_path`` do not match, and numbers, booleans and null
+under a matching key (``eod_token_id: 0``) are kept, since they cannot be credentials."""
+
+SECRET_ENV_NAME_RE = re.compile(r"api_?key|token|secret|password|passwd|credential", re.IGNORECASE)
+"""An environment variable whose value is a secret wherever it appears (substring match on the
+name: WANDB_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY, ...)."""
+
+ALWAYS_SECRET_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+MIN_SECRET_LEN = 8
+"""Shorter environment values (``1``, ``false``) are too common to be treated as secrets."""
+
+RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+            "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID",
+            "SLURM_NTASKS", "SLURM_NNODES", "SLURM_JOB_NODELIST", "SLURM_NTASKS_PER_NODE",
+            "SLURM_RESTART_COUNT", "CUDA_VISIBLE_DEVICES")
+
+
+def run_dir_path(run: RunConfig, model_name: str, cluster_name: str) -> Path:
+    """``<output_root>/<run.name or <model_name>_<cluster_name>>`` (the same on every restart)."""
+    name = run.name or f"{model_name}_{cluster_name}"
+    parts = PurePath(name).parts
+    if not name or PurePath(name).is_absolute() or ".." in parts:
+        raise ValueError(f"run.name={name!r} must be a relative name inside run.output_root "
+                         f"(no leading '/', no '..')")
+    return Path(run.output_root) / name
+
+
+def secret_env_values(env: Mapping[str, str] | None = None) -> list[str]:
+    """Values of secret environment variables (≥ MIN_SECRET_LEN chars), longest first."""
+    env = os.environ if env is None else env
+    values = {value for name, value in env.items()
+              if (name in ALWAYS_SECRET_ENV or SECRET_ENV_NAME_RE.search(name))
+              and len(value) >= MIN_SECRET_LEN}
+    return sorted(values, key=len, reverse=True)
+
+
+def redact_text(text: str, secrets: list[str] | None = None) -> str:
+    """``text`` with every occurrence of a secret environment value replaced by REDACTED."""
+    for secret in secret_env_values() if secrets is None else secrets:
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def to_plain(obj: Any) -> Any:
+    """Dataclasses, OmegaConf nodes, enums and paths turned into dicts, lists and scalars."""
+    if "omegaconf" in sys.modules:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(obj):
+            return to_plain(OmegaConf.to_container(obj, resolve=True, enum_to_str=True))
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, PurePath):
+        return str(obj)
+    return obj
+
+
+def redact(obj: Any, secrets: list[str] | None = None) -> Any:
+    """A redacted deep copy of ``obj`` (dicts, lists, tuples, scalars; see module docstring).
+
+    Values under secret-looking keys (SECRET_KEY_RE) become REDACTED, and so does every substring
+    equal to a secret environment value (see :func:`secret_env_values`), in keys and values.
+    """
+    secrets = secret_env_values() if secrets is None else secrets
+    if isinstance(obj, Mapping):
+        return {_redact_key(k, secrets): _redact_item(k, v, secrets) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(redact(v, secrets) for v in obj)
+    if isinstance(obj, str):
+        return redact_text(obj, secrets)
+    if isinstance(obj, bytes):
+        return redact_text(obj.decode("utf-8", "replace"), secrets).encode()
+    return obj
+
+
+def _redact_key(key: Any, secrets: list[str]) -> Any:
+    return redact_text(key, secrets) if isinstance(key, str) else key
+
+
+def _redact_item(key: Any, value: Any, secrets: list[str]) -> Any:
+    """One mapping value: blanked under a secret key unless it is a number, bool or None."""
+    numeric = value is None or isinstance(value, (bool, int, float))
+    if isinstance(key, str) and SECRET_KEY_RE.search(key) and not numeric:
+        return REDACTED
+    return redact(value, secrets)
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """Command-line words with the value of ``key=value`` overrides under secret keys blanked."""
+    out = []
+    for word in argv:
+        key, sep, value = word.partition("=")
+        numeric = value.replace(".", "", 1).lstrip("-").isdigit()
+        secret = sep and SECRET_KEY_RE.search(key.lstrip("+~-")) and not numeric
+        out.append(f"{key}={REDACTED}" if secret else word)
+    return out
+
+
+def _git_sha() -> str | None:
+    """HEAD of the repository holding this package, with ``-dirty`` if it has local changes."""
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=repo, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha + ("-dirty" if dirty else "") if sha else None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _hosts(env: Mapping[str, str]) -> list[str]:
+    """This host, or every host of the Slurm allocation."""
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if nodelist:
+        from launcher.runtime.distributed import expand_hostlist
+
+        try:
+            return expand_hostlist(nodelist)
+        except ValueError:
+            return [nodelist]
+    return [socket.gethostname()]
+
+
+def collect_env(env: Mapping[str, str] | None = None) -> dict:
+    """Versions, git SHA, hosts, rank variables and CUDA availability of this process."""
+    env = os.environ if env is None else env
+    import torch
+
+    return {
+        "python": sys.version.split()[0],
+        "versions": {name: _version(dist) for name, dist in (
+            ("torch", "torch"), ("megatron_core", "megatron-core"), ("deepspeed", "deepspeed"),
+            ("hydra", "hydra-core"), ("omegaconf", "omegaconf"), ("wandb", "wandb"))},
+        "git_sha": _git_sha(),
+        "hostname": socket.gethostname(),
+        "hosts": _hosts(env),
+        "rank_env": {name: env[name] for name in RANK_ENV if name in env},
+        "cuda_available": torch.cuda.is_available(),
+        "cuda_device_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "argv": redact_argv(sys.argv),
+    }
+
+
+def prepare_run_dir(run_dir: Path, *, config: Any, plan: Any) -> None:
+    """Create ``run_dir`` with checkpoints/ and logs/; write config.yaml, plan.json, env.json and
+    data.json (the data manifests the run reads).
+
+    ``config`` is the resolved config (dict, DictConfig or dataclass) and ``plan`` the plan
+    (dict or Plan). All three files are redacted and written atomically; a restart rewrites them.
+    """
+    run_dir = Path(run_dir)
+    for sub in ("checkpoints", "logs"):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    secrets = secret_env_values()
+    plan_obj = plan.to_dict() if hasattr(plan, "to_dict") else plan
+    config_yaml = yaml.safe_dump(redact(to_plain(config), secrets), sort_keys=False)
+    atomic_write_text(run_dir / "config.yaml", config_yaml)
+    atomic_write_json(run_dir / "plan.json", redact(to_plain(plan_obj), secrets))
+    atomic_write_json(run_dir / "env.json", redact(collect_env(), secrets))
+    data = to_plain(config).get("data") or {}
+    atomic_write_json(run_dir / "data.json", redact(data_reference(data.get("prefixes") or []),
+                                                     secrets))
+
+
+def data_reference(prefixes: list) -> dict:
+    """Which data a run reads: each shard prefix, and each data_prep manifest beside the shards
+    (path, sha256, totals, tokenizer identity), so a run directory names its exact corpus."""
+    manifests = []
+    for path in sorted({Path(p).parent / "manifest.json" for p in prefixes}):
+        entry: dict = {"path": str(path), "exists": path.is_file()}
+        if entry["exists"]:
+            raw = path.read_bytes()
+            entry["sha256"] = hashlib.sha256(raw).hexdigest()
+            try:
+                manifest = json.loads(raw)
+                entry.update({k: manifest.get(k) for k in ("totals", "tokenizer", "dtype",
+                                                           "eod_id", "version")})
+            except ValueError:
+                entry["error"] = "not valid JSON"
+        manifests.append(entry)
+    return {"prefixes": list(prefixes), "mock": not prefixes, "manifests": manifests}

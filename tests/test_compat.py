@@ -1,0 +1,63 @@
+"""launcher.engines.compat: every library patch is listed once, for a known library version, and
+each still answers a need of the unpatched library.
+
+When Megatron-Core (or torch) is upgraded, ``test_shims_match_the_installed_versions`` fails
+until each shim is re-checked against the new version; when a library fixes what a shim works
+around, ``test_every_shim_is_still_needed`` fails for that shim, so it can be deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_shims_match_the_installed_versions():
+    from launcher.engines.compat import SHIMS
+
+    for shim in SHIMS:
+        assert metadata.version(shim.library) == shim.version, (
+            f"shim {shim.name!r} was written for {shim.library} {shim.version}; re-check it "
+            f"against {metadata.version(shim.library)} and update its version")
+
+
+def test_every_shim_is_still_needed():
+    """Probes run in a fresh process, before anything is patched."""
+    code = ("import json; from launcher.engines.compat import SHIMS; "
+            "print(json.dumps({s.name: bool(s.needed()) for s in SHIMS}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, check=True)
+    needed = json.loads(out.stdout.strip().splitlines()[-1])
+    assert needed and all(needed.values()), needed
+
+
+def test_install_applies_the_shims_of_this_machine_once():
+    """On a CPU machine without Transformer Engine every process-wide shim applies."""
+    code = ("import json; from launcher.engines import compat; a = compat.install(); "
+            "b = compat.install(); "
+            "from megatron.core.transformer.moe import moe_utils; "
+            "print(json.dumps([a, b, moe_utils.te_general_gemm is None]))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, check=True)
+    first, again, router = json.loads(out.stdout.strip().splitlines()[-1])
+    from launcher.engines.compat import SHIMS
+
+    assert first == again == [s.name for s in SHIMS if s.apply is not None]
+    assert router  # the MoE router shim: without TE te_general_gemm is None, not undefined
+
+
+def test_disable_te_hides_transformer_engine(monkeypatch):
+    code = ("import json, os; from launcher.engines import compat; compat.install(); "
+            "import importlib.util\n"
+            "try:\n    import transformer_engine\n    hidden = False\n"
+            "except ImportError as e:\n    hidden = 'TRAINWRIGHT_DISABLE_TE' in str(e)\n"
+            "print(json.dumps([hidden, compat.transformer_engine_available()]))")
+    env = {"TRAINWRIGHT_DISABLE_TE": "1", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, check=True, env=env)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, False]
