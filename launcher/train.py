@@ -158,7 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"torchrun); this process only starts workers on one machine", file=sys.stderr)
         return CONFIG_ERROR_EXIT
     del plan  # checked here; every worker recomputes it for its world size
-    launch_local_world(_worker_entry, (argv,), nprocs, run_id=f"tw-{uuid.uuid4().hex[:8]}")
+    launch_local_world(_worker_entry, (argv,), nprocs, run_id=f"tw-{uuid.uuid4().hex[:8]}",
+                       stop_signal=cfg.trainer.stop_signal)
     return 0
 
 

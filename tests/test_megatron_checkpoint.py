@@ -72,7 +72,7 @@ def _manager(eng, directory: Path):
     from launcher.runtime.checkpoint import CheckpointManager
 
     key = (id(eng), str(directory))
-    if key not in _MANAGERS:
+    if key not in _MANAGERS or _MANAGERS[key].io is not eng.checkpoint_io:  # ids are reused
         async_save, final_step = _SETTINGS[id(eng)]
         _MANAGERS[key] = CheckpointManager(directory, eng.checkpoint_io, keep_last=2,
                                            async_save=async_save, final_step=final_step)

@@ -21,11 +21,12 @@ COMMON = [f"trainer.train_steps={STEPS}", "trainer.global_batch_size=8",
           "trainer.save_interval=0", "trainer.eval_interval=0", "trainer.straggler_interval=0"]
 
 
-def launch(tmp: Path, name: str, log: Path) -> subprocess.Popen:
+def launch(tmp: Path, name: str, log: Path, *overrides: str) -> subprocess.Popen:
+    """The 2-rank run ``name`` in its own session (so a test can signal its process group)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
            "PYTHONPATH": str(REPO)}
     args = [sys.executable, "-m", "launcher.train", *TINY, f"run.output_root={tmp}",
-            f"run.name={name}", *COMMON]
+            f"run.name={name}", *COMMON, *overrides]
     with open(log, "w") as out:
         return subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)

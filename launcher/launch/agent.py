@@ -7,20 +7,20 @@ Every agent joins a c10d rendezvous at ``--rdzv-endpoint`` (the job's first node
 agents agree on ranks, and each starts ``--nproc-per-node`` processes of
 ``python -m launcher.train <overrides>`` with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT set, exactly as ``torchrun --nnodes ... -m launcher.train`` would. Two differences
-from torchrun, both for requeueing: the agent ignores the early-warning stop signal (Slurm sends it
-to every process of the step; the training processes save and exit 75), and the agent exits with
-the failing worker's own exit code (torchrun exits 1), so 75 reaches the job script.
+from torchrun, both for requeueing: a stop signal (SIGTERM, SIGINT, SIGUSR2 or the early-warning
+signal) sent to the agent is forwarded to its training processes, which save and exit 75, instead
+of killing them; and the agent exits with the failing worker's own exit code (torchrun exits 1),
+so 75 reaches the job script.
 """
 
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from typing import Sequence
 
 from launcher.runtime.distributed import _failure_exit_code
-from launcher.runtime.signals import _resolve_signal
+from launcher.runtime.signals import child_ranks, elastic_signals, forward_stop_signals
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -34,7 +34,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--local-addr", default=None,
                         help="address the other agents reach this one at (default: hostname)")
     parser.add_argument("--stop-signal", default="SIGUSR1",
-                        help="signal the agent ignores (the workers' trainer.stop_signal)")
+                        help="the workers' trainer.stop_signal (forwarded to them, as SIGTERM/SIGINT/SIGUSR2)")
     parser.add_argument("overrides", nargs="*", help="launcher.train overrides (after --)")
     return parser.parse_args(argv)
 
@@ -49,8 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         min_nodes=args.nnodes, max_nodes=args.nnodes, nproc_per_node=args.nproc_per_node,
         run_id=args.rdzv_id, role="trainer", rdzv_backend="c10d",
         rdzv_endpoint=args.rdzv_endpoint, max_restarts=0, monitor_interval=0.1,
-        start_method="spawn", local_addr=args.local_addr, logs_specs=DefaultLogsSpecs())
-    signal.signal(_resolve_signal(args.stop_signal), signal.SIG_IGN)
+        start_method="spawn", local_addr=args.local_addr, logs_specs=DefaultLogsSpecs(),
+        signals_to_handle=elastic_signals(args.stop_signal))
+    forward_stop_signals(args.stop_signal, child_ranks)
     try:
         elastic_launch(config, sys.executable)("-u", "-m", "launcher.train", *args.overrides)
     except ChildFailedError as exc:

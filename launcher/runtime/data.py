@@ -16,6 +16,7 @@ call it on every rank of an initialised process group.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import os
@@ -23,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Iterator, List, Optional
 
 import torch
+
+from launcher.runtime.signals import ignore_stop_signals
 
 from launcher.config import DataConfig
 
@@ -129,13 +132,20 @@ class DataParallelSampler:
 
 
 def make_loader(dataset, *, consumed_samples: int, micro_batch_size: int, dp_rank: int,
-                dp_size: int, num_workers: int, total_samples: Optional[int] = None):
-    """A DataLoader over this rank's micro-batches (worker processes + prefetch; pinned on GPU)."""
+                dp_size: int, num_workers: int, total_samples: Optional[int] = None,
+                stop_signal: str = "SIGUSR1"):
+    """A DataLoader over this rank's micro-batches (worker processes + prefetch; pinned on GPU).
+
+    Worker processes ignore the stop signals (:func:`launcher.runtime.signals.ignore_stop_signals`):
+    a signal sent to the whole process group must stop the run through its ranks, which save
+    first, not kill a worker mid-batch."""
     sampler = DataParallelSampler(
         total_samples=len(dataset) if total_samples is None else total_samples,
         consumed_samples=consumed_samples, micro_batch_size=micro_batch_size,
         dp_rank=dp_rank, dp_size=dp_size)
-    extra = dict(prefetch_factor=2, persistent_workers=False) if num_workers > 0 else {}
+    extra = dict(prefetch_factor=2, persistent_workers=False,
+                 worker_init_fn=functools.partial(ignore_stop_signals, stop_signal)) \
+        if num_workers > 0 else {}
     return torch.utils.data.DataLoader(
         dataset, batch_sampler=sampler, num_workers=num_workers,
         pin_memory=torch.cuda.is_available(), **extra)
@@ -164,7 +174,8 @@ def build_data(cfg, plan, run_dir, consumed_samples: int):
         seed=t.seed, cache_dir=cfg.data.cache_dir or str(run_dir / "cache"),
         sizes=split_sizes(train_samples=plan.train_steps * plan.global_batch_size,
                           eval_samples=eval_samples))
-    common = dict(micro_batch_size=t.micro_batch_size, dp_rank=dp_rank, dp_size=dp_size)
+    common = dict(micro_batch_size=t.micro_batch_size, dp_rank=dp_rank, dp_size=dp_size,
+                  stop_signal=t.stop_signal)
     iterator = iter(make_loader(train, consumed_samples=consumed_samples,
                                 num_workers=cfg.data.num_workers,
                                 total_samples=plan.train_steps * plan.global_batch_size, **common))

@@ -16,11 +16,13 @@ from __future__ import annotations
 import datetime
 import os
 import re
-import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional
+
+from launcher.runtime.signals import (child_ranks, elastic_signals, forward_stop_signals,
+                                      restore_handlers)
 
 DEFAULT_TIMEOUT_S = 1800.0
 """Default collective timeout (seconds) of the default process group."""
@@ -158,8 +160,7 @@ def _failure_exit_code(exc) -> tuple[int, int, str]:
 
 
 def launch_local_world(entrypoint: Callable, args: tuple, nprocs: int, run_id: str,
-                       log_dir: Optional[Path] = None,
-                       ignore_signals: Sequence[str] = ("SIGUSR1",)) -> None:
+                       log_dir: Optional[Path] = None, stop_signal: str = "SIGUSR1") -> None:
     """Run ``entrypoint(*args)`` in ``nprocs`` worker processes on this machine and wait.
 
     Uses torch's elastic launcher with a c10d rendezvous on 127.0.0.1 at a free port; workers see
@@ -170,11 +171,12 @@ def launch_local_world(entrypoint: Callable, args: tuple, nprocs: int, run_id: s
     If any worker fails, prints which one to stderr and raises ``SystemExit`` with that worker's
     exit code (so REQUEUE_EXIT_CODE from a worker becomes the launcher's exit code).
 
-    While the workers run, this process ignores ``ignore_signals`` (the stop signal, which Slurm
-    and terminals deliver to the whole process group): the workers' StopRequest handles it and
-    they exit with REQUEUE_EXIT_CODE, which is passed on. If the launcher itself is terminated
-    (SIGTERM, SIGINT, ...), the elastic agent stops the workers and this raises ``SystemExit``
-    with 128 + the signal number.
+    While the workers run, a stop signal (:func:`launcher.runtime.signals.stop_signals`) sent to
+    this process is forwarded to the workers, whose StopRequest saves and exits with
+    REQUEUE_EXIT_CODE, which is passed on; sent to the whole process group, the workers get it
+    directly and the forwarded copy changes nothing. Other terminating signals (SIGHUP,
+    SIGQUIT) make the elastic agent stop the workers and this raise ``SystemExit`` with 128 +
+    the signal number.
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -186,9 +188,9 @@ def launch_local_world(entrypoint: Callable, args: tuple, nprocs: int, run_id: s
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=run_id, role="trainer",
         rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0,
-        monitor_interval=0.1, start_method="spawn", local_addr="127.0.0.1", logs_specs=logs)
-    previous = {sig: signal.signal(sig, signal.SIG_IGN)
-                for sig in (getattr(signal, name) for name in ignore_signals)}
+        monitor_interval=0.1, start_method="spawn", local_addr="127.0.0.1", logs_specs=logs,
+        signals_to_handle=elastic_signals(stop_signal))
+    previous = forward_stop_signals(stop_signal, child_ranks)
     try:
         elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as exc:
@@ -200,8 +202,7 @@ def launch_local_world(entrypoint: Callable, args: tuple, nprocs: int, run_id: s
               file=sys.stderr, flush=True)
         raise SystemExit(128 + int(exc.sigval)) from exc
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        restore_handlers(previous)
 
 
 def _single_process_env() -> None:

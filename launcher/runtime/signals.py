@@ -1,7 +1,19 @@
-"""Graceful stop for requeue: a signal sets a flag; all ranks agree to stop at one step boundary.
+"""The stop contract: a stop signal sets a flag; all ranks agree to stop at one step boundary.
 
-Slurm sends a configurable early-warning signal (``#SBATCH --signal=USR1@120``) before the time
-limit and SIGTERM on preemption/cancel. The handlers only set a flag (nothing else is
+Stop signals are SIGTERM (preemption, ``scancel``, Kubernetes), SIGINT (Ctrl-C), SIGUSR2
+(submitit's time-limit warning) and ``trainer.stop_signal`` (Slurm's early warning,
+``#SBATCH --signal=USR1@120``). They arrive in three ways, and each ends the same way (every rank
+saves the same step, the job exits :data:`REQUEUE_EXIT_CODE`):
+
+* to one rank: :class:`StopRequest` in that rank sets its flag, the others learn it at the next
+  agreement;
+* to the launcher only (``kill <pid>``, ``scancel --signal``): the launcher process
+  (``launcher.train`` on one machine, ``launcher.launch.agent`` per node) forwards it to its ranks
+  (:func:`forward_stop_signals`) and waits for their exit code;
+* to the whole process group (Slurm's cgroup tracking, time limits, a terminal's Ctrl-C): every
+  rank gets it; DataLoader worker processes ignore stop signals (:func:`ignore_stop_signals`, their
+  ``worker_init_fn``) so they do not die mid-batch, and the launcher's forwarded copy only sets a
+  flag that is already set. The handlers only set a flag (nothing else is
 async-signal-safe in the middle of a collective); the training loop asks
 ``stop.agree()`` at each step boundary. ``agree`` all-reduces the flag (MAX) over the default
 group, so if any rank got the signal every rank sees True at the same step, saves a checkpoint and
@@ -17,8 +29,9 @@ exits with :data:`REQUEUE_EXIT_CODE`.
 
 from __future__ import annotations
 
+import os
 import signal
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Iterable, Optional
 
 REQUEUE_EXIT_CODE = 75
 """Exit code meaning "checkpoint saved, requeue me" (EX_TEMPFAIL of sysexits.h). The Slurm
@@ -37,13 +50,78 @@ def _resolve_signal(name: str) -> signal.Signals:
                          f"(e.g. SIGUSR1, SIGUSR2, SIGINT)") from None
 
 
+ALWAYS_STOP = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
+"""Stop signals whatever trainer.stop_signal says (preemption, Ctrl-C, submitit's warning)."""
+
+
+
+def stop_signals(stop_signal: str = "SIGUSR1") -> tuple:
+    """Every stop signal: :data:`ALWAYS_STOP` and ``trainer.stop_signal``."""
+    extra = _resolve_signal(stop_signal)
+    return ALWAYS_STOP + (() if extra in ALWAYS_STOP else (extra,))
+
+
+def ignore_stop_signals(stop_signal: str = "SIGUSR1", *_: Any) -> None:
+    """Ignore every stop signal in this process (a DataLoader worker: its rank saves and stops
+    it). Usable as ``worker_init_fn`` through functools.partial (extra arguments ignored)."""
+    for sig in stop_signals(stop_signal):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def elastic_signals(stop_signal: str = "SIGUSR1") -> str:
+    """torch elastic's ``LaunchConfig.signals_to_handle`` (signals its agent turns into "kill
+    the workers"): the terminating signals that are not stop signals, so that a stop signal
+    reaches the workers as a stop (see :func:`forward_stop_signals`)."""
+    sigs = stop_signals(stop_signal)
+    return ",".join(name for name in ("SIGHUP", "SIGQUIT") if getattr(signal, name) not in sigs)
+
+
+def forward_stop_signals(stop_signal: str, targets: Callable[[], Iterable[int]]) -> dict:
+    """In a launcher process: on a stop signal, send it on to every pid of ``targets()`` (its
+    ranks) instead of dying (the elastic agent must leave these signals alone:
+    :func:`elastic_signals`). Returns the previous handlers (for :func:`restore_handlers`)."""
+    sigs = stop_signals(stop_signal)
+
+    def forward(signum: int, frame: Any) -> None:
+        for pid in targets():
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    return {sig: signal.signal(sig, forward) for sig in sigs}
+
+
+def restore_handlers(previous: dict) -> None:
+    """Put back handlers saved by :func:`forward_stop_signals`."""
+    for sig, handler in previous.items():
+        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def child_ranks() -> list:
+    """Pids of this process's children that run training ranks (not multiprocessing's helper
+    processes): what a launcher forwards stop signals to."""
+    import psutil
+
+    out = []
+    for child in psutil.Process().children():
+        try:
+            cmdline = " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        if "resource_tracker" not in cmdline and "forkserver" not in cmdline:
+            out.append(child.pid)
+    return out
+
+
 class StopRequest:
-    """Flag set by SIGTERM or ``signal_name``; installed on construction (main thread only)."""
+    """Flag set by any stop signal (:func:`stop_signals`); installed on construction (main thread
+    only)."""
 
     def __init__(self, signal_name: str = "SIGUSR1"):
         self._flag = False
         self._previous: Dict[signal.Signals, Any] = {}
-        for sig in {signal.SIGTERM, _resolve_signal(signal_name)}:
+        for sig in stop_signals(signal_name):
             self._previous[sig] = signal.signal(sig, self._handle)
         self.signal_received: Optional[int] = None
 

@@ -1,0 +1,57 @@
+"""Stop signals as schedulers and terminals deliver them, to a 2-rank ``python -m launcher.train``
+with DataLoader worker processes on (``data.num_workers=2``).
+
+Slurm (``proctrack/cgroup``, time limits), Kubernetes and a terminal's Ctrl-C signal the whole
+process group, loader workers included; ``scancel --signal``/``kill <pid>`` reach the launcher
+only. Every delivery must end the same way: every rank saves the same step, the loader workers
+do not die of the signal, and the job exits 75 ("saved, requeue me"). (Delivery to one rank is
+``tests/test_train_signal.py``.)
+
+Before the fix: USR1 to the group killed the loader workers (exit 1, no checkpoint), TERM to the
+group exited 143 with no checkpoint, USR1 to the launcher was ignored (the run went on to its
+end), TERM to the launcher saved but exited 143, and INT to the group exited 130 without a
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from launcher.runtime.signals import REQUEUE_EXIT_CODE
+from tests.test_train_signal import STEPS, launch, logged_steps, wait_for
+from tests.test_train_loop import steps_of
+
+DELIVERIES = {
+    "usr1_to_group": (signal.SIGUSR1, "group"),
+    "term_to_group": (signal.SIGTERM, "group"),
+    "int_to_group": (signal.SIGINT, "group"),
+    "usr1_to_launcher": (signal.SIGUSR1, "launcher"),
+    "term_to_launcher": (signal.SIGTERM, "launcher"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(DELIVERIES))
+def test_stop_signal_saves_one_step_on_every_rank_and_exits_75(tmp_path, name):
+    sig, target = DELIVERIES[name]
+    run_dir, log = tmp_path / name, tmp_path / f"{name}.log"
+    proc = launch(tmp_path, name, log, "data.num_workers=2")
+    wait_for(proc, log, lambda: logged_steps(run_dir) >= 2)
+    if target == "group":
+        os.killpg(proc.pid, sig)  # the launcher leads its own session: pgid == its pid
+    else:
+        os.kill(proc.pid, sig)
+    code = proc.wait(timeout=150)
+    output = log.read_text()
+    assert code == REQUEUE_EXIT_CODE, output[-4000:]
+    assert "DataLoader worker" not in output, output[-4000:]
+    ckpts = run_dir / "checkpoints"
+    saved = (ckpts / "latest").read_text().strip()
+    step = int(saved.split("_")[1])
+    assert 2 <= step < STEPS and max(steps_of(run_dir)) == step
+    assert sorted(p.name for p in ckpts.glob("step_*")) == [saved]
+    files = {p.relative_to(ckpts / saved).as_posix() for p in (ckpts / saved).rglob("*")}
+    assert {"complete", "rng/rank_0.pt", "rng/rank_1.pt"} <= files
