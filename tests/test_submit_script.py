@@ -102,9 +102,9 @@ def test_newline_in_an_sbatch_value_is_rejected_with_exit_2(tmp_path, override):
 
 
 def test_plan_problems_and_local_clusters_fail_before_anything_is_written(tmp_path):
-    proc = submit(tmp_path, "cluster=slurm_cpu", "optimizer.warmup_steps=1000",
+    proc = submit(tmp_path, "cluster=slurm_cpu", "trainer.global_batch_size=7",
                   "trainer.train_steps=10")
-    assert proc.returncode == 2 and "warmup_steps" in proc.stderr and proc.stdout == ""
+    assert proc.returncode == 2 and "global_batch_size=7" in proc.stderr and proc.stdout == ""
     proc = submit(tmp_path, "cluster=local_cpu")
     assert proc.returncode == 2 and "launcher=local" in proc.stderr
     assert list(tmp_path.iterdir()) == []

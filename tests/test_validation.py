@@ -105,10 +105,20 @@ CASES = {
         ["world size 3 (cluster.nodes=1 x cluster.gpus_per_node=1 x cluster.ranks_per_gpu=3)",
          "TP x PP x CP = 2", "TP x PP x CP from 1, 3"]),
     "mfu_out_of_range": (["plan.mfu=1.5"], ["plan.mfu=1.5 must be in (0, 1]"]),
-    "warmup_not_below_steps": (
-        ["trainer.train_steps=100", "optimizer.warmup_steps=100"],
-        ["optimizer.warmup_steps=100 is not below the 100 optimizer steps",
-         "optimizer.warmup_steps=10"]),
+    "negative_lr": (["optimizer.lr=-1"], ["optimizer.lr=-1.0 must be a finite number > 0"]),
+    "nan_lr": (["optimizer.lr=nan"], ["optimizer.lr=nan must be a finite number > 0"]),
+    "log_interval_zero": (["trainer.log_interval=0"], ["trainer.log_interval=0 must be >= 1"]),
+    "uncatchable_stop_signal": (
+        ["trainer.stop_signal=SIGKILL"],
+        ["trainer.stop_signal=SIGKILL cannot be caught", "use SIGUSR1"]),
+    "unknown_stop_signal": (
+        ["trainer.stop_signal=SIGFOO"], ["trainer.stop_signal='SIGFOO' is not a signal name"]),
+    "run_name_escapes_output_root": (
+        ["run.name=../../x"], ["run.name='../../x' must name a directory inside run.output_root"]),
+    "run_name_is_output_root": (
+        ["run.name=."], ["run.name='.' must name a directory inside run.output_root"]),
+    "unknown_nan_policy": (
+        ["trainer.nan_policy=ignore"], ["trainer.nan_policy='ignore' is not one of abort, skip"]),
 }
 
 
@@ -160,3 +170,27 @@ def test_bad_enum_value_lists_choices(capsys):
     with pytest.raises(SystemExit):
         main(["trainer.activation_recompute=partial"])
     assert "expected one of [none, selective, full]" in capsys.readouterr().err
+
+
+def test_independent_problems_are_reported_together(capsys):
+    """A model-shape problem does not hide a batch problem: the data-parallel size is known."""
+    assert main(["experiment=llama3_70b_16k_h100", "model.num_attention_heads=60",
+                 "trainer.global_batch_size=1000", "optimizer.lr=-1"]) == CONFIG_ERROR_EXIT
+    err = capsys.readouterr().err
+    for fragment in ("model.num_attention_heads=60 is not divisible by "
+                     "parallelism.tensor_parallel_size=8",
+                     "trainer.global_batch_size=1000 is not divisible by micro_batch_size x "
+                     "data-parallel size = 4 x 512 = 2048", "optimizer.lr=-1.0"):
+        assert fragment in err, (fragment, err)
+
+
+def test_warmup_not_below_steps_is_a_warning_not_a_refusal(capsys):
+    assert main(["trainer.train_steps=20", "trainer.train_tokens=0"]) == 0
+    err = capsys.readouterr().err
+    assert "plan: warning: optimizer.warmup_steps=100 is not below the 20 optimizer steps" in err
+    assert "optimizer.warmup_steps=2 for a full schedule" in err
+
+
+def test_gpu_names_are_case_insensitive(capsys):
+    assert main(["cluster=slurm_h100", "cluster.gpu=h200", "plan.format=json"]) == 0
+    assert '"gpu": "H200"' in capsys.readouterr().out

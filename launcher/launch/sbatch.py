@@ -18,7 +18,7 @@ import shlex
 from pathlib import Path
 from typing import Sequence
 
-from launcher.runtime.signals import REQUEUE_EXIT_CODE, _resolve_signal
+from launcher.runtime.signals import REQUEUE_EXIT_CODE, resolve_signal
 
 _PLAIN_VALUE = re.compile(r"[^\s\"'\\]*")
 
@@ -51,7 +51,7 @@ def directive(option: str, value=None) -> str:
 
 def slurm_signal(stop_signal: str, lead_s: int) -> str:
     """``SIGUSR1``, 120 -> ``USR1@120`` (sent to every job step, not the batch shell)."""
-    return f"{_resolve_signal(stop_signal).name[3:]}@{lead_s}"
+    return f"{resolve_signal(stop_signal).name[3:]}@{lead_s}"
 
 
 def header(cfg, plan, run_dir: Path, job_name: str) -> list[str]:

@@ -6,7 +6,7 @@ import json
 import sys
 
 from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
-from launcher.plan.plan import PlanError, compute_plan, print_problems
+from launcher.plan.plan import PlanError, compute_plan, print_problems, print_warnings
 from launcher.plan.report import render_plan
 
 
@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(plan.to_dict()))
     elif plan is not None:
         render_plan(plan)
+    if plan is not None:
+        print_warnings(plan)
     if error is not None:
         print_problems(error)
         return CONFIG_ERROR_EXIT

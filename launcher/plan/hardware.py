@@ -31,10 +31,11 @@ def resolve_device(gpu: str, memory_gb: float = 0.0, peak_tflops: float = 0.0) -
 
     Raises KeyError naming the known devices when ``gpu`` is not in the catalogue.
     """
-    if gpu not in DEVICES:
+    known = {name.lower(): name for name in DEVICES}  # h200, H200 and H200 alike
+    if gpu.lower() not in known:
         raise KeyError(f"cluster.gpu={gpu!r} is not a known device; use one of "
                        f"{', '.join(DEVICES)} (or add it to launcher/plan/hardware.py)")
-    base = DEVICES[gpu]
+    base = DEVICES[known[gpu.lower()]]
     memory = int(memory_gb * 1e9) if memory_gb > 0 else base.memory_bytes
     bf16 = peak_tflops if peak_tflops > 0 else base.peak_tflops_bf16
     fp32 = peak_tflops if peak_tflops > 0 else base.peak_tflops_fp32

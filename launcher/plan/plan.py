@@ -20,8 +20,8 @@ from launcher.plan.hardware import Device, resolve_device
 from launcher.plan.memory import (ActivationSettings, in_flight_microbatches,
                                   stage_activation_bytes, state_bytes_per_param)
 from launcher.plan.params import ParamCounts, count_parameters, model_dims, stage_params
-from launcher.plan.validate import (Problem, check_batch, check_positive, check_schedule,
-                                    check_static)
+from launcher.plan.validate import (Problem, check_batch, check_positive, check_static,
+                                    check_values, schedule_warnings)
 
 
 class PlanError(Exception):
@@ -103,6 +103,7 @@ class Plan:
     tokens_per_s: float
     time_to_train_days: float
     engine_notes: tuple = ()  # why the chosen engine runs this layout, what the other would not
+    warnings: tuple = ()  # worth a word, not a refusal (e.g. warmup longer than the run)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -192,13 +193,11 @@ def compute_plan(cfg: TrainwrightConfig, world_size: int | None = None) -> Plan:
         device = resolve_device(c.gpu, c.device_memory_gb, c.peak_tflops)
     except KeyError as exc:
         problems.append(Problem(("cluster.gpu",), str(exc.args[0])))
-    if problems:
-        raise PlanError(problems)
-    problems = check_batch(cfg, dims.dp)
-    if problems:
-        raise PlanError(problems)
-    batch = _batch(cfg, dims.dp)
-    problems = check_schedule(cfg, batch.steps)
+    batch = None
+    if dims is not None and dims.dp >= 1 and dims.world % dims.model_parallel == 0:
+        batch_problems = check_batch(cfg, dims.dp)  # independent of the model-shape problems
+        problems += batch_problems
+        batch = None if batch_problems else _batch(cfg, dims.dp)
     if problems:
         raise PlanError(problems)
     return _derive(cfg, dims, device, batch)
@@ -206,11 +205,12 @@ def compute_plan(cfg: TrainwrightConfig, world_size: int | None = None) -> Plan:
 
 def _layout(cfg: TrainwrightConfig, world: int) -> tuple[ParallelDims | None, list[Problem]]:
     """The run's ParallelDims, built once the sizes are positive, and every static problem."""
-    problems = check_positive(cfg)
-    if problems:  # the layout and divisibility checks would divide by zero
-        return None, problems
+    problems = check_values(cfg)
+    positive = check_positive(cfg)
+    if positive:  # the layout and divisibility checks would divide by zero
+        return None, problems + positive
     dims = ParallelDims.build(cfg.parallelism, world)
-    return dims, check_static(cfg, dims)
+    return dims, problems + check_static(cfg, dims)
 
 
 def _layout_fields(dims: ParallelDims, num_layers: int) -> dict:
@@ -261,7 +261,8 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: _
         flops_per_step=flops_token * step_tokens, peak_tflops_per_gpu=peak,
         assumed_mfu=cfg.plan.mfu, effective_mfu=cfg.plan.mfu / (1 + bubble),
         step_time_s=step_time, tokens_per_s=step_tokens / step_time,
-        time_to_train_days=batch.steps * step_time / 86400, engine_notes=tuple(engine_notes(cfg)))
+        time_to_train_days=batch.steps * step_time / 86400, engine_notes=tuple(engine_notes(cfg)),
+        warnings=tuple(schedule_warnings(cfg, batch.steps)))
     _check_fits(plan)
     return plan
 
@@ -317,12 +318,20 @@ def print_problems(error: PlanError) -> None:
     print(f"plan: {len(error.problems)} problem(s):\n{error}", file=sys.stderr)
 
 
+def print_warnings(plan: Plan) -> None:
+    """The plan's warnings on stderr (they do not stop anything)."""
+    for warning in plan.warnings:
+        print(f"plan: warning: {warning}", file=sys.stderr)
+
+
 def plan_or_exit(cfg: TrainwrightConfig, world_size: int | None = None) -> Plan:
     """compute_plan for entry points: on problems print them and exit with code 2."""
     from launcher.compose import CONFIG_ERROR_EXIT
 
     try:
-        return compute_plan(cfg, world_size)
+        plan = compute_plan(cfg, world_size)
     except PlanError as exc:
         print_problems(exc)
         raise SystemExit(CONFIG_ERROR_EXIT) from None
+    print_warnings(plan)
+    return plan

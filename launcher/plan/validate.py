@@ -6,6 +6,10 @@ deriving anything, so a user sees every mistake at once, before any process is s
 
 from __future__ import annotations
 
+import math
+import signal
+from pathlib import PurePath
+
 from launcher.config import ModelConfig, TrainwrightConfig
 from launcher.engines import spec
 from launcher.plan.dims import ParallelDims
@@ -43,6 +47,56 @@ def check_positive(cfg: TrainwrightConfig) -> list[Problem]:
         problems.append(Problem(("plan.mfu",), f"plan.mfu={cfg.plan.mfu} must be in (0, 1]; "
                                                "0.3-0.5 is typical for dense LLMs on H100"))
     return problems
+
+
+UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
+"""Signals no handler can see."""
+
+NAN_POLICIES = ("abort", "skip")
+"""Values of trainer.nan_policy."""
+
+
+def check_values(cfg: TrainwrightConfig) -> list[Problem]:
+    """Values that would otherwise fail inside the training processes, after launch."""
+    o, t = cfg.optimizer, cfg.trainer
+    problems = []
+    for key, value in (("optimizer.lr", o.lr), ("optimizer.min_lr", o.min_lr)):
+        if not math.isfinite(value) or value < 0 or (key == "optimizer.lr" and value == 0):
+            problems.append(Problem((key,), f"{key}={value} must be a finite number > 0 "
+                                            "(min_lr may be 0), e.g. optimizer.lr=3e-4"))
+    for key, value in (("trainer.log_interval", t.log_interval),):
+        if value < 1:
+            problems.append(Problem((key,), f"{key}={value} must be >= 1 (optimizer steps "
+                                            "between metric lines), e.g. trainer.log_interval=1"))
+    if t.nan_policy not in NAN_POLICIES:
+        problems.append(Problem(("trainer.nan_policy",), f"trainer.nan_policy={t.nan_policy!r} "
+                                f"is not one of {', '.join(NAN_POLICIES)}"))
+    return problems + _check_stop_signal(t.stop_signal) + _check_run_name(cfg.run.name)
+
+
+def _check_stop_signal(name: str) -> list[Problem]:
+    """trainer.stop_signal must name a signal a process can catch."""
+    from launcher.runtime.signals import resolve_signal
+
+    key = "trainer.stop_signal"
+    try:
+        sig = resolve_signal(name)
+    except ValueError as exc:
+        return [Problem((key,), str(exc))]
+    if sig in UNCATCHABLE:
+        return [Problem((key,), f"{key}={name} cannot be caught by a process, so no checkpoint "
+                                "could be saved; use SIGUSR1 (the default) or SIGUSR2")]
+    return []
+
+
+def _check_run_name(name: str) -> list[Problem]:
+    """run.name is one directory inside run.output_root ('' = <model>_<cluster>)."""
+    parts = PurePath(name).parts
+    if name and (PurePath(name).is_absolute() or ".." in parts or name.strip("/") in (".", "")):
+        return [Problem(("run.name",), f"run.name={name!r} must name a directory inside "
+                                       "run.output_root (no leading '/', no '..', not '.'), "
+                                       "e.g. run.name=my_run")]
+    return []
 
 
 def check_model_shapes(cfg: TrainwrightConfig, dims: ParallelDims) -> list[Problem]:
@@ -129,15 +183,15 @@ def check_batch(cfg: TrainwrightConfig, data_parallel_size: int) -> list[Problem
     return problems
 
 
-def check_schedule(cfg: TrainwrightConfig, train_steps: int) -> list[Problem]:
-    """The learning-rate schedule fits in the step budget."""
+def schedule_warnings(cfg: TrainwrightConfig, train_steps: int) -> list[str]:
+    """What about the learning-rate schedule deserves a word but not a refusal (a smoke run of a
+    few steps with the default warmup is legitimate)."""
     o = cfg.optimizer
     if o.warmup_steps >= train_steps:
-        return [Problem(("optimizer.warmup_steps", "trainer.train_steps"),
-                        f"optimizer.warmup_steps={o.warmup_steps} is not below the {train_steps} "
-                        f"optimizer steps of the run (trainer.train_steps/train_tokens); the lr "
-                        f"would never reach optimizer.lr={o.lr}; use warmup_steps < {train_steps}, "
-                        f"e.g. optimizer.warmup_steps={max(0, train_steps // 10)}")]
+        return [f"optimizer.warmup_steps={o.warmup_steps} is not below the {train_steps} "
+                f"optimizer steps of the run (trainer.train_steps/train_tokens): the lr never "
+                f"reaches optimizer.lr={o.lr}; set e.g. optimizer.warmup_steps="
+                f"{max(0, train_steps // 10)} for a full schedule"]
     return []
 
 

@@ -38,7 +38,7 @@ REQUEUE_EXIT_CODE = 75
 wrapper requeues the job (``scontrol requeue``) when the training step exits with it."""
 
 
-def _resolve_signal(name: str) -> signal.Signals:
+def resolve_signal(name: str) -> signal.Signals:
     """``"SIGUSR1"``, ``"USR1"`` or ``"10"`` -> signal.SIGUSR1; clear error otherwise."""
     text = str(name).strip().upper()
     try:
@@ -57,7 +57,7 @@ ALWAYS_STOP = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
 
 def stop_signals(stop_signal: str = "SIGUSR1") -> tuple:
     """Every stop signal: :data:`ALWAYS_STOP` and ``trainer.stop_signal``."""
-    extra = _resolve_signal(stop_signal)
+    extra = resolve_signal(stop_signal)
     return ALWAYS_STOP + (() if extra in ALWAYS_STOP else (extra,))
 
 
