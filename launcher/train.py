@@ -81,7 +81,7 @@ def run_worker(argv: Sequence[str]) -> int:
     import torch
 
     from launcher.engines import spec
-    from launcher.runtime import checkpoint, collectives
+    from launcher.runtime import checkpoint, collectives, runlock
     from launcher.runtime.data import build_data
     from launcher.runtime.distributed import destroy_distributed
     from launcher.runtime.loop import LoopState, TrainLoop, TrainingAborted
@@ -91,8 +91,15 @@ def run_worker(argv: Sequence[str]) -> int:
 
     raw, cfg, plan, stop, attention_note, rank = start_worker(argv)
     run_dir, config = run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name), to_plain(raw)
+    locked, stale = take_run_lock(run_dir, rank)
+    if not locked:
+        destroy_distributed()
+        return CONFIG_ERROR_EXIT
     metrics = make_metrics_logger(rank, run_dir=run_dir, logger=cfg.logger, config=config,
                                   plan=plan, run_name=run_dir.name)
+    if stale is not None:
+        metrics.log_event("lock", f"took over the lock of pid {stale.pid} on {stale.host}, which "
+                          "is no longer running")
     collectives.barrier()
     write_pid_file(run_dir, rank)
     if attention_note:
@@ -126,13 +133,43 @@ def run_worker(argv: Sequence[str]) -> int:
     finally:
         metrics.close()
         stop.restore()
+        runlock.release(run_dir)
         destroy_distributed()
+
+
+def take_run_lock(run_dir: Path, rank: int):
+    """Rank 0 locks the run directory (collective): (every rank may go on, the dead holder whose
+    lock was taken over or None). A live holder is printed and every rank stops."""
+    from launcher.runtime import collectives, runlock
+
+    stale, refused = None, False
+    if rank == 0:
+        try:
+            stale = runlock.acquire(run_dir)
+        except runlock.RunLocked as exc:
+            print(f"train: {exc}", file=sys.stderr, flush=True)
+            refused = True
+    return not collectives.any_rank(refused), stale
 
 
 def _engine_configs(cfg) -> dict:
     """The narrow sub-configs an engine is built from (keyword arguments of its spec)."""
     return dict(parallelism=cfg.parallelism, optimizer=cfg.optimizer, trainer=cfg.trainer,
                 engine=cfg.engine)
+
+
+def run_dir_free(cfg) -> bool:
+    """Before spawning anything: False (and why, on stderr) when a live run holds the run
+    directory (rank 0 takes the lock itself; this only fails early)."""
+    from launcher.runtime import runlock
+    from launcher.runtime.rundir import run_dir_path
+
+    try:
+        runlock.check_free(run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name))
+    except runlock.RunLocked as exc:
+        print(f"train: {exc}", file=sys.stderr, flush=True)
+        return False
+    return True
 
 
 def _worker_entry(argv: list) -> None:
@@ -158,6 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"torchrun); this process only starts workers on one machine", file=sys.stderr)
         return CONFIG_ERROR_EXIT
     del plan  # checked here; every worker recomputes it for its world size
+    if not run_dir_free(cfg):
+        return CONFIG_ERROR_EXIT
     launch_local_world(_worker_entry, (argv,), nprocs, run_id=f"tw-{uuid.uuid4().hex[:8]}",
                        stop_signal=cfg.trainer.stop_signal)
     return 0

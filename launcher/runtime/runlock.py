@@ -1,0 +1,106 @@
+"""One live run per run directory: ``<run_dir>/run.lock``.
+
+Two ``launcher.train`` with the same ``run.name`` at once would write the same checkpoints and
+metrics (one ends with a checkpoint whose files are the other's, metrics logged twice). Rank 0
+takes the lock before anything is written and removes it when the run ends, however it ends;
+a second launch of a live run exits 2 naming the holder's host and pid.
+
+The lock is a file created with ``O_CREAT | O_EXCL`` (atomic on local disks and NFS), holding the
+holder's host, pid and start time as JSON. A lock left by a dead process (same host, pid gone:
+``kill -9``, a node that rebooted into the same name) is taken over, and the run says so. A lock
+held from another host cannot be checked from here; it is respected, and the message says how to
+remove it if that run is known to be gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+LOCK_NAME = "run.lock"
+
+
+class RunLocked(RuntimeError):
+    """The run directory is in use by a live process; the message names it and the fix."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a run directory's lock."""
+
+    host: str
+    pid: int
+    started: float
+
+    def alive(self) -> Optional[bool]:
+        """True/False for a holder on this host; None when it is on another host."""
+        if self.host != socket.gethostname():
+            return None
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def holder(run_dir: Path) -> Optional[Holder]:
+    """The current holder of ``run_dir``'s lock, or None (no lock, or an unreadable one)."""
+    try:
+        data = json.loads((Path(run_dir) / LOCK_NAME).read_text())
+        return Holder(str(data["host"]), int(data["pid"]), float(data.get("started", 0)))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_free(run_dir: Path) -> Optional[Holder]:
+    """Raise :class:`RunLocked` when a live (or unverifiable) process holds ``run_dir``; return
+    a dead holder (a stale lock that :func:`acquire` will take over), else None."""
+    current = holder(run_dir)
+    if current is None:
+        return None
+    alive = current.alive()
+    if alive is False:
+        return current
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(current.started))
+    where = "on this host" if alive else "on another host, so it cannot be checked from here"
+    raise RunLocked(
+        f"run directory {run_dir} is in use by pid {current.pid} on {current.host} (since "
+        f"{since}, {where}); wait for that run to end, stop it, or use another run.name"
+        + ("" if alive else f"; if it is gone, delete {Path(run_dir) / LOCK_NAME}"))
+
+
+def acquire(run_dir: Path) -> Optional[Holder]:
+    """Take ``run_dir``'s lock for this process; returns the dead holder taken over, if any.
+    Raises :class:`RunLocked` when a live process holds it."""
+    path = Path(run_dir) / LOCK_NAME
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    stale = check_free(run_dir)
+    if stale is not None:
+        path.unlink(missing_ok=True)
+    mine = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:  # another launch won the race between the check and the create
+        check_free(run_dir)
+        raise RunLocked(f"run directory {run_dir} was locked by another launch just now; "
+                        "use another run.name") from None
+    with os.fdopen(fd, "w") as handle:
+        handle.write(json.dumps(mine) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    return stale
+
+
+def release(run_dir: Path) -> None:
+    """Remove ``run_dir``'s lock if this process holds it."""
+    current = holder(run_dir)
+    if current is not None and current.pid == os.getpid() \
+            and current.host == socket.gethostname():
+        (Path(run_dir) / LOCK_NAME).unlink(missing_ok=True)

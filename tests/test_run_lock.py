@@ -1,0 +1,83 @@
+"""One live run per run directory (launcher.runtime.runlock), with real concurrent processes.
+
+Before: two ``launcher.train`` with the same ``run.name`` both exited 0; a checkpoint directory
+had ``complete`` but another run's files, and metrics.jsonl held each step twice. Now the second
+launch exits 2 naming the holder's host and pid before anything is written, a lock left by a
+dead process is taken over (and an event says so), and a finished run leaves no lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from launcher.runtime import runlock
+from launcher.runtime.signals import REQUEUE_EXIT_CODE
+from tests.test_train_loop import steps_of, train
+from tests.test_train_signal import launch, logged_steps, wait_for
+
+
+def test_lock_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        (tmp_path / runlock.LOCK_NAME).write_text(json.dumps(
+            {"host": socket.gethostname(), "pid": sleeper.pid, "started": time.time()}))
+        with pytest.raises(runlock.RunLocked, match=f"in use by pid {sleeper.pid} on "
+                                                    f"{socket.gethostname()}"):
+            runlock.acquire(tmp_path)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    stale = runlock.acquire(tmp_path)  # the holder is gone now
+    assert stale is not None and stale.pid == sleeper.pid
+    assert runlock.holder(tmp_path).pid == os.getpid()
+    runlock.release(tmp_path)
+    assert runlock.holder(tmp_path) is None
+
+
+def test_lock_from_another_host_is_respected_with_the_way_out(tmp_path):
+    (tmp_path / runlock.LOCK_NAME).write_text(json.dumps(
+        {"host": "node-elsewhere", "pid": 4242, "started": 0}))
+    with pytest.raises(runlock.RunLocked, match="another host.*delete .*run.lock"):
+        runlock.acquire(tmp_path)
+
+
+@pytest.mark.slow
+def test_second_launch_of_a_live_run_exits_2_and_the_first_is_unharmed(tmp_path):
+    run_dir, log = tmp_path / "busy", tmp_path / "first.log"
+    first = launch(tmp_path, "busy", log, "trainer.train_steps=100000")  # runs until stopped
+    wait_for(first, log, lambda: logged_steps(run_dir) >= 1)
+    second = train(tmp_path, "busy", "trainer.train_steps=60", "trainer.global_batch_size=8",
+                   expect=2)
+    holder = runlock.holder(run_dir)
+    assert f"in use by pid {holder.pid} on {holder.host}" in second.stderr
+    assert first.poll() is None  # still training
+    os.kill(first.pid, signal.SIGTERM)  # stop it: it saves and exits for requeue
+    assert first.wait(timeout=300) == REQUEUE_EXIT_CODE, log.read_text()[-3000:]
+    steps = [json.loads(line)["step"] for line in
+             (run_dir / "metrics.jsonl").read_text().splitlines()
+             if "loss" in json.loads(line)]
+    assert steps == sorted(set(steps))  # every step logged once: the second run wrote nothing
+    assert not (run_dir / runlock.LOCK_NAME).exists()  # released at the end
+
+
+@pytest.mark.slow
+def test_a_crashed_runs_lock_is_taken_over_on_restart(tmp_path):
+    run_dir = tmp_path / "crashed"
+    run_dir.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (run_dir / runlock.LOCK_NAME).write_text(json.dumps(
+        {"host": socket.gethostname(), "pid": dead.pid, "started": 0}))
+    train(tmp_path, "crashed", "trainer.train_steps=3", "trainer.global_batch_size=8")
+    events = [json.loads(l) for l in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["message"] for e in events if e["kind"] == "lock"] == [
+        f"took over the lock of pid {dead.pid} on {socket.gethostname()}, which is no longer "
+        "running"]
+    assert max(steps_of(run_dir)) == 3 and not (run_dir / runlock.LOCK_NAME).exists()
