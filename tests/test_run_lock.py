@@ -48,6 +48,20 @@ def test_lock_from_another_host_is_respected_with_the_way_out(tmp_path):
         runlock.acquire(tmp_path)
 
 
+def test_a_requeued_slurm_job_takes_over_its_predecessors_lock(tmp_path, monkeypatch):
+    """Killed on one node, requeued onto another: same job id, higher restart count."""
+    (tmp_path / runlock.LOCK_NAME).write_text(json.dumps(
+        {"host": "node-elsewhere", "pid": 4242, "started": 0, "job": "77", "restart": 0}))
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    with pytest.raises(runlock.RunLocked):  # the same incarnation: a second launch, refused
+        runlock.acquire(tmp_path)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert runlock.acquire(tmp_path).host == "node-elsewhere"
+    assert runlock.holder(tmp_path).restart == 1
+    runlock.release(tmp_path)
+
+
 @pytest.mark.slow
 def test_second_launch_of_a_live_run_exits_2_and_the_first_is_unharmed(tmp_path):
     run_dir, log = tmp_path / "busy", tmp_path / "first.log"

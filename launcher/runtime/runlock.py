@@ -9,7 +9,9 @@ The lock is a file created with ``O_CREAT | O_EXCL`` (atomic on local disks and 
 holder's host, pid and start time as JSON. A lock left by a dead process (same host, pid gone:
 ``kill -9``, a node that rebooted into the same name) is taken over, and the run says so. A lock
 held from another host cannot be checked from here; it is respected, and the message says how to
-remove it if that run is known to be gone.
+remove it if that run is known to be gone. Except under Slurm: a lock records the job id and
+restart count, and a requeued incarnation of the same job (a higher ``SLURM_RESTART_COUNT``, on
+whichever node) takes over what its killed predecessor left.
 """
 
 from __future__ import annotations
@@ -36,9 +38,15 @@ class Holder:
     host: str
     pid: int
     started: float
+    job: str = ""  # SLURM_JOB_ID of the holder ("" outside Slurm)
+    restart: int = 0  # its SLURM_RESTART_COUNT
 
     def alive(self) -> Optional[bool]:
-        """True/False for a holder on this host; None when it is on another host."""
+        """True/False for a holder on this host or an earlier incarnation of this Slurm job;
+        None when it is on another host."""
+        job, restart = _slurm_identity()
+        if job and self.job == job and self.restart < restart:
+            return False  # this job was requeued: the holder was its killed predecessor
         if self.host != socket.gethostname():
             return None
         try:
@@ -50,11 +58,17 @@ class Holder:
         return True
 
 
+def _slurm_identity() -> tuple:
+    """(SLURM_JOB_ID or "", SLURM_RESTART_COUNT or 0) of this process."""
+    return os.environ.get("SLURM_JOB_ID", ""), int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+
+
 def holder(run_dir: Path) -> Optional[Holder]:
     """The current holder of ``run_dir``'s lock, or None (no lock, or an unreadable one)."""
     try:
         data = json.loads((Path(run_dir) / LOCK_NAME).read_text())
-        return Holder(str(data["host"]), int(data["pid"]), float(data.get("started", 0)))
+        return Holder(str(data["host"]), int(data["pid"]), float(data.get("started", 0)),
+                      str(data.get("job", "")), int(data.get("restart", 0)))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -84,7 +98,9 @@ def acquire(run_dir: Path) -> Optional[Holder]:
     stale = check_free(run_dir)
     if stale is not None:
         path.unlink(missing_ok=True)
-    mine = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    job, restart = _slurm_identity()
+    mine = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
+            "job": job, "restart": restart}
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:  # another launch won the race between the check and the create
