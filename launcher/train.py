@@ -86,7 +86,7 @@ def run_worker(argv: Sequence[str]) -> int:
     from launcher.runtime.distributed import destroy_distributed
     from launcher.runtime.loop import LoopState, TrainLoop, TrainingAborted
     from launcher.runtime.metrics import make_metrics_logger
-    from launcher.runtime.rundir import run_dir_path, to_plain
+    from launcher.runtime.rundir import redact, run_dir_path, to_plain
     from launcher.runtime.timers import PhaseTimer
 
     raw, cfg, plan, stop, attention_note, rank = start_worker(argv)
@@ -124,7 +124,8 @@ def run_worker(argv: Sequence[str]) -> int:
         return TrainLoop(engine=engine, plan=plan, trainer=cfg.trainer, optimizer=cfg.optimizer,
                          next_batch=next_batch, eval_batches=eval_batches, metrics=metrics,
                          timer=PhaseTimer(sync=sync), stop=stop, checkpoints=checkpoints,
-                         state=state, saved_extras={"config": config, "plan": plan.to_dict()},
+                         state=state,
+                         saved_extras={"config": redact(config), "plan": plan.to_dict()},
                          ).run()
     except (TrainingAborted, checkpoint.CheckpointError) as exc:
         metrics.log_event("abort", str(exc))

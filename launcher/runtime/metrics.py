@@ -197,10 +197,13 @@ def _start_wandb(run_dir: Path, logger: LoggerConfig, run_name: str, config: Dic
     import wandb
 
     (run_dir / "wandb").mkdir(exist_ok=True)
-    settings = wandb.Settings(console="off", quiet=True, disable_git=True, save_code=False)
+    # x_disable_meta: wandb would store this process's command line (overrides may hold secrets)
+    settings = wandb.Settings(console="off", quiet=True, disable_git=True, save_code=False,
+                              x_disable_meta=True)
     return wandb.init(
         project=logger.project, entity=logger.entity or None,
-        group=group or logger.group or None, tags=list(logger.tags) or None, name=run_name,
+        group=redact_text(group or logger.group) or None,
+        tags=[redact_text(tag) for tag in logger.tags] or None, name=redact_text(run_name),
         id=_wandb_id(run_dir), resume="allow", dir=str(run_dir), config=config,
         mode=os.environ.get("WANDB_MODE") or logger.mode, settings=settings)
 
