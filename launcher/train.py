@@ -133,7 +133,8 @@ def run_worker(argv: Sequence[str]) -> int:
         return getattr(exc, "exit_code", 1)
     finally:
         metrics.close()
-        stop.restore()
+        if not stop.decided:  # a stopping rank keeps ignoring stop signals until it has exited
+            stop.restore()
         runlock.release(run_dir)
         destroy_distributed()
 

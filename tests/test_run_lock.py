@@ -41,6 +41,21 @@ def test_lock_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
     assert runlock.holder(tmp_path) is None
 
 
+def test_a_killed_but_unreaped_holder_counts_as_dead(tmp_path):
+    """A rank killed with the whole job stays a zombie where nobody reaps it (a container whose
+    PID 1 does not); its lock is stale, not live."""
+    zombie = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 10
+    while runlock.Holder(socket.gethostname(), zombie.pid, time.time()).alive() is not False:
+        assert time.monotonic() < deadline  # exited, not yet waited for: a zombie
+        time.sleep(0.01)
+    (tmp_path / runlock.LOCK_NAME).write_text(json.dumps(
+        {"host": socket.gethostname(), "pid": zombie.pid, "started": time.time()}))
+    assert runlock.acquire(tmp_path).pid == zombie.pid
+    runlock.release(tmp_path)
+    zombie.wait()
+
+
 def test_lock_from_another_host_is_respected_with_the_way_out(tmp_path):
     (tmp_path / runlock.LOCK_NAME).write_text(json.dumps(
         {"host": "node-elsewhere", "pid": 4242, "started": 0}))

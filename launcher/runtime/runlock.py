@@ -49,13 +49,17 @@ class Holder:
             return False  # this job was requeued: the holder was its killed predecessor
         if self.host != socket.gethostname():
             return None
+        import psutil
+
         try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
+            process = psutil.Process(self.pid)
+            if process.status() == psutil.STATUS_ZOMBIE:  # killed, not yet reaped
+                return False
+            return not (self.started and process.create_time() > self.started + 1)  # pid reused
+        except psutil.NoSuchProcess:
             return False
-        except PermissionError:
+        except psutil.AccessDenied:
             return True
-        return True
 
 
 def _slurm_identity() -> tuple:

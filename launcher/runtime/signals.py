@@ -120,6 +120,7 @@ class StopRequest:
 
     def __init__(self, signal_name: str = "SIGUSR1"):
         self._flag = False
+        self.decided = False  # the ranks agreed to stop: stop signals are ignored from then on
         self._previous: Dict[signal.Signals, Any] = {}
         for sig in stop_signals(signal_name):
             self._previous[sig] = signal.signal(sig, self._handle)
@@ -143,7 +144,11 @@ class StopRequest:
         """
         from launcher.runtime import collectives
 
-        return collectives.any_rank(self._flag, group)
+        self.decided = collectives.any_rank(self._flag, group)
+        if self.decided:  # later copies (a launcher's forwarded one) must not kill the rank
+            for sig in self._previous:
+                signal.signal(sig, signal.SIG_IGN)
+        return self.decided
 
     def restore(self) -> None:
         """Put back the handlers that were installed before this object."""
