@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 # CPU machines get the local CPU build of torch; a machine with an NVIDIA GPU gets the default build.
-TORCH_SPEC := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo "torch>=2.6" || echo "torch==2.13.0")
+TORCH_SPEC := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo "torch>=2.9" || echo "torch==2.13.0")
 PYTEST_ARGS ?=
 
 .PHONY: install demo test plan bench clean
