@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import signal
-from pathlib import PurePath
 
 from launcher.config import ModelConfig, TrainwrightConfig
 from launcher.engines import spec
@@ -91,8 +90,9 @@ def _check_stop_signal(name: str) -> list[Problem]:
 
 def _check_run_name(name: str) -> list[Problem]:
     """run.name is one directory inside run.output_root ('' = <model>_<cluster>)."""
-    parts = PurePath(name).parts
-    if name and (PurePath(name).is_absolute() or ".." in parts or name.strip("/") in (".", "")):
+    from launcher.runtime.rundir import names_a_run_dir
+
+    if name and not names_a_run_dir(name):
         return [Problem(("run.name",), f"run.name={name!r} must name a directory inside "
                                        "run.output_root (no leading '/', no '..', not '.'), "
                                        "e.g. run.name=my_run")]

@@ -69,13 +69,20 @@ RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"
             "SLURM_RESTART_COUNT", "CUDA_VISIBLE_DEVICES")
 
 
+def names_a_run_dir(name: str) -> bool:
+    """Whether ``name`` is a directory strictly inside run.output_root: relative, no '..', and
+    not the output root itself ('.')."""
+    path = PurePath(name)
+    return bool(name) and not path.is_absolute() and ".." not in path.parts \
+        and name.strip("/") not in (".", "")
+
+
 def run_dir_path(run: RunConfig, model_name: str, cluster_name: str) -> Path:
     """``<output_root>/<run.name or <model_name>_<cluster_name>>`` (the same on every restart)."""
     name = run.name or f"{model_name}_{cluster_name}"
-    parts = PurePath(name).parts
-    if not name or PurePath(name).is_absolute() or ".." in parts:
+    if not names_a_run_dir(name):
         raise ValueError(f"run.name={name!r} must be a relative name inside run.output_root "
-                         f"(no leading '/', no '..')")
+                         f"(no leading '/', no '..', not '.')")
     return Path(run.output_root) / name
 
 
