@@ -59,9 +59,16 @@ start_munge() {
   su -s /bin/sh munge -c "/usr/sbin/munged" 2>/dev/null || /usr/sbin/munged --force
 }
 
+# A controller that is not running left its state behind when it was killed (a machine image
+# taken mid-job, a session ended mid-test): its jobs would come back as running on a node that
+# runs nothing and hold every CPU until their time limit. This cluster only serves the tests, so
+# a controller started here starts empty (-c), and so does the node daemon.
 start_daemons() {
-  pgrep -x slurmctld >/dev/null || slurmctld
-  pgrep -x slurmd >/dev/null || slurmd
+  if ! pgrep -x slurmctld >/dev/null; then
+    log "starting slurmctld with a clean state (-c)"
+    slurmctld -c
+  fi
+  pgrep -x slurmd >/dev/null || slurmd -c
 }
 
 wait_idle() {

@@ -3,11 +3,17 @@
 Import the fixture in a test module (``from tests._slurm import slurm``). The fixture starts the
 cluster with ``.ci/slurm_up.sh`` (once per test process, under a file lock); the tests are skipped
 only when the Slurm packages are missing and cannot be installed (not root, apt failing).
+
+The node has as many CPUs as the machine and every test job asks for all of them, so two tests
+submitting at once would wait on each other's jobs inside their own time limits. The fixture
+therefore also holds an exclusive lock for the whole test: Slurm tests run one at a time across
+pytest-xdist workers, whichever way the workers are scheduled.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import shutil
 import subprocess
@@ -19,6 +25,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 LOCK = Path("/tmp/trainwright_slurm_up.lock")
+JOBS_LOCK = Path("/tmp/trainwright_slurm_jobs.lock")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 _TOOLS = ("sbatch", "srun", "scontrol", "squeue", "slurmctld", "slurmd", "munged")
@@ -28,20 +35,33 @@ def _have_packages() -> bool:
     return all(shutil.which(t) or Path(f"/usr/sbin/{t}").exists() for t in _TOOLS)
 
 
-@pytest.fixture(scope="session")
-def slurm():
-    """A running one-node Slurm (partition debug); skip only if it cannot be installed."""
+@functools.cache
+def _start_cluster() -> str:
+    """Run ``.ci/slurm_up.sh`` once per process; '' when Slurm runs, else why it does not."""
     had_packages = _have_packages()
     with open(LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         proc = subprocess.run(["bash", str(REPO / ".ci" / "slurm_up.sh")], capture_output=True,
                               text=True, timeout=900)
-    if proc.returncode != 0:
-        reason = f".ci/slurm_up.sh exited {proc.returncode}: {proc.stderr.strip()[-800:]}"
-        if not had_packages and not _have_packages():
-            pytest.skip(f"Slurm packages cannot be installed here ({reason})")
-        pytest.fail(f"Slurm is installed but did not start: {reason}")
-    return True
+    if proc.returncode == 0:
+        return ""
+    reason = f".ci/slurm_up.sh exited {proc.returncode}: {proc.stderr.strip()[-800:]}"
+    if not had_packages and not _have_packages():
+        return f"skip: Slurm packages cannot be installed here ({reason})"
+    return f"fail: Slurm is installed but did not start: {reason}"
+
+
+@pytest.fixture
+def slurm():
+    """A running one-node Slurm (partition debug), held by this test alone until it ends."""
+    problem = _start_cluster()
+    if problem.startswith("skip: "):
+        pytest.skip(problem.removeprefix("skip: "))
+    if problem:
+        pytest.fail(problem.removeprefix("fail: "))
+    with open(JOBS_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield True
 
 
 def job_env(**extra: str) -> dict:
@@ -75,7 +95,14 @@ def wait_job(job_id: str, timeout: float = 300, logs: Path | None = None) -> dic
         time.sleep(0.5)
     subprocess.run(["scancel", job_id], timeout=30)
     text = "".join(p.read_text()[-3000:] for p in sorted(logs.glob("slurm-*"))) if logs else ""
-    pytest.fail(f"job {job_id} did not finish in {timeout}s: {job_info(job_id)}\n{text}")
+    pytest.fail(f"job {job_id} did not finish in {timeout}s: {job_info(job_id)}\n"
+                f"queue:\n{queue()}\n{text}")
+
+
+def queue() -> str:
+    """Every job Slurm knows (``squeue``): id, name, state, reason, time used."""
+    return subprocess.run(["squeue", "-h", "-o", "%i %j %T %r %M"], capture_output=True,
+                          text=True, timeout=30).stdout
 
 
 def read_logs(logs: Path) -> str:
