@@ -10,10 +10,10 @@ worker count, and a resumed run can start again at any block.
 
 from __future__ import annotations
 
-import gzip
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence, Tuple
 
+from data_prep.decompress import checked_reader, unreadable_parquet
 from data_prep.errors import ConfigError
 from data_prep.inputs import InputFile
 
@@ -44,17 +44,6 @@ class Block:
     """Input bytes this block accounts for (compressed bytes for compressed files)."""
 
 
-def open_decompressed(path: str, compression: str):
-    """A binary reader of the decompressed bytes of ``path``."""
-    if compression == "gz":
-        return gzip.open(path, "rb")
-    if compression == "zst":
-        import zstandard
-
-        return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
-    return open(path, "rb")
-
-
 def _range_blocks(file: InputFile, block_bytes: int) -> Iterator[Tuple[int, int]]:
     with open(file.path, "rb") as handle:
         start = 0
@@ -83,14 +72,10 @@ def _read_exact(reader, size: int) -> bytes:
 
 
 def _stream_chunks(file: InputFile, block_bytes: int) -> Iterator[Tuple[bytes, int]]:
-    """(bytes ending at a line end, compressed bytes consumed) from a compressed file."""
+    """(bytes ending at a line end, compressed bytes consumed) from a compressed file; a truncated
+    or corrupt file raises CorruptInputError before its last bytes are yielded."""
     with open(file.path, "rb") as raw:
-        if file.compression == "gz":
-            reader = gzip.GzipFile(fileobj=raw, mode="rb")
-        else:
-            import zstandard
-
-            reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=False)
+        reader = checked_reader(raw, file.path, file.compression)
         carry, consumed = b"", 0
         while True:
             chunk = _read_exact(reader, block_bytes)
@@ -119,7 +104,10 @@ def _parquet_blocks(file: InputFile, key: str) -> Iterator[Tuple[int, int]]:
     """(row group, first row number) for every row group of a parquet file."""
     import pyarrow.parquet as pq
 
-    meta = pq.ParquetFile(file.path).metadata
+    try:
+        meta = pq.ParquetFile(file.path).metadata
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        raise unreadable_parquet(file.path, exc) from None
     names = meta.schema.names
     if key not in names:
         raise ConfigError(f"{file.path}: parquet file has no column {key!r} (columns: "
@@ -185,11 +173,6 @@ def read_block_bytes(block: Block) -> bytes:
     with open(block.path, "rb") as handle:
         handle.seek(block.start)
         return handle.read(block.end - block.start)
-
-
-def read_whole(path: str, compression: str) -> bytes:
-    with open_decompressed(path, compression) as handle:
-        return handle.read()
 
 
 def block_paths(block: Block) -> List[str]:

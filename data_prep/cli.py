@@ -1,12 +1,16 @@
 """``python -m data_prep [overrides]``: compose conf/prepare.yaml, run, print the summary.
 
-Exit codes: 0 done; 2 config error; 3 bad data (strict=true, too many skipped records, or no
-documents); 1 any other failure, a crashed worker included.
+Exit codes: 0 done; 2 config error (an output locked by a live run included); 3 bad data
+(strict=true, too many skipped records, no documents, a truncated or corrupt input file); 1 any
+other failure, a crashed worker included. SIGTERM (Slurm's scancel or time limit) ends the run like
+Ctrl-C: the pool is stopped and the output lock released, so a resubmitted job can take the output.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from typing import List, Sequence
 
 import data_prep.config  # noqa: F401  (registers prepare_schema)
@@ -40,19 +44,34 @@ def compose(argv: Sequence[str], config_name: str = "prepare"):
         raise SystemExit(CONFIG_ERROR_EXIT) from None
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def task_warnings(manifest: dict) -> List[str]:
+    """An array task without documents succeeds (data_prep.merge judges the whole run); say so."""
+    task = manifest["task"]
+    if task["count"] == 1 or manifest["totals"]["documents"]:
+        return []
+    return [f"task {task['index']} of {task['count']} found no documents in its "
+            f"{len(manifest['inputs'])} input file(s); data_prep.merge combines the other tasks"]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE)
         return 0
     cfg = compose(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
     from data_prep.progress import print_summary, small_shard_warnings
     from data_prep.run import check_bad_fraction, execute
 
     try:
         manifest = execute(cfg)
         print_summary(manifest)
-        for warning in small_shard_warnings(manifest, cfg.split):
+        for warning in small_shard_warnings(manifest, cfg.split) + task_warnings(manifest):
             print(f"data_prep: warning: {warning}", file=sys.stderr)
         check_bad_fraction(manifest, cfg.max_bad_fraction)
     except DataPrepError as exc:

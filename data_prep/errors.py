@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Mapping, Sequence
+
 CONFIG_ERROR_EXIT = 2
-"""Exit code of config errors (bad override, missing input, unusable tokenizer, foreign output)."""
+"""Exit code of config errors (bad override, missing input, unusable tokenizer, foreign output,
+an output locked by a live run)."""
 BAD_DATA_EXIT = 3
-"""Exit code when strict=true meets a bad record or skipped records exceed max_bad_fraction."""
+"""Exit code when strict=true meets a bad record, skipped records exceed max_bad_fraction, the
+inputs hold no document, or a compressed input is truncated or corrupt."""
 FAILURE_EXIT = 1
 """Exit code of any other failure, a crashed worker included."""
 
@@ -28,7 +32,24 @@ class BadDataError(DataPrepError):
     exit_code = BAD_DATA_EXIT
 
 
+class OutputLockedError(ConfigError):
+    """Another live data_prep run writes the same output (the message names its host and pid)."""
+
+
+class CorruptInputError(BadDataError):
+    """A compressed input is truncated or damaged (the message names the file)."""
+
+
 class WorkerError(DataPrepError):
     """A worker process raised or died; the run is incomplete."""
 
     exit_code = FAILURE_EXIT
+
+
+def no_documents_error(paths: Sequence[str], skipped: Mapping[str, int]) -> BadDataError:
+    """The error of a run whose inputs ``paths`` held no document (``skipped``: reason -> records)."""
+    named = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+    reasons = ", ".join(f"{reason} {count:,}" for reason, count in sorted(skipped.items()) if count)
+    return BadDataError(f"no documents were found in the input(s) {named or '(no files)'}"
+                        f" (skipped: {reasons or 'nothing'}); nothing was written. Check that "
+                        "the inputs hold text and that text_key=/format=/text_unit= match them")

@@ -1,6 +1,10 @@
-"""``python -m data_prep.inspect <output dir>``: totals, dtype, length histogram, decoded samples.
+"""``python -m data_prep.inspect <output dir>``: verify the shards, then show totals, dtype, length
+histogram and decoded samples.
 
-Shards are read with Megatron-Core's own ``IndexedDataset``, so what is shown is what training reads.
+Every shard's ``.bin`` and ``.idx`` are first checked against the sizes and CRC-32 recorded in the
+manifest (``--no-verify`` skips that, ``--verify-only`` does nothing else); a mismatch exits 3
+naming the file. Shards are then read with Megatron-Core's own ``IndexedDataset``, so what is
+shown is what training reads.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ from typing import List
 
 import numpy as np
 
-from data_prep.manifest import MANIFEST, load_manifest
+from data_prep.errors import BAD_DATA_EXIT
+from data_prep.manifest import MANIFEST, load_manifest, shard_problem
 from data_prep.tokenizer_spec import TokenizerInfo, build_encoder
 
 
@@ -42,10 +47,36 @@ def _document_refs(datasets: list) -> List[tuple]:
     return [(d, i) for d in datasets for i in range(len(d))]
 
 
-def report(out_dir: str, first: int, random: int, seed: int, max_chars: int, stream=sys.stdout) -> None:
+def verify_shards(out_dir: str, manifest: dict) -> List[str]:
+    """The problems (one per damaged shard, naming the file) of the manifest's shards; [] = all OK."""
+    return [p for p in (shard_problem(out_dir, entry) for entry in manifest["shards"]) if p]
+
+
+def check_shards(out_dir: str, stream=sys.stdout) -> bool:
+    """Verify every shard; print OK with the count, or each damaged file on stderr. True = all OK."""
+    manifest = read_manifest(out_dir)
+    problems = verify_shards(out_dir, manifest)
+    for problem in problems:
+        print(f"data_prep.inspect: error: damaged shard {problem}", file=sys.stderr)
+    if problems:
+        print(f"data_prep.inspect: {len(problems)} of {len(manifest['shards'])} shard(s) do not match "
+              "the manifest; re-run the python -m data_prep command that wrote them (it redoes "
+              "damaged shards; for an array: that task, then data_prep.merge)", file=sys.stderr)
+        return False
+    print(f"verified {len(manifest['shards'])} shard(s): sizes and CRC-32 match the manifest: OK",
+          file=stream)
+    return True
+
+
+def read_manifest(out_dir: str) -> dict:
     manifest = load_manifest(os.path.join(out_dir, MANIFEST))
     if manifest is None:
         raise SystemExit(f"{out_dir}: no {MANIFEST}; run python -m data_prep (or data_prep.merge) first")
+    return manifest
+
+
+def report(out_dir: str, first: int, random: int, seed: int, max_chars: int, stream=sys.stdout) -> None:
+    manifest = read_manifest(out_dir)
     datasets = open_shards(out_dir, manifest)
     lengths = np.concatenate([d.sequence_lengths for d in datasets]) if datasets else np.zeros(0, int)
     totals = manifest["totals"]
@@ -72,14 +103,24 @@ def report(out_dir: str, first: int, random: int, seed: int, max_chars: int, str
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m data_prep.inspect", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m data_prep.inspect",
+                                     description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("output", help="a data_prep output directory (with manifest.json)")
     parser.add_argument("--first", type=int, default=2, help="decode this many first documents")
     parser.add_argument("--random", type=int, default=2, help="decode this many random documents")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random pick")
     parser.add_argument("--max-chars", type=int, default=400, help="cut decoded text after this")
+    checks = parser.add_mutually_exclusive_group()
+    checks.add_argument("--no-verify", action="store_true", help="skip the CRC-32 check of the shards")
+    checks.add_argument("--verify-only", action="store_true", help="only check the shards' CRC-32 (exit 3 "
+                        "on a mismatch), without reading or decoding documents")
     args = parser.parse_args(argv)
-    report(os.path.abspath(args.output), args.first, args.random, args.seed, args.max_chars)
+    out_dir = os.path.abspath(args.output)
+    if not args.no_verify and not check_shards(out_dir):
+        return BAD_DATA_EXIT
+    if args.verify_only:
+        return 0
+    report(out_dir, args.first, args.random, args.seed, args.max_chars)
     return 0
 
 

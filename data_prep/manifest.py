@@ -61,16 +61,26 @@ def file_crc32(path: str) -> int:
     return crc
 
 
+def shard_problem(out_dir: str, entry: dict) -> str:
+    """What is wrong with a shard's files against its manifest ``entry`` (missing, size, CRC-32),
+    naming the file; "" when both match."""
+    for ext in ("bin", "idx"):
+        path = os.path.join(out_dir, f"{entry['prefix']}.{ext}")
+        if not os.path.isfile(path):
+            return f"{path}: missing"
+        size, want = os.path.getsize(path), entry[f"{ext}_bytes"]
+        if size != want:
+            return f"{path}: {size:,} bytes, the manifest says {want:,}"
+        crc, want = file_crc32(path), entry[f"{ext}_crc32"]
+        if crc != want:
+            return f"{path}: CRC-32 {crc:08x}, the manifest says {want:08x}"
+    return ""
+
+
 def shard_is_intact(out_dir: str, entry: dict) -> bool:
     """Both files exist with the recorded sizes and CRC-32 (a check against truncation and
     damage, cheap enough to run over every shard on every re-run)."""
-    for ext in ("bin", "idx"):
-        path = os.path.join(out_dir, f"{entry['prefix']}.{ext}")
-        if not os.path.isfile(path) or os.path.getsize(path) != entry[f"{ext}_bytes"]:
-            return False
-        if file_crc32(path) != entry[f"{ext}_crc32"]:
-            return False
-    return True
+    return not shard_problem(out_dir, entry)
 
 
 def _remove(paths: List[str]) -> None:

@@ -17,8 +17,9 @@ from typing import List
 
 import data_prep
 from data_prep.data_config import data_config, write_data_config
-from data_prep.errors import BadDataError, ConfigError, DataPrepError
+from data_prep.errors import BadDataError, ConfigError, DataPrepError, no_documents_error
 from data_prep.manifest import MANIFEST, load_manifest, write_manifest
+from data_prep.output_lock import OutputLock, lock_name
 from data_prep.stats import Stats
 
 TASK_MANIFEST = re.compile(r"manifest\.task-(\d{5})-of-(\d{5})\.json$")
@@ -79,8 +80,18 @@ def merge_manifests(manifests: List[dict], limit: int = 5) -> dict:
 
 
 def merge(out_dir: str, split: str = "98,1,1") -> dict:
-    """Write the combined manifest.json and data.yaml of ``out_dir``; returns the manifest."""
+    """Write the combined manifest.json and data.yaml of ``out_dir``; returns the manifest.
+    Holds the output's main lock (the one of a single run, which writes the same files)."""
+    if not os.path.isdir(out_dir):
+        raise ConfigError(f"{out_dir} is not a directory; name the output= of the array tasks")
+    with OutputLock(out_dir, lock_name(1, 0)):
+        return _merge_locked(out_dir, split)
+
+
+def _merge_locked(out_dir: str, split: str) -> dict:
     manifest = merge_manifests(task_manifests(out_dir))
+    if not manifest["shards"]:
+        raise no_documents_error([f["path"] for f in manifest["inputs"]], manifest["totals"]["skipped"])
     write_manifest(os.path.join(out_dir, MANIFEST), manifest)
     write_data_config(out_dir, data_config(manifest["name"], out_dir, manifest["shards"], split,
                                            manifest["eod_id"], manifest["tokenizer"]["path"]))

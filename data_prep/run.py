@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from typing import List
@@ -13,8 +14,9 @@ import data_prep
 from data_prep.assembler import ShardAssembler, total_stats
 from data_prep.blocks import iter_blocks
 from data_prep.data_config import data_config, write_data_config
-from data_prep.errors import BadDataError
+from data_prep.errors import BadDataError, no_documents_error
 from data_prep.manifest import file_sha256, kept_shards, load_manifest, resume_position, write_manifest
+from data_prep.output_lock import OutputLock, lock_name
 from data_prep.pipeline import ordered_results, start_pool
 from data_prep.plan import RunPlan, fingerprint, make_plan
 from data_prep.progress import RunProgress
@@ -52,9 +54,6 @@ def build_manifest(plan: RunPlan, cfg, entries: List[dict], trailing: Stats, com
 
 def check_bad_fraction(manifest: dict, max_bad_fraction: float) -> None:
     totals = manifest["totals"]
-    if totals["documents"] == 0:
-        raise BadDataError("no documents were accepted from the inputs; check text_key/format "
-                           "and the skip reasons above")
     fraction = totals["bad_records"] / max(1, totals["records"])
     if fraction > max_bad_fraction:
         raise BadDataError(f"{totals['bad_records']} of {totals['records']} records were skipped "
@@ -91,16 +90,30 @@ def _tokenize_all(plan: RunPlan, cfg, kept: List[dict], progress: RunProgress, s
     return assembler.entries, trailing
 
 
+def lock_output(plan: RunPlan) -> OutputLock:
+    """Take the lock of this run's output part (says on stderr when it took over a stale one)."""
+    os.makedirs(plan.out_dir, exist_ok=True)
+    lock = OutputLock(plan.out_dir, lock_name(plan.num_tasks, plan.task_index))
+    stale = lock.acquire()
+    if stale:
+        print(f"data_prep: warning: took over the lock of {stale}", file=sys.stderr)
+    return lock
+
+
 def execute(cfg) -> dict:
-    """Run (or resume) and return the final manifest; raises DataPrepError subclasses."""
+    """Run (or resume) and return the final manifest; raises DataPrepError subclasses. The output
+    part is locked (data_prep.output_lock) from before the first write until the end."""
     started = time.perf_counter()
-    pools = []
+    pools, lock = [], None
     try:
         plan = make_plan(cfg, before_tokenizer=lambda workers: pools.append(start_pool(workers)))
+        lock = lock_output(plan)
         return _execute_plan(cfg, plan, pools[0], started)
     finally:
         if pools and pools[0] is not None:
             pools[0].shutdown(wait=False, cancel_futures=True)
+        if lock is not None:
+            lock.release()
 
 
 def _execute_plan(cfg, plan: RunPlan, pool, started: float) -> dict:
@@ -116,6 +129,8 @@ def _execute_plan(cfg, plan: RunPlan, pool, started: float) -> dict:
     with RunProgress(sum(f.size for f in plan.files), kept_bytes, cfg.progress) as progress:
         entries, trailing = _tokenize_all(plan, cfg, kept, progress, started, pool)
     hasher.join()
+    if not entries and plan.num_tasks == 1:  # a shard is only started by a document
+        raise no_documents_error([f.path for f in plan.files], trailing.counts)
     manifest = build_manifest(plan, cfg, entries, trailing, True, time.perf_counter() - started,
                               hasher.digests)
     finish_outputs(plan, cfg, manifest)

@@ -15,7 +15,8 @@ import numpy as np
 
 from data_prep import records
 from data_prep.assemble import token_dtype, with_specials
-from data_prep.blocks import Block, read_block_bytes, read_whole
+from data_prep.blocks import Block, read_block_bytes
+from data_prep.decompress import read_whole, unreadable_parquet
 from data_prep.tokenizer_spec import TokenizerInfo, build_encoder
 
 _STATE: dict = {}
@@ -71,7 +72,10 @@ def _parse(block: Block, sink: records.RecordSink) -> Tuple[int, List[Tuple[str,
     if block.fmt == "parquet":
         import pyarrow.parquet as pq
 
-        table = pq.ParquetFile(block.path).read_row_group(block.start, columns=[key])
+        try:
+            table = pq.ParquetFile(block.path).read_row_group(block.start, columns=[key])
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            raise unreadable_parquet(block.path, exc) from None
         values = table.column(0).to_pylist()
         records.parse_column(values, key, sink)
         return len(values), []

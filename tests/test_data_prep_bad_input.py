@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from data_prep_fixtures import prepare, read_documents, write_parquet
 
 from data_prep.cli import compose
@@ -113,3 +114,37 @@ def test_output_inside_the_input_directory_is_not_read_back(tmp_path):
     for _ in range(2):
         cfg = compose([f"input={tmp_path}", f"output={tmp_path / 'out'}", "workers=1", "progress=false"])
         assert execute(cfg)["totals"]["documents"] == 2
+
+
+def test_inputs_without_documents_write_nothing_and_name_the_files(tmp_path):
+    """Before: exit 3, yet a manifest saying complete and a data.yaml with ``prefixes: []``."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "blank.jsonl").write_bytes(b"\n  \n\r\n\n")
+    (tmp_path / "in" / "empty.jsonl").write_bytes(b"")
+    out = tmp_path / "out"
+    proc = prepare(f"input={tmp_path / 'in'}", f"output={out}", "workers=1", check=False)
+    assert proc.returncode == 3, proc.stderr
+    assert "no documents were found in the input(s) " \
+           f"{tmp_path / 'in' / 'blank.jsonl'}, {tmp_path / 'in' / 'empty.jsonl'}" in proc.stderr
+    assert "blank_line 4" in proc.stderr
+    assert not out.exists() or list(out.iterdir()) == [], "nothing under a final name, no lock left"
+
+
+def test_an_array_task_without_documents_succeeds_and_merge_judges_the_whole(tmp_path):
+    """Tasks get whole files, so a task may get only blank ones (or none): it writes its complete,
+    empty manifest, and data_prep.merge refuses only when no task found a document."""
+    from data_prep.errors import BadDataError
+    from data_prep.merge import merge
+
+    (tmp_path / "docs.jsonl").write_text("".join(f'{{"text": "document {i}"}}\n' for i in range(50)))
+    (tmp_path / "blank.jsonl").write_text("\n" * 200)
+    for inputs, out in ((["docs.jsonl", "blank.jsonl"], "mixed"), (["blank.jsonl", "blank.jsonl"], "none")):
+        for task in range(2):
+            spec = ",".join(str(tmp_path / name) for name in inputs)
+            manifest = execute(compose([f"input=[{spec}]", f"output={tmp_path / out}", "workers=1",
+                                        "progress=false", "num_tasks=2", f"task_index={task}"]))
+            assert manifest["complete"]
+    assert merge(str(tmp_path / "mixed"))["totals"]["documents"] == 50
+    with pytest.raises(BadDataError, match=f"no documents were found in the input\\(s\\) {tmp_path / 'blank.jsonl'}"):
+        merge(str(tmp_path / "none"))
+    assert not (tmp_path / "none" / "manifest.json").exists() and not (tmp_path / "none" / "data.yaml").exists()

@@ -50,3 +50,32 @@ def test_cl100k_preset_and_single_input_compose():
     cfg = compose(["data_prep=cl100k", "input=/data/*.jsonl", "output=/tmp/x"])
     assert cfg.tokenizer.kind.value == "tiktoken" and cfg.tokenizer.path == "cl100k_base"
     assert list(cfg.input) == ["/data/*.jsonl"] and cfg.workers == 0
+
+
+def test_inspect_verifies_every_shard_against_the_manifest_crc(tmp_path, monkeypatch, capsys):
+    write_jsonl(tmp_path / "a.jsonl", stdlib_documents(20, max_chars=3000))
+    out = tmp_path / "out"
+    prepare(f"input={tmp_path / 'a.jsonl'}", f"output={out}", "tokenizer.kind=byte", "workers=1",
+            "block_bytes=4096", "shard_tokens=15000")
+    shards = load(out / "manifest.json")["shards"]
+    assert len(shards) >= 3
+    intact = run_module("data_prep.inspect", str(out), "--verify-only")
+    assert intact.returncode == 0, intact.stderr
+    assert f"verified {len(shards)} shard(s): sizes and CRC-32 match the manifest: OK" in intact.stdout
+    damaged = out / f"{shards[1]['prefix']}.bin"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit: same size, different CRC-32
+    damaged.write_bytes(bytes(data))
+    proc = run_module("data_prep.inspect", str(out))  # the plain command verifies first
+    assert proc.returncode == 3, proc.stderr
+    assert f"damaged shard {damaged}: CRC-32" in proc.stderr
+    assert f"1 of {len(shards)} shard(s) do not match the manifest" in proc.stderr
+    assert shards[0]["prefix"] not in proc.stderr and "OK" not in proc.stdout
+
+    from data_prep import inspect
+
+    shown = []
+    monkeypatch.setattr(inspect, "report", lambda *args: shown.append(args[0]))
+    assert inspect.main([str(out), "--no-verify"]) == 0 and shown == [str(out)]
+    assert inspect.main([str(out), "--verify-only"]) == 3 and shown == [str(out)]
+    assert f"damaged shard {damaged}" in capsys.readouterr().err
