@@ -10,9 +10,10 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
@@ -34,17 +35,34 @@ class ConfigError(Exception):
 
 def compose_config(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
     """Compose ``conf/<config_name>.yaml`` with Hydra override strings; raise ConfigError."""
-    try:
+    with config_errors():
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name=config_name, overrides=list(overrides))
         OmegaConf.resolve(cfg)
         missing = sorted(OmegaConf.missing_keys(cfg))
-    except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        raise ConfigError(_describe(exc)) from None
     if missing:
         raise ConfigError(f"required keys have no value: {', '.join(missing)}; set them in conf/ "
                           "or on the command line (key=value)")
     return cfg
+
+
+@contextmanager
+def config_errors() -> Iterator[None]:
+    """Turn the Hydra and OmegaConf errors raised inside into one ConfigError message."""
+    try:
+        yield
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        raise ConfigError(_describe(exc)) from None
+
+
+@contextmanager
+def exit_on_config_error() -> Iterator[None]:
+    """A ConfigError raised inside: print it to stderr and exit with code 2."""
+    try:
+        yield
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        raise SystemExit(CONFIG_ERROR_EXIT) from None
 
 
 def _describe(exc: Exception) -> str:
@@ -76,11 +94,8 @@ def _close_key(cause: BaseException) -> str:
 
 def compose_or_exit(argv: Sequence[str], config_name: str = "config") -> DictConfig:
     """Compose from ``argv`` overrides; on error print it to stderr and exit with code 2."""
-    try:
+    with exit_on_config_error():
         return compose_config(argv, config_name=config_name)
-    except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
-        raise SystemExit(CONFIG_ERROR_EXIT) from None
 
 
 def to_object(cfg: DictConfig):

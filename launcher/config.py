@@ -341,6 +341,10 @@ class RunConfig:
     """Run directory name under output_root; empty = <model>_<cluster>."""
     output_root: str = "outputs"
     """Folder holding every run directory."""
+    verbose: bool = False
+    """false: the console shows step lines, events and errors, and each training process's
+    library output (warnings, banners, memory reports) goes to <run_dir>/logs/rank_<r>.log;
+    true: everything on the console too."""
 
 
 @dataclass

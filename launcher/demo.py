@@ -15,7 +15,7 @@ Every step is the real command a user would type, run as a subprocess.
 from __future__ import annotations
 
 import json
-import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -29,14 +29,17 @@ ROOT = Path("outputs")
 DEMO_DIR = ROOT / "demo_data"
 RUN_NAME = "demo"
 FIRST_STEPS, MORE_STEPS = 100, 20
-QUIET = {**os.environ, "PYTHONWARNINGS": "ignore::UserWarning,ignore::FutureWarning,ignore::DeprecationWarning"}
-"""The libraries' import-time warnings (no Transformer Engine/Apex on CPU) would bury the demo."""
+
+
+def command_line(args: list[str]) -> str:
+    """The shell command a user would type for ``python args``, quoted so that it runs as is."""
+    return "$ python " + shlex.join(args)
 
 
 def run(title: str, args: list[str]) -> None:
     console.rule(f"[bold]{title}[/]")
-    console.print(f"$ python {' '.join(args)}", style="dim")
-    proc = subprocess.run([sys.executable, *args], env=QUIET)
+    console.print(command_line(args), style="dim", markup=False, highlight=False, soft_wrap=True)
+    proc = subprocess.run([sys.executable, *args])
     if proc.returncode != 0:
         console.print(f"[red]demo: step failed with exit code {proc.returncode}[/]")
         raise SystemExit(proc.returncode)

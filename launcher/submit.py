@@ -6,6 +6,8 @@ print the job id on stdout. ``submit.dry_run=true`` prints the script instead an
 The job runs ``python -m launcher.train`` with exactly the overrides given here. The Python of the
 job is this interpreter (``sys.executable``) unless ``TRAINWRIGHT_PYTHON`` is set in the job's
 environment. Secrets (WANDB_API_KEY, ...) are never written; the job inherits the environment.
+Exit codes: 0 submitted (or printed), 2 config error, plan problem or unusable cluster, 1 sbatch
+failed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from launcher.cli import handle_flags
 from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
 from launcher.plan.data_check import check_data_or_exit
 from launcher.runtime.rundir import run_dir_path
@@ -56,7 +59,7 @@ def sbatch(script: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = handle_flags(sys.argv[1:] if argv is None else argv, "launcher.submit", __doc__)
     cfg = to_object(compose_or_exit(argv))
     plan = plan_or_exit(cfg)
     check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size)

@@ -10,14 +10,16 @@ process groups, run directory, engine (from the registry), resume, data ->
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import uuid
 from pathlib import Path
-from typing import Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
 from launcher.plan.data_check import check_data_or_exit
+from launcher.runtime.console import library_logs_to
 from launcher.runtime.distributed import in_distributed_launch, launch_local_world
 from launcher.plan import plan_or_exit
 
@@ -56,69 +58,103 @@ def write_pid_file(run_dir: Path, rank: int) -> None:
     atomic_write_text(run_dir / "logs" / f"rank_{rank}.pid", f"{os.getpid()}\n")
 
 
-def start_worker(argv: Sequence[str]):
-    """Compose, patch the libraries, join the process groups and plan for this world:
-    (raw config, typed config, plan, stop request, attention note, rank)."""
+class Worker(NamedTuple):
+    """A training process after start-up: configs, plan, stop request, rank, where it writes."""
+
+    raw: Any
+    cfg: Any
+    plan: Any
+    stop: Any
+    attention_note: Optional[str]
+    rank: int
+    run_dir: Path
+    console: Any
+
+
+def start_worker(argv: Sequence[str]) -> Worker:
+    """Compose, send library output to the rank's log (unless run.verbose), patch the libraries,
+    join the process groups and plan for this world."""
     from launcher.engines import compat
     from launcher.engines.model import init_parallel_state
     from launcher.runtime import strict_devices
-    from launcher.runtime.distributed import init_distributed
+    from launcher.runtime.console import route_output
+    from launcher.runtime.distributed import init_distributed, launch_rank
+    from launcher.runtime.rundir import run_dir_path
     from launcher.runtime.signals import StopRequest
 
     raw = compose_or_exit(argv)
     cfg = to_object(raw)
+    run_dir = run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name)
+    console = route_output(run_dir, launch_rank(), cfg.run.verbose)
     stop = StopRequest(cfg.trainer.stop_signal)
     compat.install()
     strict_devices.install_if_requested()
     rank, _, world = init_distributed(ranks_per_gpu=cfg.cluster.ranks_per_gpu)
-    cfg, plan, attention_note = plan_for_attention_kernel(cfg, plan_or_exit(cfg, world), world)
+    with contextlib.redirect_stderr(console.err):  # plan problems are for the operator
+        cfg, plan, note = plan_for_attention_kernel(cfg, plan_or_exit(cfg, world), world)
     init_parallel_state(cfg.parallelism, seed=cfg.trainer.seed)
-    return raw, cfg, plan, stop, attention_note, rank
+    return Worker(raw, cfg, plan, stop, note, rank, run_dir, console)
 
 
 def run_worker(argv: Sequence[str]) -> int:
-    """Body of every training process: parse -> plan -> build -> train -> close; its exit code."""
+    """Body of every training process: parse -> plan -> build -> train -> close; its exit code.
+    A crash is reported on the console with its traceback (library output is in the rank log)."""
+    from launcher.runtime.console import report_crash
+
+    worker = start_worker(argv)
+    try:
+        return train_worker(worker)
+    except Exception as exc:
+        report_crash(worker.console, worker.rank, exc)
+        raise
+
+
+def train_worker(w: Worker) -> int:
+    """Lock the run directory, then resume, build, train and close; the exit code."""
     import torch
 
     from launcher.engines import spec
     from launcher.runtime import checkpoint, collectives, runlock
+    from launcher.runtime import resume as resume_safety
     from launcher.runtime.data import build_data
     from launcher.runtime.distributed import destroy_distributed
-    from launcher.runtime.loop import LoopState, TrainLoop, TrainingAborted
+    from launcher.runtime.loop import TrainLoop, TrainingAborted
     from launcher.runtime.metrics import make_metrics_logger
-    from launcher.runtime.rundir import redact, run_dir_path, to_plain
+    from launcher.runtime.rundir import redact, to_plain
     from launcher.runtime.timers import PhaseTimer
 
-    raw, cfg, plan, stop, attention_note, rank = start_worker(argv)
-    run_dir, config = run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name), to_plain(raw)
-    locked, stale = take_run_lock(run_dir, rank)
+    cfg, plan, stop, rank, run_dir = w.cfg, w.plan, w.stop, w.rank, w.run_dir
+    config = to_plain(w.raw)
+    locked, stale = take_run_lock(run_dir, rank, w.console)
     if not locked:
         destroy_distributed()
         return CONFIG_ERROR_EXIT
     metrics = make_metrics_logger(rank, run_dir=run_dir, logger=cfg.logger, config=config,
-                                  plan=plan, run_name=run_dir.name)
+                                  plan=plan, run_name=run_dir.name, console=w.console.out)
     if stale is not None:
         metrics.log_event("lock", f"took over the lock of pid {stale.pid} on {stale.host}, which "
                           "is no longer running")
+    if w.console.log is not None:
+        metrics.log_event("logs", f"library output of each rank: {run_dir / 'logs'}/rank_<r>.log "
+                          "(run.verbose=true shows it here)")
     collectives.barrier()
     write_pid_file(run_dir, rank)
-    if attention_note:
-        metrics.log_event("attention", attention_note)
+    if w.attention_note:
+        metrics.log_event("attention", w.attention_note)
     try:
         resume = checkpoint.find_resume(run_dir, cfg.trainer.load)
+        record = resume_safety.run_record(cfg, plan)
+        resume_safety.refuse_incompatible(resume, record)  # exit 2 before anything is built
+        if resume_safety.already_trained(resume, plan, metrics):
+            return 0
         engine_spec, subs = spec(cfg.engine.name), _engine_configs(cfg)
-        for name, content in engine_spec.run_files(plan, **subs).items():
-            metrics.write_json(name, content)
         engine = engine_spec.build(plan, model=cfg.model, **subs)
         checkpoints = checkpoint.CheckpointManager(
             run_dir / "checkpoints", engine.checkpoint_io, keep_last=cfg.trainer.keep_last,
-            async_save=cfg.trainer.async_save, final_step=plan.train_steps)
-        state = LoopState()
-        if resume is not None:
-            checkpoints.load(resume)
-            state = LoopState(step=resume.step, consumed_samples=resume.consumed_samples,
-                              last_saved=resume.step)
-            metrics.log_event("resume", f"resumed from {resume.path} at step {resume.step}")
+            async_save=cfg.trainer.async_save, final_step=plan.train_steps, record=record)
+        state = resume_safety.resume_state(checkpoints, resume, record, metrics, cfg.optimizer)
+        resume_safety.started(run_dir, config=config, plan=plan,
+                              files=engine_spec.run_files(plan, **subs))
         next_batch, eval_batches = build_data(cfg, plan, run_dir, state.consumed_samples)
         sync = torch.cuda.synchronize if torch.cuda.is_available() else None
         return TrainLoop(engine=engine, plan=plan, trainer=cfg.trainer, optimizer=cfg.optimizer,
@@ -129,7 +165,7 @@ def run_worker(argv: Sequence[str]) -> int:
                          ).run()
     except (TrainingAborted, checkpoint.CheckpointError) as exc:
         metrics.log_event("abort", str(exc))
-        print(f"train: rank {rank}: {exc}", file=sys.stderr, flush=True)
+        w.console.error(f"train: rank {rank}: {exc}")
         return getattr(exc, "exit_code", 1)
     finally:
         metrics.close()
@@ -139,7 +175,7 @@ def run_worker(argv: Sequence[str]) -> int:
         destroy_distributed()
 
 
-def take_run_lock(run_dir: Path, rank: int):
+def take_run_lock(run_dir: Path, rank: int, console):
     """Rank 0 locks the run directory (collective): (every rank may go on, the dead holder whose
     lock was taken over or None). A live holder is printed and every rank stops."""
     from launcher.runtime import collectives, runlock
@@ -149,7 +185,7 @@ def take_run_lock(run_dir: Path, rank: int):
         try:
             stale = runlock.acquire(run_dir)
         except runlock.RunLocked as exc:
-            print(f"train: {exc}", file=sys.stderr, flush=True)
+            console.error(f"train: {exc}")
             refused = True
     return not collectives.any_rank(refused), stale
 
@@ -174,6 +210,13 @@ def run_dir_free(cfg) -> bool:
     return True
 
 
+def launcher_log_path(cfg) -> Path:
+    """``<run_dir>/logs/launcher.log``: torch elastic's records of this launcher process."""
+    from launcher.runtime.rundir import run_dir_path
+
+    return run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name) / "logs" / "launcher.log"
+
+
 def _worker_entry(argv: list) -> None:
     """Module-level (picklable) entry of spawned workers: exit with the worker's code."""
     code = run_worker(argv)
@@ -182,7 +225,8 @@ def _worker_entry(argv: list) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    from launcher.cli import handle_flags  # --help, --cfg, --info, ...: print and exit
+    argv = handle_flags(sys.argv[1:] if argv is None else argv, "launcher.train", __doc__, True)
     if any(flag in argv for flag in ("-m", "--multirun")):
         from launcher.launch.sweep import main as sweep_main  # Hydra multirun: one run per point
         return sweep_main(argv)
@@ -199,8 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     del plan  # checked here; every worker recomputes it for its world size
     if not run_dir_free(cfg):
         return CONFIG_ERROR_EXIT
-    launch_local_world(_worker_entry, (argv,), nprocs, run_id=f"tw-{uuid.uuid4().hex[:8]}",
-                       stop_signal=cfg.trainer.stop_signal)
+    with library_logs_to(None if cfg.run.verbose else launcher_log_path(cfg)):
+        launch_local_world(_worker_entry, (argv,), nprocs, run_id=f"tw-{uuid.uuid4().hex[:8]}",
+                           stop_signal=cfg.trainer.stop_signal)
     return 0
 
 

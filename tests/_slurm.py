@@ -105,6 +105,20 @@ def queue() -> str:
                           text=True, timeout=30).stdout
 
 
+def start_requeued_job_now(job: str) -> None:
+    """Slurm holds a requeued job for 121 s (EligibleTime); let it start now, safely.
+
+    The node revokes the old allocation's credential when its batch script ends and refuses any
+    credential issued in that same second ("Job credential revoked"), so wait until the job is
+    back in the queue and one more second has passed.
+    """
+    deadline = time.monotonic() + 60
+    while job_info(job).get("JobState") != "PENDING" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], timeout=30)
+
+
 def read_logs(logs: Path) -> str:
     """All Slurm output and error files of a run's logs directory."""
     return "\n".join(f"== {p.name}\n{p.read_text()}" for p in sorted(logs.glob("slurm-*")))

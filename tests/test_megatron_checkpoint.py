@@ -4,7 +4,7 @@ Three 2-rank launches and one 4-rank launch. ``reshard_worker``: a checkpoint sa
 optimizer, zero_stage=0) or PP=2 (distributed optimizer, zero_stage=1, the preset's default) loads
 at TP=1/PP=1 (DP=2) with the same loss on the next batch, and a resume on the same layout continues
 bitwise for two steps (the second step depends on the restored Adam state); a MoE (EP=2)
-distributed-optimizer checkpoint resumes bitwise and an EP=1 run refuses it. ``zero1_worker``: the
+distributed-optimizer checkpoint resumes bitwise and an EP=1 run refuses it (exit code 2). ``zero1_worker``: the
 distributed optimizer at DP=2 saves before its first step and after two; the resume continues
 bitwise; the checkpoint loads at TP=2 (DP=1) with the same loss and, after two more steps, a loss
 within float noise of the DP=2 run; a zero_stage=0 run refuses it with a message naming both
@@ -154,6 +154,7 @@ def _moe_phase(ckpt: Path, out: dict) -> None:
         out["moe_ep1_error"] = None
     except CheckpointError as exc:
         out["moe_ep1_error"] = str(exc)
+        out["moe_ep1_exit"] = getattr(exc, "exit_code", 1)
     _finish()
 
 
@@ -196,6 +197,7 @@ def test_moe_ep2_checkpoint_refused_at_ep1_with_both_layouts_and_the_fix(reshard
     assert "this run uses zero_stage=1 (TP=1 PP=1 VPP=1 CP=1 EP=1 DP=2)" in message
     assert "holds 2 optimizer(s)" in message and "this run builds 1" in message
     assert "Resume with parallelism.expert_parallel_size=2" in message
+    assert reshard[0]["moe_ep1_exit"] == 2  # a config error (IncompatibleCheckpoint)
 
 
 @pytest.mark.slow
@@ -244,6 +246,7 @@ def _load_elsewhere(ckpt: Path, batches: list, out: dict) -> None:
         out["zero0_error"] = None
     except CheckpointError as exc:
         out["zero0_error"] = str(exc)
+        out["zero0_exit"] = getattr(exc, "exit_code", 1)
     eng.checkpoint_io.read(ckpt / "step_000002", with_optimizer=False)
     out["weights_only_eval0"] = eng.eval_loss(batches[8:10])
     _finish()
@@ -319,6 +322,7 @@ def test_zero1_checkpoint_refused_by_zero_stage_0_with_both_layouts_and_the_fix(
     assert "this run uses zero_stage=0 (TP=1 PP=1 VPP=1 CP=1 EP=1 DP=2)" in message
     assert "Resume with parallelism.zero_stage=1" in message
     assert "step_000002/megatron" in message
+    assert zero1[0]["zero0_exit"] == 2  # a config error (IncompatibleCheckpoint)
 
 
 @pytest.mark.slow

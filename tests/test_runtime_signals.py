@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from launcher.runtime.signals import REQUEUE_EXIT_CODE, StopRequest
+from launcher.runtime.signals import REQUEUE_EXIT_CODE, StopRequest, forward_stop_signals, restore_handlers
 from tests._dist import run_distributed
 
 
@@ -62,3 +62,25 @@ def test_configured_signal_and_bad_name():
     with pytest.raises(ValueError, match="trainer.stop_signal='SIGNOPE'"):
         StopRequest("SIGNOPE")
     assert REQUEUE_EXIT_CODE == 75
+
+
+def test_the_forwarding_handler_never_raises_and_imports_nothing(capsys):
+    """A launcher gets a stop signal twice under Slurm (from Slurm and from its parent); the
+    handler must survive a second run in the middle of the first and any failure to list ranks."""
+    import subprocess
+    import sys
+
+    code = ("import sys, launcher.runtime.signals; "
+            "print('psutil' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    assert out.strip() == "True"  # nothing left for a handler to import
+
+    def broken():
+        raise AttributeError("partially initialized module")
+
+    previous = forward_stop_signals("SIGUSR1", broken)
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)  # handled: no exception reaches this frame
+    finally:
+        restore_handlers(previous)
+    assert "could not forward signal" in capsys.readouterr().err

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests._slurm import REPO, job_env, job_info, read_logs, sbatch, slurm, wait_job  # noqa: F401
+from tests._slurm import (REPO, job_env, job_info, read_logs, sbatch, slurm,  # noqa: F401
+                          start_requeued_job_now, wait_job)
 from tests.test_submit_script import HOSTILE, hydra_quote
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
@@ -100,20 +101,6 @@ def test_preemption_signal_saves_requeues_and_resumes_the_same_run(slurm, tmp_pa
     runs = sorted((run_dir / "wandb").glob("offline-run-*"))
     wandb_id = (run_dir / "wandb_id").read_text().strip()
     assert len(runs) == 2 and all(r.name.endswith(wandb_id) for r in runs)  # same wandb run
-
-
-def start_requeued_job_now(job: str) -> None:
-    """Slurm holds a requeued job for 121 s (EligibleTime); let it start now, safely.
-
-    The node revokes the old allocation's credential when its batch script ends and refuses any
-    credential issued in that same second ("Job credential revoked"), so wait until the job is
-    back in the queue and one more second has passed.
-    """
-    deadline = time.monotonic() + 60
-    while job_info(job).get("JobState") != "PENDING" and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(2)
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], timeout=30)
 
 
 def test_a_job_failing_for_another_reason_is_not_requeued(slurm, tmp_path):

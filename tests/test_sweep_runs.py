@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ import yaml
 
 from launcher.launch.sweep import split_overrides, time_limit_minutes
 from launcher.sweep_summary import main as summary_main, summarize
-from tests._slurm import job_env, slurm  # noqa: F401
+from tests._slurm import job_env, job_info, slurm, start_requeued_job_now  # noqa: F401
 from tests.test_train_loop import REPO, TINY
 
 POINTS = ["optimizer.lr=1e-4,3e-3", *(o for o in TINY if not o.startswith("optimizer.lr=")), "trainer.train_steps=6", "trainer.eval_interval=3",
@@ -55,7 +57,78 @@ def test_slurm_launcher_runs_one_job_per_point(slurm, tmp_path):
     sweep(tmp_path, "hydra/launcher=slurm", "cluster=slurm_cpu", env=job_env())
     check_points(tmp_path / "lr_sweep")
     scripts = list((tmp_path / "lr_sweep" / ".submitit").glob("*/*_submission.sh"))
-    assert scripts and "#SBATCH --cpus-per-task=2" in scripts[0].read_text()
+    text = scripts[0].read_text() if scripts else ""
+    assert "#SBATCH --cpus-per-task=2" in text
+    # the stop contract of single runs: trainer.stop_signal at cluster.signal_lead_s, requeueable
+    assert "#SBATCH --signal=USR1@60" in text and "#SBATCH --requeue" in text
+
+
+LONG_POINT = ["optimizer.lr=choice(0.001)", *(o for o in TINY if not o.startswith("optimizer.lr=")),
+              "trainer.train_steps=150", "trainer.eval_interval=0", "trainer.save_interval=0",
+              "trainer.straggler_interval=0", "run.name=stop_sweep"]
+
+
+def start_sweep(tmp: Path, *overrides: str, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "launcher.train", "-m", *LONG_POINT,
+                             f"run.output_root={tmp}", *overrides], cwd=tmp, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def wait_for_losses(metrics: Path, n: int, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and metrics.read_text().count('"loss"') >= n:
+            return
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"no {n} steps in {metrics} (sweep exit {proc.poll()}):\n"
+                f"{proc.stdout.read()[-4000:]}")
+
+
+def logged_steps(run_dir: Path) -> list[int]:
+    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [l["step"] for l in lines if "loss" in l]
+
+
+@pytest.mark.slow
+def test_a_stopped_local_sweep_exits_75_and_the_same_command_resumes_it(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    run_dir = tmp_path / "stop_sweep" / "optimizer.lr=0.001"
+    proc = start_sweep(tmp_path, env=env)
+    wait_for_losses(run_dir / "metrics.jsonl", 5, proc)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole group, the sweep process included
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 75, out[-4000:]
+    assert "run the same sweep again to resume it" in out
+    saved = max(logged_steps(run_dir))
+    assert (run_dir / "checkpoints" / f"step_{saved:06d}" / "complete").exists()
+    again = start_sweep(tmp_path, env=env)
+    out = again.communicate(timeout=300)[0]
+    assert again.returncode == 0, out[-4000:]
+    assert logged_steps(run_dir) == list(range(1, 151))  # no step lost or repeated
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("slurm")
+def test_a_slurm_sweep_point_saves_at_its_warning_requeues_and_resumes(slurm, tmp_path):
+    run_dir = tmp_path / "stop_sweep" / "optimizer.lr=0.001"
+    proc = start_sweep(tmp_path, "hydra/launcher=slurm", "cluster=slurm_cpu", env=job_env())
+    wait_for_losses(run_dir / "metrics.jsonl", 5, proc)
+    job = next(p.name for p in (tmp_path / "stop_sweep" / ".submitit").iterdir()
+               if p.is_dir())  # submitit's folder per job: <id> (<id>_<task> in arrays)
+    # what submitit's time-limit warning does: the stop signal to the job's steps
+    subprocess.run(["scancel", "--signal=USR1", job], check=True, timeout=30)
+    deadline = time.monotonic() + 120
+    while job_info(job).get("Restarts", "0") == "0" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert job_info(job).get("Restarts") == "1", job_info(job)
+    start_requeued_job_now(job)
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, out[-4000:]
+    assert logged_steps(run_dir) == list(range(1, 151))
+    events = [json.loads(l) for l in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["kind"] for e in events if e["kind"] in ("stop", "resume")] == ["stop", "resume"]
 
 
 def test_sweep_keys_and_time_limits():

@@ -71,3 +71,21 @@ def test_prune_keeps_the_newest_complete_ones(tmp_path):
     assert not (tmp_path / "step_000005.tmp").exists()
     prune(tmp_path, keep_last=0)
     assert len(complete_steps(tmp_path)) == 2
+
+
+def test_save_clears_stale_tmp_dirs_and_records_the_run(tmp_path):
+    """A save first removes every ``step_*.tmp`` (debris of a crash or a full disk, which would
+    otherwise hold its space until a save of the same step) and stores the manager's records
+    (architecture, layout, training) in trainwright.json."""
+    from launcher.runtime.checkpoint import CheckpointManager
+    from tests.test_resume_safety import FakeIO, record
+
+    for stale in ("step_000003.tmp", "step_000007.tmp"):
+        (tmp_path / stale).mkdir(parents=True)
+        (tmp_path / stale / "model.pt").write_bytes(b"partial")
+    manager = CheckpointManager(tmp_path, FakeIO(), keep_last=0, record=record())
+    path = manager.save(5, consumed_samples=40, config={"a": 1}, plan={"b": 2})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_000005"]
+    meta = json.loads((path / "trainwright.json").read_text())
+    assert (meta["step"], meta["config"], meta["plan"]) == (5, {"a": 1}, {"b": 2})
+    assert set(meta) >= {"architecture", "layout", "training"}

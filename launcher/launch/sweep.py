@@ -12,6 +12,14 @@ Slurm job per point; its resources come from the ``cluster`` group (one task per
 ``cluster.gpus_per_node`` processes, ``cpus_per_task x gpus_per_node`` CPUs, the time limit,
 partition, account, qos and constraint). A summary of a finished sweep:
 ``python -m launcher.sweep_summary <sweep dir>``.
+
+Stops follow the contract of single runs (:mod:`launcher.runtime.signals`). On Slurm, submitit
+sends its warning ``cluster.signal_lead_s`` seconds before the time limit, as
+``trainer.stop_signal`` (``SUBMITIT_PREEMPT_SIGNAL``); a point's process forwards every stop
+signal to its ``launcher.train`` child instead of letting submitit requeue at once, waits for it
+to save, and when it exits 75 requeues its own job (up to ``cluster.max_restarts`` times); the
+requeued job runs the same point again, which resumes from its run directory. Outside Slurm a
+stopped point ends the sweep with exit 75; the same command resumes every point.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ from pathlib import Path
 from typing import Sequence
 
 from launcher.compose import CONF_DIR, compose_or_exit, to_object
+from launcher.runtime.signals import (REQUEUE_EXIT_CODE, forward_stop_signals, resolve_signal,
+                                      restore_handlers)
 
 SWEEP_FLAGS = ("-m", "--multirun")
 """Command-line flags that make launcher.train run a sweep."""
@@ -57,7 +67,9 @@ def slurm_launcher_overrides(cluster) -> list[str]:
     """hydra.launcher settings (submitit) from the ``cluster`` group."""
     out = [f"hydra.launcher.timeout_min={time_limit_minutes(cluster.time_limit)}",
            "hydra.launcher.nodes=1", "hydra.launcher.tasks_per_node=1",
-           f"hydra.launcher.cpus_per_task={max(1, cluster.cpus_per_task) * cluster.gpus_per_node}"]
+           f"hydra.launcher.cpus_per_task={max(1, cluster.cpus_per_task) * cluster.gpus_per_node}",
+           f"hydra.launcher.signal_delay_s={max(0, cluster.signal_lead_s)}",
+           "+hydra.launcher.additional_parameters.requeue=true"]
     if cluster.gpu.lower() != "cpu":
         out.append(f"hydra.launcher.gpus_per_node={cluster.gpus_per_node}")
     for key in ("partition", "account", "qos", "constraint"):
@@ -68,8 +80,43 @@ def slurm_launcher_overrides(cluster) -> list[str]:
     return out
 
 
-def run_point(sweep_dir: str, group: str) -> None:
-    """Body of one sweep point (in this process or a Slurm job): train; raise on failure."""
+def use_stop_signal_for_submitit(stop_signal: str) -> None:
+    """Make submitit's warning signal (``--signal=<sig>@lead`` and its handler in the job) the
+    configured ``trainer.stop_signal``; submitit reads the variable when it is imported."""
+    os.environ["SUBMITIT_PREEMPT_SIGNAL"] = resolve_signal(stop_signal).name[3:]
+
+
+def requeue_slurm_job(max_restarts: int) -> bool:
+    """In a submitit Slurm job: requeue it (``scontrol requeue``) unless it has restarted
+    ``max_restarts`` times already; False when it may not requeue."""
+    job = os.environ.get("SLURM_JOB_ID")
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    if not job:
+        return False
+    if restarts >= max_restarts:
+        print(f"sweep: cluster.max_restarts={max_restarts} reached; not requeueing job {job}",
+              flush=True)
+        return False
+    print(f"sweep: stopped for requeue; requeueing job {job} (restart {restarts + 1})", flush=True)
+    return subprocess.call(["scontrol", "requeue", job]) == 0
+
+
+def train_point(argv: list[str], stop_signal: str) -> int:
+    """Run ``python -m launcher.train argv``, forwarding every stop signal this process gets
+    (submitit's warning, scancel, Ctrl-C) to it; its exit code once it has finished."""
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    child = subprocess.Popen([sys.executable, "-m", "launcher.train", *argv], env=env)
+    previous = forward_stop_signals(stop_signal, lambda: [child.pid])
+    try:
+        return child.wait()
+    finally:
+        restore_handlers(previous)
+
+
+def run_point(sweep_dir: str, group: str, stop_signal: str = "SIGUSR1",
+              max_restarts: int = 0) -> None:
+    """Body of one sweep point (in this process or a Slurm job): train; raise on failure, exit 75
+    after a stop (the Slurm job requeues itself first)."""
     from hydra.core.hydra_config import HydraConfig
 
     hydra_cfg = HydraConfig.get()
@@ -78,9 +125,16 @@ def run_point(sweep_dir: str, group: str) -> None:
             POINT_KEYS]
     argv = [*mine, f"run.output_root={sweep_dir}", f"run.name={_quote(name)}",
             f"logger.group={_quote(group)}"]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     print(f"sweep: point {hydra_cfg.job.num}: {name}", flush=True)
-    code = subprocess.call([sys.executable, "-m", "launcher.train", *argv], env=env)
+    code = train_point(argv, stop_signal)
+    if code == REQUEUE_EXIT_CODE and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+        if requeue_slurm_job(max_restarts):
+            raise SystemExit(REQUEUE_EXIT_CODE)  # the job runs this point again and resumes
+        raise RuntimeError(f"sweep point {name!r} saved and stopped, and was not requeued")
+    if code == REQUEUE_EXIT_CODE:
+        print(f"sweep: point {name!r} saved and stopped; run the same sweep again to resume it",
+              flush=True)
+        raise SystemExit(REQUEUE_EXIT_CODE)
     if code != 0:
         raise RuntimeError(f"sweep point {name!r} exited with {code}")
 
@@ -103,12 +157,13 @@ def main(argv: Sequence[str]) -> int:
                   f"hydra.job.config.override_dirname.exclude_keys=[{','.join(exclude)}]"]
     if any(o.replace(" ", "") == "hydra/launcher=slurm" for o in overrides):
         hydra_args += slurm_launcher_overrides(cfg.cluster)
+        use_stop_signal_for_submitit(cfg.trainer.stop_signal)
     print(f"sweep: {sweep_name} over {', '.join(swept) or 'no swept keys'} in {sweep_dir}",
           flush=True)
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def _task(_cfg) -> None:
-        run_point(str(sweep_dir), group)
+        run_point(str(sweep_dir), group, cfg.trainer.stop_signal, cfg.cluster.max_restarts)
 
     sys.argv = [sys.argv[0], "--multirun", *hydra_args]
     _task()

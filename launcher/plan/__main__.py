@@ -1,10 +1,16 @@
-"""``python -m launcher.plan [overrides]``: print the plan; exit 2 on any config problem."""
+"""``python -m launcher.plan [overrides]``: print the pre-flight plan of the composed config.
+
+The plan (:mod:`launcher.plan.plan`): parallel layout, parameters, memory per GPU, FLOPs and time
+estimates, as a table or, with ``plan.format=json``, one JSON object. Exit codes: 0 the plan fits,
+2 config error or plan problem (each printed on stderr with a fix).
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 
+from launcher.cli import handle_flags
 from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
 from launcher.plan.plan import PlanError, compute_plan, print_problems, print_warnings
 from launcher.plan.report import render_plan
@@ -12,7 +18,8 @@ from launcher.plan.report import render_plan
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m launcher.plan [overrides]``: print the plan; exit 2 on any config problem."""
-    cfg = to_object(compose_or_exit(sys.argv[1:] if argv is None else argv))
+    argv = handle_flags(sys.argv[1:] if argv is None else argv, "launcher.plan", __doc__)
+    cfg = to_object(compose_or_exit(argv))
     try:
         plan, error = compute_plan(cfg), None
     except PlanError as exc:

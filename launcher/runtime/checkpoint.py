@@ -4,7 +4,9 @@ Layout under ``<run_dir>/checkpoints``::
 
     step_000100/          the engine's own files (DeepSpeed's model and ZeRO partitions, or
                           Megatron-Core's megatron/ dist-checkpoint), written by every rank
-      trainwright.json    step, consumed samples, resolved config and plan (rank 0)
+      trainwright.json    step, consumed samples, resolved config and plan, and the records
+                          a resume is checked against: architecture, layout, training
+                          (launcher.runtime.resume; rank 0)
       rng/rank_<r>.pt     python, numpy, torch CPU, CUDA and Megatron RNG-tracker states
       complete            written last; a directory without it is never resumed from
     latest                pointer file naming the newest complete step directory
@@ -12,6 +14,9 @@ Layout under ``<run_dir>/checkpoints``::
 A save writes ``step_<N>.tmp``; after every rank has finished (barrier) rank 0 writes
 ``complete``, renames the directory to ``step_<N>``, moves ``latest`` (atomic rename) and only then
 prunes to ``keep_last``. A crash at any point leaves the previous checkpoint and pointer intact.
+A write that fails (a full disk, a full quota, an I/O error) raises :class:`CheckpointError`
+naming the directory and its free space (:mod:`launcher.runtime.diskfull`); rank 0 removes the
+partial ``step_<N>.tmp``, and stale ``.tmp`` directories are removed before each save.
 
 An async save (engine=megatron, ``trainer.async_save``) returns once the tensor write is scheduled
 in a background process; the same completion (barrier, ``complete``, rename, ``latest``, prune)
@@ -22,11 +27,13 @@ directory is ``step_<N>.tmp``.
 
 :func:`find_resume` never starts from scratch silently: an explicitly requested checkpoint that is
 missing or incomplete, or a ``latest`` that names nothing usable, raises :class:`CheckpointError`
-naming the file.
+naming the file. A load that fails names every tensor torch or Megatron-Core names (missing and
+unexpected keys, both shapes of a mismatch), not just the first line of the error.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import pickle
 import random
@@ -42,16 +49,28 @@ import torch
 
 from launcher.atomic import atomic_symlink_or_pointer, atomic_write_json, atomic_write_text, \
     read_pointer
+from launcher.compose import CONFIG_ERROR_EXIT
 from launcher.engines.base import CheckpointError
-from launcher.runtime import collectives
+from launcher.runtime import collectives, diskfull
 
-__all__ = ["CheckpointError", "CheckpointManager", "Resume", "complete_steps", "find_resume",
-           "load", "prune", "step_name", "unreadable_files"]
+__all__ = ["CheckpointError", "CheckpointManager", "IncompatibleCheckpoint", "Resume",
+           "complete_steps", "find_resume", "load", "prune", "read_meta", "step_name",
+           "unreadable_files"]
 
 COMPLETE = "complete"
 META = "trainwright.json"
 LATEST = "latest"
 _STEP_RE = re.compile(r"^step_(\d+)$")
+MAX_ERROR_LINES = 40
+"""Lines of a load error kept in the CheckpointError (torch lists one line per tensor)."""
+
+
+class IncompatibleCheckpoint(CheckpointError):
+    """A checkpoint this run must not (or cannot) load as configured: a different architecture,
+    engine or a layout the engine cannot convert. A config error: the process exits 2 and the
+    message names every difference and the settings that would resume it."""
+
+    exit_code = CONFIG_ERROR_EXIT
 
 
 @dataclass(frozen=True)
@@ -68,9 +87,13 @@ def step_name(step: int) -> str:
 
 
 def _rng_state() -> dict:
+    """Every RNG state of this process, as tensors, numbers and tuples only (so that it loads
+    with ``torch.load(weights_only=True)``)."""
     from megatron.core import tensor_parallel
 
-    return {"python": random.getstate(), "numpy": np.random.get_state(),
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"python": random.getstate(),
+            "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             "megatron": tensor_parallel.get_cuda_rng_tracker().get_states()}
@@ -80,11 +103,27 @@ def _set_rng_state(state: dict) -> None:
     from megatron.core import tensor_parallel
 
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    keys = keys.numpy() if isinstance(keys, torch.Tensor) else keys
+    np.random.set_state((kind, keys.astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
     if state["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     tensor_parallel.get_cuda_rng_tracker().set_states(state["megatron"])
+
+
+NUMPY_RNG_GLOBALS = (np.dtype, np.ndarray, type(np.dtype(np.uint32)),
+                     importlib.import_module("numpy._core.multiarray" if hasattr(np, "_core")
+                                             else "numpy.core.multiarray")._reconstruct)
+"""What RNG files written before they held tensors only need beyond weights-only loading (numpy
+arrays; ``torch.serialization.get_unsafe_globals_in_checkpoint`` lists them); no code runs."""
+
+
+def load_rng_file(path: Path) -> dict:
+    """An RNG state file, loaded without running code: weights-only, plus numpy arrays (older
+    files) allowed by name."""
+    with torch.serialization.safe_globals(list(NUMPY_RNG_GLOBALS)):
+        return torch.load(path, weights_only=True)
 
 
 @dataclass(frozen=True)
@@ -106,9 +145,10 @@ class CheckpointManager:
     the same step, and :attr:`pending` is the same on every rank."""
 
     def __init__(self, checkpoints_dir: Path, io, *, keep_last: int, async_save: bool = False,
-                 final_step: int = 0):
+                 final_step: int = 0, record: Optional[dict] = None):
         self.dir, self.io = Path(checkpoints_dir), io
         self.keep_last, self.async_save, self.final_step = keep_last, async_save, final_step
+        self.record = dict(record or {})  # architecture, layout, training (runtime.resume)
         self._pending: Optional[_Pending] = None
 
     @property
@@ -119,26 +159,45 @@ class CheckpointManager:
     def save(self, step: int, *, consumed_samples: int, config: dict, plan: dict,
              background: bool = True) -> Path:
         """Save ``step``; in the background when allowed (``background``, ``async_save`` and not
-        the last step), else complete on return. Returns the final step directory."""
+        the last step), else complete on return. Returns the final step directory. A failed
+        write raises :class:`CheckpointError` (see :meth:`_write`)."""
         self.wait()
-        rank = collectives.rank()
         final = self.dir / step_name(step)
         tmp = self.dir / (final.name + ".tmp")
-        if rank == 0:
+        if collectives.rank() == 0:
             self.dir.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)  # debris of an earlier crash
+            for stale in self.dir.glob("step_*.tmp"):  # debris of an earlier crash or full disk
+                shutil.rmtree(stale, ignore_errors=True)
         collectives.barrier()
         background = background and self.async_save and step < self.final_step
-        deferred = self.io.write(tmp, background=background)
-        (tmp / "rng").mkdir(parents=True, exist_ok=True)
-        torch.save(_rng_state(), tmp / "rng" / f"rank_{rank}.pt")
-        if rank == 0:
-            atomic_write_json(tmp / META, {"step": step, "consumed_samples": consumed_samples,
-                                           "config": config, "plan": plan})
+        meta = {"step": step, "consumed_samples": consumed_samples, "config": config,
+                "plan": plan, **self.record}
+        deferred = self._write(tmp, step, meta, background)
         self._pending = _Pending(tmp, final, step)
         if not deferred:
             self._complete()
         return final
+
+    def _write(self, tmp: Path, step: int, meta: dict, background: bool) -> bool:
+        """This rank's files of ``tmp``: the engine's, its RNG states, and (rank 0) the metadata.
+        A write that fails raises CheckpointError naming ``tmp``, its free space and whether
+        the disk is full; rank 0 removes the partial directory (``latest`` is untouched)."""
+        rank = collectives.rank()
+        try:
+            deferred = self.io.write(tmp, background=background)
+            (tmp / "rng").mkdir(parents=True, exist_ok=True)
+            torch.save(_rng_state(), tmp / "rng" / f"rank_{rank}.pt")
+            if rank == 0:
+                atomic_write_json(tmp / META, meta)
+            return deferred
+        except (OSError, RuntimeError) as exc:
+            if not diskfull.is_write_failure(exc):
+                raise
+            error = diskfull.write_error(exc, tmp, step=step, latest=read_pointer(
+                self.dir / LATEST))
+            if rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise error from exc
 
     def poll(self) -> Optional[Path]:
         """Complete the pending save if every rank's write has finished (no wait); its path."""
@@ -189,6 +248,15 @@ def prune(checkpoints_dir: Path, keep_last: int) -> None:
     if keep_last > 0:
         for old in complete_steps(checkpoints_dir)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def read_meta(step_dir: Path) -> dict:
+    """The ``trainwright.json`` of a step directory ({} when it cannot be read)."""
+    try:
+        meta = json.loads((Path(step_dir) / META).read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def _read_meta(step_dir: Path) -> Resume:
@@ -252,12 +320,31 @@ def unreadable_files(step_dir: Path) -> list[Path]:
     return bad
 
 
+def error_text(exc: BaseException, max_lines: int = MAX_ERROR_LINES) -> str:
+    """Every line of ``exc``'s message (torch names one tensor per line: missing and unexpected
+    keys, each size mismatch with both shapes), up to ``max_lines``."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if len(lines) > max_lines:
+        lines = lines[:max_lines] + [f"... ({len(lines) - max_lines} more lines)"]
+    return "\n  ".join(lines)
+
+
+_MISMATCH = re.compile(r"size mismatch|shape mismatch|missing key|unexpected key|"
+                       r"not found in|missing_keys|unexpected_keys", re.IGNORECASE)
+
+
 def _load_error(resume: Resume, exc: BaseException) -> CheckpointError:
     bad = unreadable_files(resume.path)
+    text = error_text(exc)
     where = (f"corrupt or truncated file(s): {', '.join(map(str, bad))}" if bad
              else f"no truncated file found under {resume.path}")
-    return CheckpointError(f"cannot load checkpoint {resume.path} ({type(exc).__name__}: "
-                           f"{str(exc).splitlines()[0] if str(exc) else ''}); {where}")
+    hint = ""
+    if not bad and _MISMATCH.search(text):
+        hint = (f"; the checkpoint's tensors do not fit this model: compare the model settings "
+                f"in {resume.path / META} (config.model) with this run's, and resume with "
+                "those values or start a new run.name")
+    return CheckpointError(f"cannot load checkpoint {resume.path}: {type(exc).__name__}:\n  "
+                           f"{text}\n{where}{hint}")
 
 
 def load(io, resume: Resume) -> None:
@@ -274,7 +361,7 @@ def load(io, resume: Resume) -> None:
     if not rng_file.is_file():
         raise CheckpointError(f"{rng_file} is missing (saved with a different world size?)")
     try:
-        state = torch.load(rng_file, weights_only=False)
+        state = load_rng_file(rng_file)
     except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
         raise _load_error(resume, exc) from exc
     _set_rng_state(state)

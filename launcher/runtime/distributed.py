@@ -104,6 +104,14 @@ def in_distributed_launch(env: Mapping[str, str] = os.environ) -> bool:
     return under_srun and "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1
 
 
+def launch_rank(env: Mapping[str, str] = os.environ) -> int:
+    """This process's global rank from its launcher's variables (RANK, else an ``srun`` task's
+    SLURM_PROCID), before any process group exists; 0 for a single process."""
+    if "RANK" in env:
+        return int(env["RANK"])
+    return int(env["SLURM_PROCID"]) if in_distributed_launch(env) else 0
+
+
 def torch_env_from_slurm(env: Mapping[str, str]) -> dict:
     """torch.distributed's env:// variables derived from an ``srun`` task's Slurm variables.
 

@@ -209,17 +209,19 @@ def _start_wandb(run_dir: Path, logger: LoggerConfig, run_name: str, config: Dic
 
 
 def make_metrics_logger(rank: int, *, run_dir: Path, logger: LoggerConfig, run_name: str,
-                        config: Mapping[str, Any], plan: Any = None,
-                        group: str = "") -> Union[MetricsLogger, NullMetricsLogger]:
+                        config: Mapping[str, Any], plan: Any = None, group: str = "",
+                        console: Any = None) -> Union[MetricsLogger, NullMetricsLogger]:
     """A :class:`MetricsLogger` on rank 0, a :class:`NullMetricsLogger` on every other rank.
 
     ``config`` is the resolved config (dict, DictConfig or dataclass); it goes to wandb redacted.
-    With ``plan``, rank 0 first writes the run directory's config.yaml, plan.json, env.json and
-    data.json (:func:`launcher.runtime.rundir.prepare_run_dir`). ``group`` (e.g. the sweep name)
-    overrides ``logger.group``.
+    With ``plan``, rank 0 first prepares the run directory
+    (:func:`launcher.runtime.rundir.prepare_run_dir`: env.json, and config.yaml, plan.json and
+    data.json on a first start; a restart records its config under configs/ and leaves those to
+    :func:`launcher.runtime.resume.started`). ``group`` (e.g. the sweep name) overrides
+    ``logger.group``; ``console`` is where step lines and events are printed (default stdout).
     """
     if rank != 0:
         return NullMetricsLogger()
     if plan is not None:
         prepare_run_dir(Path(run_dir), config=config, plan=plan)
-    return MetricsLogger(Path(run_dir), logger, run_name, config, group=group)
+    return MetricsLogger(Path(run_dir), logger, run_name, config, group=group, console=console)

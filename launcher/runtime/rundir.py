@@ -5,8 +5,10 @@ requeued or restarted job finds its own directory (and its latest checkpoint and
 again. Rank 0 calls :func:`prepare_run_dir` once per start:
 
     run_dir/
-      config.yaml   resolved config, secrets redacted
-      plan.json     the pre-flight plan (launcher.plan.Plan.to_dict())
+      config.yaml   resolved config, secrets redacted   } of the last start that got going
+      plan.json     the pre-flight plan (Plan.to_dict()) } (a restart rewrites them only once
+      data.json     the data the run reads              } its checkpoint loaded)
+      configs/      every restart's config (launcher.runtime.confighistory)
       env.json      library versions, git SHA, hosts, rank variables, CUDA availability
       checkpoints/  written by the checkpoint module
       logs/         per-rank logs
@@ -35,6 +37,7 @@ import yaml
 
 from launcher.atomic import atomic_write_json, atomic_write_text
 from launcher.config import RunConfig
+from launcher.runtime.confighistory import record_attempt
 
 REDACTED = "<redacted>"
 """What a secret is replaced with."""
@@ -219,24 +222,45 @@ def collect_env(env: Mapping[str, str] | None = None) -> dict:
 
 
 def prepare_run_dir(run_dir: Path, *, config: Any, plan: Any) -> None:
-    """Create ``run_dir`` with checkpoints/ and logs/; write config.yaml, plan.json, env.json and
-    data.json (the data manifests the run reads).
+    """Create ``run_dir`` with checkpoints/ and logs/ and write env.json; on the first start also
+    config.yaml, plan.json and data.json (:func:`write_run_files`). A restart (config.yaml
+    exists) keeps those three, which describe the last start that got going, and records its
+    config as the next ``configs/attempt_<n>_<time>.yaml`` instead; :func:`write_run_files`
+    replaces them once the restart has loaded its checkpoint (launcher.runtime.confighistory).
 
     ``config`` is the resolved config (dict, DictConfig or dataclass) and ``plan`` the plan
-    (dict or Plan). All three files are redacted and written atomically; a restart rewrites them.
+    (dict or Plan). Every file is redacted and written atomically.
     """
     run_dir = Path(run_dir)
     for sub in ("checkpoints", "logs"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     secrets = secret_env_values()
-    plan_obj = plan.to_dict() if hasattr(plan, "to_dict") else plan
-    config_yaml = yaml.safe_dump(redact(to_plain(config), secrets), sort_keys=False)
-    atomic_write_text(run_dir / "config.yaml", config_yaml)
-    atomic_write_json(run_dir / "plan.json", redact(to_plain(plan_obj), secrets))
     atomic_write_json(run_dir / "env.json", redact(collect_env(), secrets))
+    if (run_dir / "config.yaml").is_file():
+        record_attempt(run_dir, _config_yaml(config, secrets))
+    else:
+        write_run_files(run_dir, config=config, plan=plan)
+
+
+def _config_yaml(config: Any, secrets: list[str]) -> str:
+    return yaml.safe_dump(redact(to_plain(config), secrets), sort_keys=False)
+
+
+def write_run_files(run_dir: Path, *, config: Any, plan: Any,
+                    extra: Mapping[str, Any] | None = None) -> None:
+    """What the run directory says about its run: config.yaml, plan.json, data.json (the data
+    manifests the run reads) and ``extra`` (file name -> JSON-able, e.g. the engine's
+    ds_config.json), redacted and written atomically."""
+    run_dir = Path(run_dir)
+    secrets = secret_env_values()
+    plan_obj = plan.to_dict() if hasattr(plan, "to_dict") else plan
+    atomic_write_text(run_dir / "config.yaml", _config_yaml(config, secrets))
+    atomic_write_json(run_dir / "plan.json", redact(to_plain(plan_obj), secrets))
     data = to_plain(config).get("data") or {}
     atomic_write_json(run_dir / "data.json", redact(data_reference(data.get("prefixes") or []),
                                                      secrets))
+    for name, content in (extra or {}).items():
+        atomic_write_json(run_dir / name, redact(to_plain(content), secrets))
 
 
 def data_reference(prefixes: list) -> dict:

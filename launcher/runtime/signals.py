@@ -31,7 +31,13 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from typing import Any, Callable, Dict, Iterable, Optional
+
+# Imported here, never inside a handler: a second signal arriving during the import would run
+# the handler again on a half-initialised module (a launcher gets a stop twice under Slurm:
+# from Slurm itself and forwarded by its parent).
+import psutil
 
 REQUEUE_EXIT_CODE = 75
 """Exit code meaning "checkpoint saved, requeue me" (EX_TEMPFAIL of sysexits.h). The Slurm
@@ -83,7 +89,13 @@ def forward_stop_signals(stop_signal: str, targets: Callable[[], Iterable[int]])
     sigs = stop_signals(stop_signal)
 
     def forward(signum: int, frame: Any) -> None:
-        for pid in targets():
+        try:  # a handler that raised would unwind the launcher from wherever it was interrupted
+            pids = list(targets())
+        except Exception as exc:
+            print(f"launcher: could not forward signal {signum} to the ranks: {exc}",
+                  file=sys.stderr, flush=True)
+            return
+        for pid in pids:
             try:
                 os.kill(pid, signum)
             except ProcessLookupError:
@@ -101,8 +113,6 @@ def restore_handlers(previous: dict) -> None:
 def child_ranks() -> list:
     """Pids of this process's children that run training ranks (not multiprocessing's helper
     processes): what a launcher forwards stop signals to."""
-    import psutil
-
     out = []
     for child in psutil.Process().children():
         try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable, Optional
@@ -28,10 +29,11 @@ from launcher.engines.base import CheckpointError, NonFiniteLoss, StepResult
 from launcher.engines.common import masked_mean, param_groups
 from launcher.engines.deepspeed.mpu import DeepSpeedMPU
 from launcher.runtime import collectives
+from launcher.runtime.checkpoint import IncompatibleCheckpoint
 from launcher.runtime.schedule import set_lr
 
 __all__ = ["DeepSpeedEngine", "DeepSpeedCheckpointIO", "DeepSpeedMPU", "build_engine",
-           "deepspeed_config", "param_groups", "FUSED_BACKWARD"]
+           "check_layout", "deepspeed_config", "param_groups", "saved_layout", "FUSED_BACKWARD"]
 
 NEVER_PRINT = 2 ** 31 - 1
 FUSED_BACKWARD = "backward+grad_sync"
@@ -210,12 +212,64 @@ class DeepSpeedEngine:
         return total / max(count, 1.0)
 
 
+_MODEL_FILE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
+_OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$")
+_ZERO_FORMATS = {0: "ZeRO stage 0", 1: "ZeRO stage 1/2", 2: "ZeRO stage 1/2", 3: "ZeRO stage 3"}
+"""Optimizer-state formats: stages 1 and 2 write the same partitions (a resume may switch)."""
+
+
+def saved_layout(step_dir: Path) -> dict:
+    """TP size, optimizer-state format and (under ZeRO) DP size of the DeepSpeed files in
+    ``step_dir``, read from their names (``mp_rank_<tp>_model_states.pt``,
+    ``[bf16_]zero_pp_rank_<dp>_mp_rank_<tp>_optim_states.pt``, ZeRO-3's
+    ``zero_pp_rank_<dp>_mp_rank_<tp>_model_states.pt``); None where no file tells."""
+    tp, dp, stage3 = set(), set(), False
+    for path in Path(step_dir).iterdir():
+        if match := _MODEL_FILE.match(path.name):
+            tp.add(int(match.group(2)))
+            stage3 = stage3 or match.group(1) is not None
+        elif match := _OPTIM_FILE.match(path.name):
+            dp.add(int(match.group(1)))
+            tp.add(int(match.group(2)))
+    zero = "ZeRO stage 3" if stage3 else _ZERO_FORMATS[1] if dp else _ZERO_FORMATS[0]
+    return {"tp": len(tp) or None, "dp": len(dp) or None, "zero": zero if tp else None}
+
+
+def check_layout(saved: dict, current: dict, step_dir: Path) -> None:
+    """Raise IncompatibleCheckpoint (exit 2), before any tensor is read, for what DeepSpeed
+    cannot convert: another TP size (its merge/split rules know Megatron-LM's old parameter
+    names, not Megatron-Core's), another optimizer-state format (ZeRO 0, 1/2 and 3 each have
+    their own), and, under ZeRO, another DP size ("automatic adjustment of ZeRO's optimizer
+    state partitioning with a new world size is not currently supported"). ZeRO 1 <-> 2, and any
+    DP size at ZeRO stage 0, load."""
+    problems = []
+    if saved["tp"] and saved["tp"] != current["tp"]:
+        problems.append(f"it holds {saved['tp']} tensor-parallel shard(s), this run has TP="
+                        f"{current['tp']}: resume with parallelism.tensor_parallel_size="
+                        f"{saved['tp']}")
+    if saved["zero"] and saved["zero"] != current["zero"]:
+        stage = {"ZeRO stage 0": "0", "ZeRO stage 1/2": "1 or 2", "ZeRO stage 3": "3"}
+        problems.append(f"its optimizer state is in the {saved['zero']} format, this run uses "
+                        f"{current['zero']}: resume with parallelism.zero_stage="
+                        f"{stage[saved['zero']]}")
+    elif saved["dp"] and current["zero"] != _ZERO_FORMATS[0] and saved["dp"] != current["dp"]:
+        tp = saved["tp"] or current["tp"]
+        problems.append(f"its ZeRO optimizer state is partitioned over {saved['dp']} "
+                        f"data-parallel ranks, this run has {current['dp']}, and DeepSpeed "
+                        f"cannot repartition it: resume with DP={saved['dp']} (a world size of "
+                        f"{saved['dp'] * tp} at TP={tp})")
+    if problems:
+        raise IncompatibleCheckpoint(f"DeepSpeed cannot load {step_dir} into this layout: "
+                                     + "; ".join(problems) + ". Nothing was loaded.")
+
+
 class DeepSpeedCheckpointIO:
     """DeepSpeed's own checkpoint files (model, ZeRO partitions) inside a step directory.
 
     ``engine.save_checkpoint(<parent>, tag=<step dir name>)`` writes ``<step dir>/...``; the
     caller owns ``latest``, so DeepSpeed's own pointer is not written. DeepSpeed saves
-    synchronously (no background writes)."""
+    synchronously (no background writes). A read first refuses what DeepSpeed cannot convert
+    (:func:`check_layout`)."""
 
     def __init__(self, ds_engine):
         self.ds = ds_engine
@@ -227,7 +281,13 @@ class DeepSpeedCheckpointIO:
     def finish_background(self, blocking: bool) -> bool:
         return True
 
+    def layout(self) -> dict:
+        """This engine's TP size, optimizer-state format and DP size (as :func:`saved_layout`)."""
+        return {"tp": self.ds.mp_world_size, "dp": self.ds.dp_world_size,
+                "zero": _ZERO_FORMATS[self.ds.zero_optimization_stage()]}
+
     def read(self, step_dir: Path) -> None:
+        check_layout(saved_layout(step_dir), self.layout(), step_dir)
         path, _ = self.ds.load_checkpoint(str(step_dir.parent), tag=step_dir.name,
                                           load_optimizer_states=True,
                                           load_lr_scheduler_states=False)

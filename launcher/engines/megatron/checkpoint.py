@@ -17,9 +17,11 @@ another. The optimizer follows the same idea:
 
 The checkpoint records its layout and optimizer format as dist-checkpointing *content metadata*;
 a load reads it back, builds the optimizer's sharded state dict in the saved format, and refuses
-with :class:`launcher.engines.base.CheckpointError` (naming both layouts and the fix) what
-Megatron-Core cannot convert: optimizer state across ``zero_stage`` 0 <-> 1, and across a
-change in the number of chained optimizers (MoE with EP > 1 vs EP = 1).
+with :class:`launcher.runtime.checkpoint.IncompatibleCheckpoint` (a config error, exit 2; naming
+both layouts and the fix), before reading any tensor, what Megatron-Core cannot convert:
+optimizer state across ``zero_stage`` 0 <-> 1, and across a change in the number of chained
+optimizers (MoE with EP > 1 vs EP = 1). The architecture (and the engine) are checked earlier,
+for every engine alike, by :mod:`launcher.runtime.resume`.
 
 Four things Megatron-Core 0.16.1 leaves to the training loop (or gets wrong with torch's Adam,
 i.e. without Transformer Engine or Apex), each handled here and tested:
@@ -40,8 +42,8 @@ from pathlib import Path
 import torch
 
 from launcher.engines import compat
-from launcher.engines.base import CheckpointError
 from launcher.runtime import collectives
+from launcher.runtime.checkpoint import IncompatibleCheckpoint
 
 SUBDIR = "megatron"
 """Directory inside a step directory that holds the torch_dist files."""
@@ -178,23 +180,35 @@ def _full_state(chunks: list, optimizer, saved: dict, is_loading: bool,
     return state
 
 
-def check_compatible(saved: dict, current: dict, source: Path) -> None:
-    """Raise CheckpointError when the optimizer state in ``source`` (saved with ``saved``) cannot
-    be loaded by this run's optimizer (``current``); TP, PP and DP changes are loadable."""
-    where = f"{source} was saved with {describe(saved)}, this run uses {describe(current)}"
+def incompatibilities(saved: dict, current: dict) -> list:
+    """What Megatron-Core cannot convert from a checkpoint's content metadata (``saved``) to
+    this run's (``current``), each with its fix; empty when it loads (TP, PP, VPP, CP and DP
+    changes do: tensors are addressed in model space)."""
+    problems = []
     if saved.get("zero_stage", current["zero_stage"]) != current["zero_stage"]:
-        raise CheckpointError(
-            f"{where}: Megatron-Core cannot convert optimizer state between the distributed "
-            "optimizer (zero_stage=1) and the plain one (zero_stage=0). Resume with "
+        problems.append(
+            "Megatron-Core cannot convert optimizer state between the distributed optimizer "
+            "(zero_stage=1) and the plain one (zero_stage=0). Resume with "
             f"parallelism.zero_stage={saved['zero_stage']} (TP, PP and DP may change).")
     if saved.get("optimizers", current["optimizers"]) != current["optimizers"]:
         ep = saved.get("layout", {}).get("ep", "?")
-        raise CheckpointError(
-            f"{where}: the checkpoint holds {saved['optimizers']} optimizer(s) (with MoE and "
-            "EP > 1 expert parameters get their own), this run builds "
-            f"{current['optimizers']}, and Megatron-Core cannot map the state of one onto the "
-            f"other. Resume with parallelism.expert_parallel_size={ep} (TP, PP and DP may "
-            "change).")
+        problems.append(
+            f"The checkpoint holds {saved['optimizers']} optimizer(s) (with MoE and EP > 1 "
+            f"expert parameters get their own), this run builds {current['optimizers']}, and "
+            "Megatron-Core cannot map the state of one onto the other. Resume with "
+            f"parallelism.expert_parallel_size={ep} (TP, PP and DP may change).")
+    return problems
+
+
+def check_compatible(saved: dict, current: dict, source: Path) -> None:
+    """Raise IncompatibleCheckpoint (exit 2) when the optimizer state in ``source`` (saved with
+    ``saved``) cannot be loaded by this run's optimizer (``current``), naming both layouts and
+    every fix; TP, PP and DP changes are loadable."""
+    problems = incompatibilities(saved, current)
+    if problems:
+        raise IncompatibleCheckpoint(
+            f"{source} was saved with {describe(saved)}, this run uses {describe(current)}: "
+            + " ".join(problems))
 
 
 class MegatronCheckpointIO:

@@ -1,0 +1,110 @@
+"""What a failed checkpoint write says about the disk: a full one is reported as such.
+
+A full disk surfaces in two shapes: an ``OSError`` with ``errno`` ENOSPC (or EDQUOT, a full
+quota) from Python's own writes, and torch's zip writer failing without an errno, e.g.
+``[enforce fail at inline_container.cc:672] . unexpected pos 3712 vs 3604`` or
+``PytorchStreamWriter failed writing file data/0: file write failed``. For the second,
+:func:`out_of_space` looks at the filesystem itself (:func:`shutil.disk_usage`): with (almost)
+nothing free there, the disk is full.
+
+:func:`write_error` turns either into a :class:`launcher.engines.base.CheckpointError` naming the
+directory, the free space and the fix, e.g.::
+
+    no space left on /scratch/run/checkpoints/step_000200.tmp (0 B free of 1.0 MiB) while saving
+    step 200; the previous checkpoint (latest = step_000100) is intact. Free space on that
+    filesystem or point run.output_root at a larger one, then restart: the run resumes from it.
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from pathlib import Path
+from typing import Optional
+
+from launcher.engines.base import CheckpointError
+
+__all__ = ["TORCH_WRITE_FAILURES", "human_bytes", "is_write_failure", "out_of_space",
+           "write_error"]
+
+TORCH_WRITE_FAILURES = ("PytorchStreamWriter", "unexpected pos", "file write failed")
+"""Fragments of torch's zip-writer errors (they carry no errno)."""
+
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+"""OS errors that mean the filesystem (or the user's quota on it) is full."""
+
+LOW_WATER_BYTES = 256 * 2 ** 20
+"""Free space below which (or below 1% of the filesystem, whichever is smaller) a torch write
+failure is put down to a full disk."""
+
+
+def human_bytes(count: float) -> str:
+    """``1.5 GiB``-style size."""
+    if count < 1024:
+        return f"{count:.0f} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        count /= 1024
+        if count < 1024 or unit == "TiB":
+            break
+    return f"{count:.1f} {unit}"
+
+
+def _usage(path: Path) -> Optional[tuple]:
+    """(total, used, free) bytes (:func:`shutil.disk_usage`) of ``path`` or of its nearest
+    existing parent; None if none can be asked."""
+    for candidate in (path, *path.parents):
+        try:
+            return shutil.disk_usage(candidate)
+        except OSError:
+            continue
+    return None
+
+
+def _chain(exc: BaseException):
+    """``exc`` and the exceptions it was raised from or during."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def is_write_failure(exc: BaseException) -> bool:
+    """An OSError or one of torch's zip-writer errors (not a programming error)."""
+    return any(isinstance(e, OSError) or (isinstance(e, RuntimeError) and any(
+        fragment in str(e) for fragment in TORCH_WRITE_FAILURES)) for e in _chain(exc))
+
+
+def out_of_space(exc: BaseException, path: Path) -> bool:
+    """Whether ``exc``, raised while writing under ``path``, means the disk or quota is full."""
+    if any(isinstance(e, OSError) and e.errno in NO_SPACE_ERRNOS for e in _chain(exc)):
+        return True
+    if not is_write_failure(exc):
+        return False
+    usage = _usage(Path(path))
+    return usage is not None and usage.free < min(LOW_WATER_BYTES, usage.total // 100 + 1)
+
+
+def _free_text(path: Path) -> str:
+    usage = _usage(path)
+    if usage is None:
+        return "free space unknown"
+    return f"{human_bytes(usage.free)} free of {human_bytes(usage.total)}"
+
+
+def write_error(exc: BaseException, path: Path, *, step: int, latest: Optional[str]) -> \
+        CheckpointError:
+    """The CheckpointError for ``exc``, raised while saving ``step`` into ``path`` (the
+    ``step_<N>.tmp`` directory); ``latest`` is the checkpoint that stays the resume point."""
+    path = Path(path)
+    kept = (f"the previous checkpoint (latest = {latest}) is intact" if latest
+            else "no earlier checkpoint exists")
+    if out_of_space(exc, path):
+        return CheckpointError(
+            f"no space left on {path} ({_free_text(path)}) while saving step {step}; {kept}. "
+            "Free space on that filesystem or point run.output_root at a larger one, then "
+            f"restart{': the run resumes from it' if latest else ''} "
+            f"({type(exc).__name__}: {str(exc).strip()})")
+    return CheckpointError(
+        f"cannot write checkpoint files under {path} ({_free_text(path)}) while saving step "
+        f"{step}: {type(exc).__name__}: {str(exc).strip()}; {kept}")

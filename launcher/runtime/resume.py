@@ -1,0 +1,295 @@
+"""Resume safety: what a checkpoint records about the run that wrote it, and what a resume checks.
+
+Every checkpoint's ``trainwright.json`` holds, next to the resolved config and plan, three compact
+records of the run that wrote it (:func:`run_record`, written by
+:class:`launcher.runtime.checkpoint.CheckpointManager`):
+
+* ``architecture``: every model setting that gives the weights their meaning, with the config's
+  0-sentinels resolved (:data:`ARCHITECTURE_KEYS`); dropout, init and the MoE loss and capacity
+  are training settings and are not part of it;
+* ``layout``: engine, TP, PP, VPP, CP, EP, DP, ZeRO stage and world size;
+* ``training``: global and micro batch, accumulation, sequence length and train steps.
+
+A resume, in order (``launcher.train``):
+
+1. :func:`refuse_incompatible`, before the engine is built: a different architecture or engine
+   raises :class:`~launcher.runtime.checkpoint.IncompatibleCheckpoint` (exit 2) naming every
+   differing field with both values and the fix. Layout changes are the engine's to judge, in its
+   checkpoint reader before any tensor is read (Megatron-Core reshards TP/PP/DP; see
+   :func:`launcher.engines.megatron.checkpoint.check_compatible` and
+   :func:`launcher.engines.deepspeed.engine.check_layout`).
+2. :func:`already_trained`: a checkpoint at or past the planned ``train_steps`` has nothing left
+   to train; an ``already_trained`` event says so and the process exits 0 without building
+   anything (a run is never rewound).
+3. the load, then :func:`report_changes`: a changed global or micro batch, sequence length,
+   train steps (learning-rate schedule) or layout is logged as an event (events.jsonl and
+   the console) naming the step and where the consumed samples continue.
+4. :func:`started`: only now are config.yaml, plan.json and data.json rewritten
+   (:mod:`launcher.runtime.confighistory`).
+
+A checkpoint written before these records existed is checked against the config and plan stored
+beside them; one with neither is loaded unchecked (an event says so), and a changed shape then
+shows in the load error, which names every tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from launcher.config import ModelConfig
+from launcher.runtime import collectives
+from launcher.runtime.checkpoint import IncompatibleCheckpoint, Resume, read_meta
+
+__all__ = ["ARCHITECTURE_KEYS", "already_trained", "architecture", "architecture_changes",
+           "layout", "refuse_incompatible", "report_changes", "run_record", "saved_record",
+           "started", "training"]
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+             if f.default is not dataclasses.MISSING and f.default != "???"}
+"""ModelConfig defaults, for configs saved before a field existed."""
+
+DERIVED = {"normalization": "from model.arch", "activation": "from model.arch",
+           "position_embedding": "from model.arch"}
+"""Architecture entries that are not a config key of their own: what sets them."""
+
+ARCHITECTURE_KEYS = (
+    "arch", "normalization", "activation", "position_embedding", "num_layers", "hidden_size",
+    "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
+    "max_position_embeddings", "rotary_base", "norm_epsilon",
+    "untie_embeddings_and_output_weights", "add_bias_linear", "add_qkv_bias", "num_experts",
+    "moe_router_topk", "moe_ffn_hidden_size")
+"""What the architecture record holds, in message order. The padded vocabulary is not part of
+it: it follows TP, and Megatron-Core loads embeddings padded differently (the padding rows carry
+no token)."""
+
+LAYOUT_KEYS = ("engine", "tensor_parallel_size", "pipeline_parallel_size",
+               "virtual_pipeline_parallel_size", "context_parallel_size",
+               "expert_parallel_size", "data_parallel_size", "zero_stage", "world_size")
+TRAINING_KEYS = ("global_batch_size", "micro_batch_size", "grad_accum_steps", "seq_length",
+                 "train_steps")
+
+
+def _plain(value: Any) -> Any:
+    return getattr(value, "value", value)
+
+
+def architecture(model: Mapping) -> dict:
+    """The architecture record of ``model`` (ModelConfig fields as a mapping), sentinels resolved
+    as :func:`launcher.engines.model.transformer_config` resolves them."""
+    m = {**_DEFAULTS, **{k: _plain(v) for k, v in model.items()}}
+    llama, moe = m["arch"] == "llama", int(m["num_experts"]) > 0
+    heads, hidden = int(m["num_attention_heads"]), int(m["hidden_size"])
+    return {
+        "arch": m["arch"], "normalization": "RMSNorm" if llama else "LayerNorm",
+        "activation": "swiglu" if llama else "gelu",
+        "position_embedding": "rope" if llama else "learned_absolute",
+        "num_layers": m["num_layers"], "hidden_size": hidden,
+        "ffn_hidden_size": m["ffn_hidden_size"], "num_attention_heads": heads,
+        "num_query_groups": m["num_query_groups"] or heads,
+        "kv_channels": m["kv_channels"] or hidden // heads, "vocab_size": m["vocab_size"],
+        "max_position_embeddings": None if llama else
+        (m["max_position_embeddings"] or m["seq_length"]),
+        "rotary_base": m["rotary_base"] if llama else None, "norm_epsilon": m["norm_epsilon"],
+        "untie_embeddings_and_output_weights": bool(m["untie_embeddings_and_output_weights"]),
+        "add_bias_linear": bool(m["add_bias_linear"]),
+        "add_qkv_bias": bool(m["add_qkv_bias"] or m["add_bias_linear"]),
+        "num_experts": m["num_experts"],
+        "moe_router_topk": m["moe_router_topk"] if moe else None,
+        "moe_ffn_hidden_size": (m["moe_ffn_hidden_size"] or m["ffn_hidden_size"]) if moe
+        else None,
+    }
+
+
+def layout(plan: Mapping) -> dict:
+    """The layout record of a plan (``Plan.to_dict()``)."""
+    return {key: _plain(plan.get(key)) for key in LAYOUT_KEYS}
+
+
+def training(plan: Mapping) -> dict:
+    """The training record of a plan (``Plan.to_dict()``)."""
+    return {key: plan.get(key) for key in TRAINING_KEYS}
+
+
+def run_record(cfg, plan) -> dict:
+    """This run's records, as every checkpoint it writes stores them."""
+    from launcher.runtime.rundir import to_plain
+
+    plan_dict = plan.to_dict()
+    return {"architecture": architecture(to_plain(cfg.model)), "layout": layout(plan_dict),
+            "training": training(plan_dict)}
+
+
+def saved_record(meta: Mapping) -> dict:
+    """A checkpoint's records from its ``trainwright.json``; for one written before they were
+    recorded, derived from the config and plan saved beside them (missing ones: absent)."""
+    out = {key: meta[key] for key in ("architecture", "layout", "training") if key in meta}
+    config, plan = meta.get("config") or {}, meta.get("plan") or {}
+    if "architecture" not in out and isinstance(config.get("model"), Mapping) \
+            and "num_attention_heads" in config["model"]:
+        out["architecture"] = architecture(config["model"])
+    if plan.get("engine"):
+        out.setdefault("layout", layout(plan))
+        out.setdefault("training", training(plan))
+    return out
+
+
+def _label(key: str) -> str:
+    return f"{key} ({DERIVED[key]})" if key in DERIVED else f"model.{key}"
+
+
+def architecture_changes(saved: Mapping, now: Mapping) -> list:
+    """``model.<key>: checkpoint <a>, now <b>`` for every architecture entry that differs."""
+    return [f"{_label(key)}: checkpoint {saved.get(key)}, now {now.get(key)}"
+            for key in ARCHITECTURE_KEYS if key in saved and saved.get(key) != now.get(key)]
+
+
+def _fix(saved: Mapping, now: Mapping) -> str:
+    """How to resume the checkpoint instead: its values of the settable keys."""
+    keys = [k for k in ARCHITECTURE_KEYS if k in saved and saved[k] != now.get(k)]
+    values = [f"model.{k}={saved[k]}" for k in keys if k not in DERIVED and saved[k] is not None]
+    if any(k in DERIVED for k in keys) and "arch" not in keys:
+        values.append(f"model.arch={saved.get('arch')}")
+    return " ".join(values)
+
+
+def incompatibilities(resume: Resume, record: Mapping) -> Optional[str]:
+    """Why ``resume`` must not be loaded by a run with ``record`` (None when it may)."""
+    saved = saved_record(read_meta(resume.path))
+    problems = architecture_changes(saved.get("architecture", {}), record["architecture"])
+    saved_layout = saved.get("layout", {})
+    engine, now_engine = saved_layout.get("engine"), record["layout"]["engine"]
+    if engine and engine != now_engine:
+        problems.append(f"engine: checkpoint {engine}, now {now_engine} (the engines' "
+                        "checkpoint formats differ)")
+    if not problems:
+        return None
+    fix = _fix(saved.get("architecture", {}), record["architecture"])
+    if engine and engine != now_engine:
+        fix = f"{fix} engine={engine}".strip()
+    return (f"checkpoint {resume.path} does not match this run's model: " + "; ".join(problems)
+            + ". Nothing was loaded. To resume it, set the checkpoint's values (" + fix
+            + "); to train this configuration instead, start a new run (another run.name, "
+            "without trainer.load).")
+
+
+def refuse_incompatible(resume: Optional[Resume], record: Mapping) -> None:
+    """Raise IncompatibleCheckpoint (exit 2) on every rank when ``resume`` was written by a
+    different architecture or engine than ``record``'s (collective; before any tensor is read)."""
+    problem = None if resume is None else incompatibilities(resume, record)
+    if collectives.any_rank(problem is not None):
+        raise IncompatibleCheckpoint(problem or f"another rank refused checkpoint "
+                                                f"{resume.path if resume else ''}")
+
+
+def already_trained(resume: Optional[Resume], plan, metrics) -> bool:
+    """True (on every rank) when ``resume`` is at or past ``plan.train_steps``: an event says
+    that nothing is left to train, and the caller exits 0 without training (collective)."""
+    done = resume is not None and resume.step >= plan.train_steps
+    if not collectives.any_rank(done):
+        return False
+    if resume is None:  # another rank found a checkpoint this one did not: stop all the same
+        return True
+    steps = plan.train_steps
+    where = ("which reaches" if resume.step == steps else "past") + \
+        f" the {steps} steps trainer.train_steps/train_tokens ask for"
+    metrics.log_event("already_trained",
+                      f"nothing to train: checkpoint {resume.path} is at step {resume.step}, "
+                      f"{where}; exiting 0 without training (a run is never rewound). To train "
+                      f"on, raise trainer.train_steps (or trainer.train_tokens) above "
+                      f"{resume.step}", step=resume.step, train_steps=steps)
+    return True
+
+
+def _describe_layout(record: Mapping) -> str:
+    short = {"tensor_parallel_size": "TP", "pipeline_parallel_size": "PP",
+             "virtual_pipeline_parallel_size": "VPP", "context_parallel_size": "CP",
+             "expert_parallel_size": "EP", "data_parallel_size": "DP", "zero_stage": "ZeRO"}
+    return " ".join(f"{name}={record.get(key)}" for key, name in short.items())
+
+
+def _batch_changes(old: Mapping, new: Mapping, resume: Resume) -> list:
+    """(kind, message) for a changed global or micro batch or sequence length."""
+    at, samples = f"at step {resume.step}", resume.consumed_samples
+    out = []
+    if old.get("global_batch_size") not in (None, new["global_batch_size"]):
+        out.append(("batch_change", f"global batch changed from {old['global_batch_size']} to "
+                    f"{new['global_batch_size']} {at}: consumed samples continue at {samples} "
+                    f"(each step now consumes {new['global_batch_size']} samples; the "
+                    "learning-rate schedule continues by step)"))
+    if old.get("micro_batch_size") not in (None, new["micro_batch_size"]):
+        out.append(("batch_change", f"micro batch changed from {old['micro_batch_size']} to "
+                    f"{new['micro_batch_size']} {at}: {new['grad_accum_steps']} accumulation "
+                    f"step(s) per optimizer step (was {old.get('grad_accum_steps')}); consumed "
+                    f"samples continue at {samples}"))
+    if old.get("seq_length") not in (None, new["seq_length"]):
+        out.append(("batch_change", f"sequence length changed from {old['seq_length']} to "
+                    f"{new['seq_length']} {at}: consumed samples continue at {samples}, now "
+                    f"samples of {new['seq_length']} tokens"))
+    return out
+
+
+def _schedule_change(old: Mapping, new: Mapping, resume: Resume, optimizer) -> list:
+    """(kind, message) when train_steps changed: the lr schedule is recomputed."""
+    from launcher.runtime.schedule import lr_at
+
+    before, after = old.get("train_steps"), new["train_steps"]
+    if before in (None, after) or optimizer is None:
+        return []
+    lrs = [lr_at(resume.step, optimizer=optimizer, total_steps=total) for total in (before, after)]
+    return [("schedule_change", f"train steps changed from {before} to {after} at step "
+             f"{resume.step}: the learning-rate schedule now spans {after} steps (lr of the next "
+             f"step {lrs[0]:.3e} before, {lrs[1]:.3e} now)")]
+
+
+def _layout_change(old: Mapping, new: Mapping, resume: Resume) -> list:
+    keys = [k for k in LAYOUT_KEYS if k not in ("engine", "world_size")]
+    if not old or all(old.get(k) == new.get(k) for k in keys):
+        return []
+    return [("layout_change", f"parallel layout changed from {_describe_layout(old)} to "
+             f"{_describe_layout(new)} at step {resume.step}: the engine resharded the "
+             "checkpoint")]
+
+
+def report_changes(resume: Resume, record: Mapping, metrics, optimizer=None) -> list:
+    """Log (events.jsonl and console) what a resume changed against ``resume``'s records: global
+    or micro batch, sequence length, train steps, parallel layout. Returns (kind, message)s."""
+    saved = saved_record(read_meta(resume.path))
+    old, new = saved.get("training") or {}, record["training"]
+    changes = (_batch_changes(old, new, resume) + _schedule_change(old, new, resume, optimizer)
+               + _layout_change(saved.get("layout") or {}, record["layout"], resume))
+    for kind, message in changes:
+        metrics.log_event(kind, message, step=resume.step,
+                          consumed_samples=resume.consumed_samples)
+    return changes
+
+
+def started(run_dir: Path, *, config: Any, plan, files: Optional[Mapping] = None) -> None:
+    """This start got going (checkpoint loaded, or a fresh engine built): rank 0 writes what the
+    run directory says about its run, config.yaml, plan.json, data.json and the engine's
+    ``files`` (e.g. ds_config.json); a refused or failed start never gets here."""
+    from launcher.runtime.rundir import write_run_files
+
+    if collectives.rank() == 0:
+        write_run_files(Path(run_dir), config=config, plan=plan, extra=files)
+
+
+def resume_state(checkpoints, resume: Optional[Resume], record: Mapping, metrics,
+                 optimizer=None):
+    """The loop's starting :class:`~launcher.runtime.loop.LoopState`: fresh without ``resume``;
+    else after loading it through ``checkpoints`` (collective), with a ``resume`` event and one
+    event per change (:func:`report_changes`)."""
+    from launcher.runtime.loop import LoopState
+
+    if resume is None:
+        return LoopState()
+    if "architecture" not in saved_record(read_meta(resume.path)):
+        metrics.log_event("resume_unchecked", f"checkpoint {resume.path} records no "
+                          "architecture (written before trainwright recorded one): loading it "
+                          "without comparing the model settings")
+    checkpoints.load(resume)
+    metrics.log_event("resume", f"resumed from {resume.path} at step {resume.step}")
+    report_changes(resume, record, metrics, optimizer)
+    return LoopState(step=resume.step, consumed_samples=resume.consumed_samples,
+                     last_saved=resume.step)
