@@ -20,7 +20,8 @@ from typing import Any, NamedTuple, Optional, Sequence
 from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
 from launcher.plan.data_check import check_data_or_exit
 from launcher.runtime.console import library_logs_to
-from launcher.runtime.distributed import in_distributed_launch, launch_local_world
+from launcher.launch.local import launch_local_world
+from launcher.runtime.distributed import in_distributed_launch
 from launcher.plan import plan_or_exit
 
 

@@ -160,7 +160,7 @@ def worker(mode: str, out_dir: str) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO_ROOT))
-    from launcher.runtime.distributed import launch_local_world
+    from launcher.launch.local import launch_local_world
 
     mode_arg, out = sys.argv[1], sys.argv[2]
     log_dir = Path(out, "logs") if mode_arg == "requeue" else None

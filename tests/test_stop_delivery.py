@@ -45,7 +45,8 @@ def test_stop_signal_saves_one_step_on_every_rank_and_exits_75(tmp_path, name):
     else:
         os.kill(proc.pid, sig)
     code = proc.wait(timeout=150)
-    output = log.read_text()
+    # the console, and each rank's log (library output, loader workers' deaths, go there)
+    output = log.read_text() + "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
     assert code == REQUEUE_EXIT_CODE, output[-4000:]
     assert "DataLoader worker" not in output, output[-4000:]
     ckpts = run_dir / "checkpoints"

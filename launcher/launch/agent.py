@@ -19,7 +19,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from launcher.runtime.distributed import _failure_exit_code
+from launcher.launch.local import failure_exit_code
 from launcher.runtime.signals import child_ranks, elastic_signals, forward_stop_signals
 
 
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         elastic_launch(config, sys.executable)("-u", "-m", "launcher.train", *args.overrides)
     except ChildFailedError as exc:
-        _, code, message = _failure_exit_code(exc)
+        _, code, message = failure_exit_code(exc)
         print(f"launcher.launch.agent: {message}; exiting with {code}", file=sys.stderr, flush=True)
         return code
     return 0

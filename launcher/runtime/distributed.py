@@ -5,8 +5,9 @@ Three ways a training process can start, all ending in :func:`init_distributed`:
 * under ``torchrun`` (or any launcher that sets RANK and WORLD_SIZE): used as is;
 * under ``srun`` with one task per GPU: :func:`torch_env_from_slurm` derives RANK, LOCAL_RANK,
   WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT from Slurm's variables;
-* from a plain ``python -m launcher.train`` on one machine: :func:`launch_local_world` spawns
-  the workers with torch's elastic launcher (c10d rendezvous on localhost, a free port).
+* from a plain ``python -m launcher.train`` on one machine:
+  :func:`launcher.launch.local.launch_local_world` spawns the workers with torch's elastic
+  launcher (c10d rendezvous on localhost, a free port).
 
 torch is imported lazily so that the pure helpers (hostlist expansion, env mapping) stay cheap.
 """
@@ -18,11 +19,7 @@ import os
 import re
 import socket
 import sys
-from pathlib import Path
-from typing import Callable, Mapping, Optional
-
-from launcher.runtime.signals import (child_ranks, elastic_signals, forward_stop_signals,
-                                      restore_handlers)
+from typing import Mapping
 
 DEFAULT_TIMEOUT_S = 1800.0
 """Default collective timeout (seconds) of the default process group."""
@@ -147,70 +144,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
-
-
-def _failure_exit_code(exc) -> tuple[int, int, str]:
-    """(rank, exit code, description) of the root failure of a ChildFailedError.
-
-    A worker that exited by itself with a code > 0 wins over ranks the agent killed afterwards
-    (negative codes = signals); among those the earliest wins, and at equal times a deliberate
-    ``SystemExit`` (no error file) wins over an exception. A death by signal N becomes 128 + N.
-    """
-    failures = exc.failures
-    own = {rank: f for rank, f in failures.items() if f.exitcode > 0}
-    pool = own or failures
-    rank = min(pool, key=lambda r: (pool[r].timestamp, os.path.isfile(pool[r].error_file), r))
-    failure = pool[rank]
-    code = failure.exitcode if failure.exitcode > 0 else 128 + (-failure.exitcode or 1)
-    how = f"exit code {failure.exitcode}" if failure.exitcode > 0 \
-        else f"signal {failure.signal_name()}"
-    return rank, code, f"rank {rank} failed with {how} (error file: {failure.error_file})"
-
-
-def launch_local_world(entrypoint: Callable, args: tuple, nprocs: int, run_id: str,
-                       log_dir: Optional[Path] = None, stop_signal: str = "SIGUSR1") -> None:
-    """Run ``entrypoint(*args)`` in ``nprocs`` worker processes on this machine and wait.
-
-    Uses torch's elastic launcher with a c10d rendezvous on 127.0.0.1 at a free port; workers see
-    RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as under torchrun. ``entrypoint`` must
-    be picklable (a module-level function; workers are spawned). With ``log_dir`` each worker's
-    stdout/stderr go to files there (``<log_dir>/<run_id>_*/attempt_0/<rank>/``).
-
-    If any worker fails, prints which one to stderr and raises ``SystemExit`` with that worker's
-    exit code (so REQUEUE_EXIT_CODE from a worker becomes the launcher's exit code).
-
-    While the workers run, a stop signal (:func:`launcher.runtime.signals.stop_signals`) sent to
-    this process is forwarded to the workers, whose StopRequest saves and exits with
-    REQUEUE_EXIT_CODE, which is passed on; sent to the whole process group, the workers get it
-    directly and the forwarded copy changes nothing. Other terminating signals (SIGHUP,
-    SIGQUIT) make the elastic agent stop the workers and this raise ``SystemExit`` with 128 +
-    the signal number.
-    """
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    logs = DefaultLogsSpecs(log_dir=str(log_dir) if log_dir else None,
-                            redirects=Std.ALL if log_dir else Std.NONE)
-    config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=run_id, role="trainer",
-        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0,
-        monitor_interval=0.1, start_method="spawn", local_addr="127.0.0.1", logs_specs=logs,
-        signals_to_handle=elastic_signals(stop_signal))
-    previous = forward_stop_signals(stop_signal, child_ranks)
-    try:
-        elastic_launch(config, entrypoint)(*args)
-    except ChildFailedError as exc:
-        rank, code, message = _failure_exit_code(exc)
-        print(f"launch_local_world: {message}; exiting with {code}", file=sys.stderr, flush=True)
-        raise SystemExit(code) from exc
-    except SignalException as exc:
-        print(f"launch_local_world: received {exc.sigval.name}; workers stopped",
-              file=sys.stderr, flush=True)
-        raise SystemExit(128 + int(exc.sigval)) from exc
-    finally:
-        restore_handlers(previous)
 
 
 def _single_process_env() -> None:
