@@ -28,10 +28,10 @@ import json
 import os
 import socket
 import time
-from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from data_prep.errors import OutputLockedError
+from launcher.runtime.runlock import Holder, slurm_identity
 
 LOCK_PREFIX = ".data_prep"
 UNREADABLE_STALE_S = 60.0
@@ -43,48 +43,6 @@ ATTEMPTS = 5
 def lock_name(num_tasks: int, task_index: int) -> str:
     """The lock file name of one output part (see the module docstring)."""
     return f"{LOCK_PREFIX}.lock" if num_tasks == 1 else f"{LOCK_PREFIX}.task-{task_index:05d}.lock"
-
-
-@dataclass(frozen=True)
-class Holder:
-    """Who holds a lock, as written into the lock file."""
-
-    host: str
-    pid: int
-    started: float
-    job: str = ""
-    """SLURM_JOB_ID of the holder ("" outside Slurm)."""
-    restart: int = 0
-    """Its SLURM_RESTART_COUNT."""
-
-    def alive(self) -> Optional[bool]:
-        """True/False for a holder on this host or an earlier incarnation of this Slurm job;
-        None for one on another host (cannot be checked from here)."""
-        job, restart = slurm_identity()
-        if job and self.job == job and self.restart < restart:
-            return False  # this job was requeued: the holder was its killed predecessor
-        if self.host != socket.gethostname():
-            return None
-        import psutil
-
-        try:
-            process = psutil.Process(self.pid)
-            if process.status() == psutil.STATUS_ZOMBIE:  # exited, not yet reaped
-                return False
-            return not (self.started and process.create_time() > self.started + 1)  # pid reused
-        except psutil.NoSuchProcess:
-            return False
-        except psutil.AccessDenied:
-            return True
-
-    def describe(self) -> str:
-        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
-        return f"pid {self.pid} on {self.host} (started {since})"
-
-
-def slurm_identity() -> Tuple[str, int]:
-    """(SLURM_JOB_ID or "", SLURM_RESTART_COUNT or 0) of this process."""
-    return os.environ.get("SLURM_JOB_ID", ""), int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
 
 
 def parse_holder(data: bytes) -> Optional[Holder]:

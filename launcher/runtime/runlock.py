@@ -33,7 +33,7 @@ class RunLocked(RuntimeError):
 
 @dataclass(frozen=True)
 class Holder:
-    """Who holds a run directory's lock."""
+    """Who holds a lock (a run directory's, or a data_prep output's: data_prep.output_lock)."""
 
     host: str
     pid: int
@@ -44,7 +44,7 @@ class Holder:
     def alive(self) -> Optional[bool]:
         """True/False for a holder on this host or an earlier incarnation of this Slurm job;
         None when it is on another host."""
-        job, restart = _slurm_identity()
+        job, restart = slurm_identity()
         if job and self.job == job and self.restart < restart:
             return False  # this job was requeued: the holder was its killed predecessor
         if self.host != socket.gethostname():
@@ -61,8 +61,13 @@ class Holder:
         except psutil.AccessDenied:
             return True
 
+    def describe(self) -> str:
+        """``pid N on host (started <local time>)``."""
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
+        return f"pid {self.pid} on {self.host} (started {since})"
 
-def _slurm_identity() -> tuple:
+
+def slurm_identity() -> tuple:
     """(SLURM_JOB_ID or "", SLURM_RESTART_COUNT or 0) of this process."""
     return os.environ.get("SLURM_JOB_ID", ""), int(os.environ.get("SLURM_RESTART_COUNT", "0"))
 
@@ -102,7 +107,7 @@ def acquire(run_dir: Path) -> Optional[Holder]:
     stale = check_free(run_dir)
     if stale is not None:
         path.unlink(missing_ok=True)
-    job, restart = _slurm_identity()
+    job, restart = slurm_identity()
     mine = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
             "job": job, "restart": restart}
     try:
