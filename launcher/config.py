@@ -28,6 +28,23 @@ class Arch(str, Enum):
     """LayerNorm, GELU MLP, learned absolute positions, biases, tied embeddings by default."""
 
 
+class Activation(str, Enum):
+    auto = "auto"
+    """The architecture's own: SwiGLU for llama, exact (erf) GeLU for gpt2."""
+    gelu = "gelu"
+    """Exact GeLU (gpt2 arch)."""
+    gelu_tanh = "gelu_tanh"
+    """GeLU with the tanh approximation, GPT-2's original ("gelu_new" in Hugging Face)."""
+
+
+class RopeScaling(str, Enum):
+    none = "none"
+    """Plain RoPE frequencies."""
+    llama3 = "llama3"
+    """Llama 3.1's frequency scaling for long context (factor model.rope_scaling_factor; low and
+    high frequency factors 1 and 4, original context 8,192, fixed by Megatron-Core)."""
+
+
 class Recompute(str, Enum):
     none = "none"
     """Keep every activation needed by the backward pass."""
@@ -106,9 +123,17 @@ class ModelConfig:
     seq_length: int = MISSING
     """Training sequence length (tokens). The only place the sequence length is set."""
     max_position_embeddings: int = 0
-    """Rows of the learned position table (gpt2 arch); 0 = seq_length."""
+    """Longest context the model supports (tokens): the rows of the learned position table
+    (gpt2 arch), the context written to exported Hugging Face configs (llama arch);
+    0 = seq_length."""
     rotary_base: int = 10000
     """RoPE base frequency (llama arch)."""
+    rope_scaling: RopeScaling = RopeScaling.none
+    """RoPE frequency scaling (llama arch; see RopeScaling)."""
+    rope_scaling_factor: float = 8.0
+    """rope_scaling=llama3: how much the low frequencies are slowed down (Llama 3.1: 8, 3.2: 32)."""
+    activation: Activation = Activation.auto
+    """MLP activation; auto = the arch's own (see Activation); llama accepts only auto."""
     norm_epsilon: float = 1e-5
     """Epsilon of RMSNorm / LayerNorm."""
     untie_embeddings_and_output_weights: bool = True
@@ -155,6 +180,22 @@ class ParallelismConfig:
     """Keep optimizer state (and its step) in CPU memory (DeepSpeed ZeRO-Offload)."""
     offload_params: bool = False
     """Keep parameters in CPU memory between uses (DeepSpeed ZeRO-3 only)."""
+    layers_in_first_stage: int = 0
+    """Transformer layers on the first pipeline stage (Megatron-Core
+    ``num_layers_in_first_pipeline_stage``); 0 = an even share. The other stages split the rest
+    evenly. engine=megatron with pipeline_parallel_size > 1 only."""
+    layers_in_last_stage: int = 0
+    """Transformer layers on the last pipeline stage (Megatron-Core
+    ``num_layers_in_last_pipeline_stage``); 0 = an even share. engine=megatron with
+    pipeline_parallel_size > 1 only."""
+    account_for_embedding_in_pipeline_split: bool = False
+    """Count the input embedding as one layer of the first stage when splitting layers
+    (Megatron-Core option of that name): every stage gets (layers + 1 [+ 1]) / PP, the first one
+    layer fewer. Not together with layers_in_first_stage / layers_in_last_stage."""
+    account_for_loss_in_pipeline_split: bool = False
+    """Count the output layer and loss as one layer of the last stage when splitting layers
+    (Megatron-Core option of that name): the last stage builds one layer fewer. Not together
+    with layers_in_first_stage / layers_in_last_stage."""
 
 
 @dataclass
@@ -233,6 +274,12 @@ class TrainerConfig:
     """Complete checkpoints kept; older ones are deleted after a new one is complete; 0 = all."""
     load: str = ""
     """Checkpoint directory to start from; empty = resume from the run directory's latest, if any."""
+    init_from: str = ""
+    """Weights to start a new run from: a Hugging Face model directory, or a trainwright run,
+    checkpoints or step directory (either engine, any layout). Weights only: the optimizer
+    starts fresh at step 0. Ignored when the run directory already has a checkpoint (the run
+    resumes from it). Without an explicit model=/model.* the model is read from there; empty =
+    random initialisation."""
     async_save: bool = False
     """engine=megatron only (engine=deepspeed saves synchronously; true is a validation error
     there): write checkpoint tensors in a background process while training goes on
@@ -351,9 +398,35 @@ class RunConfig:
 class PlanConfig:
     format: PlanFormat = PlanFormat.table
     """table (readable) or json (one JSON object on stdout)."""
-    mfu: float = 0.4
-    """Model FLOPs utilisation while computing, assumed for time estimates (0-1]; the pipeline
-    bubble is added on top."""
+    mfu: float = 0.0
+    """0 = step time from the step-time model (launcher/plan/step_time.py: compute, TP/CP/EP/DP
+    communication, pipeline bubble, optimizer, per layout). A value in (0, 1] = the old flat
+    assumption instead: model FLOPs utilisation while computing, the pipeline bubble on top."""
+
+
+@dataclass
+class SearchConfig:
+    """``python -m launcher.search``: which layouts to try and how to report them."""
+
+    headroom: float = 0.10
+    """Fraction of each GPU's memory a candidate must leave free (0-1); 0.10 = use at most 90%."""
+    top_k: int = 10
+    """Candidates printed, best predicted step time first."""
+    format: PlanFormat = PlanFormat.table
+    """table (readable) or json (one JSON object on stdout)."""
+    engines: List[str] = field(default_factory=list)
+    """Engines to try (megatron, deepspeed); empty = every registered engine."""
+    max_micro_batch_size: int = 8
+    """Largest trainer.micro_batch_size tried (sequences); the search tries the divisors of the
+    per-replica batch up to it."""
+    max_tensor_parallel_nodes: int = 1
+    """Nodes a tensor-parallel group may span (1 = TP within a node); more lets the search
+    show what TP across nodes costs."""
+    measure: int = 0
+    """Run the best K candidates for measure_steps steps each through launcher.train on this
+    machine and re-rank them by measured step time; 0 = predict only."""
+    measure_steps: int = 4
+    """Optimizer steps of each measured run (search.measure); the first is not timed."""
 
 
 @dataclass
@@ -392,6 +465,8 @@ class TrainwrightConfig:
     """Run directory naming."""
     plan: PlanConfig = field(default_factory=PlanConfig)
     """Plan output and estimates."""
+    search: SearchConfig = field(default_factory=SearchConfig)
+    """Layout search options (python -m launcher.search)."""
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     """How a Slurm job starts the training processes (launcher.submit)."""
     submit: SubmitConfig = field(default_factory=SubmitConfig)

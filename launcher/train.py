@@ -148,6 +148,7 @@ def train_worker(w: Worker) -> int:
         resume_safety.refuse_incompatible(resume, record)  # exit 2 before anything is built
         if resume_safety.already_trained(resume, plan, metrics):
             return 0
+        cfg = initial_weights(cfg, resume, metrics)
         engine_spec, subs = spec(cfg.engine.name), _engine_configs(cfg)
         engine = engine_spec.build(plan, model=cfg.model, **subs)
         checkpoints = checkpoint.CheckpointManager(
@@ -174,6 +175,22 @@ def train_worker(w: Worker) -> int:
             stop.restore()
         runlock.release(run_dir)
         destroy_distributed()
+
+
+def initial_weights(cfg, resume, metrics):
+    """``cfg`` with ``trainer.init_from`` cleared when the run resumes from its own checkpoint
+    (its trained weights win); the choice is logged."""
+    import dataclasses
+
+    if not cfg.trainer.init_from:
+        return cfg
+    if resume is not None:
+        metrics.log_event("init_from", f"ignored trainer.init_from={cfg.trainer.init_from}: "
+                          f"resuming from {resume.path}")
+        return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, init_from=""))
+    metrics.log_event("init_from", f"weights from {cfg.trainer.init_from} (optimizer fresh, "
+                      "step 0)")
+    return cfg
 
 
 def take_run_lock(run_dir: Path, rank: int, console):
@@ -231,6 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(flag in argv for flag in ("-m", "--multirun")):
         from launcher.launch.sweep import main as sweep_main  # Hydra multirun: one run per point
         return sweep_main(argv)
+    from launcher.convert.model_source import adopt_model
+    argv = adopt_model(argv, "trainer.init_from")  # the weights' model, or exit 2 on a mismatch
     cfg = to_object(compose_or_exit(argv))
     plan = plan_or_exit(cfg)
     check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size)

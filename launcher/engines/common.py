@@ -23,3 +23,12 @@ def param_groups(module: torch.nn.Module, weight_decay: float) -> list:
         (no_decay if param.ndim < 2 or name.endswith(".bias") else decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0}]
+
+
+def load_initial_weights(chunks: list, init_from: str) -> None:
+    """``trainer.init_from``: copy the weights at that path into the freshly built model chunks
+    (any layout), before the optimizer copies them into its master weights; nothing when empty."""
+    if init_from:
+        from launcher.convert.fill import fill_chunks
+
+        fill_chunks(chunks, init_from)

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from launcher.config import (
+    Activation,
     Arch,
     AttentionBackend,
     ModelConfig,
@@ -81,19 +82,43 @@ def runnable_attention(trainer: TrainerConfig, *, planned_flash: bool, gpu: Opti
     return dataclasses.replace(trainer, attention_backend=AttentionBackend.unfused), note
 
 
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GeLU with the tanh approximation (GPT-2's own; Hugging Face's "gelu_new")."""
+    return F.gelu(x, approximate="tanh")
+
+
+def activation_function(model: ModelConfig, *, fused: bool = False):
+    """The MLP activation of ``model``: SiLU (gated: SwiGLU) for llama, exact or tanh GeLU for
+    gpt2; ValueError for llama with anything but ``auto``.
+
+    With ``fused`` (bias-activation fusion) tanh GeLU is spelled ``F.gelu``: Megatron-Core
+    0.16 recognises the activation by identity and its fused bias-GeLU kernel is the tanh
+    approximation (megatron/core/fusions/fused_bias_gelu.py)."""
+    activation = Activation(model.activation)
+    if model.arch == Arch.llama:
+        if activation != Activation.auto:
+            raise ValueError(f"model.activation={activation.value} with model.arch=llama: a "
+                             "llama MLP is SwiGLU; set model.activation=auto")
+        return F.silu
+    if activation == Activation.gelu_tanh:
+        return F.gelu if fused else _gelu_tanh
+    return F.gelu
+
+
 def _arch_fields(model: ModelConfig) -> dict:
     """Norm, MLP activation and bias settings that follow from the architecture."""
     llama = model.arch == Arch.llama
+    fusions = _fusion_fields(model, gpu=torch.cuda.is_available(), te=use_transformer_engine())
     return dict(
         normalization="RMSNorm" if llama else "LayerNorm",
         gated_linear_unit=llama,
-        activation_func=F.silu if llama else F.gelu,
+        activation_func=activation_function(model, fused=fusions["bias_activation_fusion"]),
         add_bias_linear=model.add_bias_linear,
         add_qkv_bias=model.add_qkv_bias or model.add_bias_linear,
         masked_softmax_fusion=False,  # needs Megatron-LM's compiled softmax kernels
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,  # needs main_grad, which DeepSpeed does not have
-        **_fusion_fields(model, gpu=torch.cuda.is_available(), te=use_transformer_engine()),
+        **fusions,
     )
 
 
@@ -101,12 +126,15 @@ def _fusion_fields(model: ModelConfig, *, gpu: bool, te: bool) -> dict:
     """Fused kernels, on a GPU only (on a CPU they would be compiled for no gain).
 
     The fused bias-SwiGLU/GeLU keeps only its input for backward (the plan counts 3 x ffn
-    values per token for a gated MLP; unfused SwiGLU keeps 4). Megatron-Core refuses the GeLU
-    fusion without a bias. The fused RoPE comes from Transformer Engine.
+    values per token for a gated MLP; unfused SwiGLU keeps 4). Megatron-Core's fused bias-GeLU
+    needs a bias and computes the tanh approximation, so it serves only
+    ``model.activation=gelu_tanh``; exact GeLU stays unfused. The fused RoPE comes from
+    Transformer Engine.
     """
     gated = model.arch == Arch.llama
+    tanh = Activation(model.activation) == Activation.gelu_tanh
     return dict(
-        bias_activation_fusion=gpu and (gated or model.add_bias_linear),
+        bias_activation_fusion=gpu and (gated or (model.add_bias_linear and tanh)),
         bias_dropout_fusion=gpu,
         apply_rope_fusion=gpu and te and model.arch == Arch.llama,
     )
@@ -266,6 +294,8 @@ def build_gpt_model(
         share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
         position_embedding_type="rope" if llama else "learned_absolute",
         rotary_base=model.rotary_base,
+        rope_scaling=llama and getattr(model.rope_scaling, "value", model.rope_scaling) == "llama3",
+        rope_scaling_factor=model.rope_scaling_factor,
         vp_stage=vp_stage,
     )
 

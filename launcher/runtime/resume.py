@@ -50,14 +50,15 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
              if f.default is not dataclasses.MISSING and f.default != "???"}
 """ModelConfig defaults, for configs saved before a field existed."""
 
-DERIVED = {"normalization": "from model.arch", "activation": "from model.arch",
+DERIVED = {"normalization": "from model.arch", "activation": "from model.arch and model.activation",
            "position_embedding": "from model.arch"}
 """Architecture entries that are not a config key of their own: what sets them."""
 
 ARCHITECTURE_KEYS = (
     "arch", "normalization", "activation", "position_embedding", "num_layers", "hidden_size",
     "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
-    "max_position_embeddings", "rotary_base", "norm_epsilon",
+    "max_position_embeddings", "rotary_base", "rope_scaling", "rope_scaling_factor",
+    "norm_epsilon",
     "untie_embeddings_and_output_weights", "add_bias_linear", "add_qkv_bias", "num_experts",
     "moe_router_topk", "moe_ffn_hidden_size")
 """What the architecture record holds, in message order. The padded vocabulary is not part of
@@ -78,12 +79,13 @@ def _plain(value: Any) -> Any:
 def architecture(model: Mapping) -> dict:
     """The architecture record of ``model`` (ModelConfig fields as a mapping), sentinels resolved
     as :func:`launcher.engines.model.transformer_config` resolves them."""
-    m = {**_DEFAULTS, **{k: _plain(v) for k, v in model.items()}}
+    m = {k: _plain(v) for k, v in {**_DEFAULTS, **model}.items()}
     llama, moe = m["arch"] == "llama", int(m["num_experts"]) > 0
     heads, hidden = int(m["num_attention_heads"]), int(m["hidden_size"])
     return {
         "arch": m["arch"], "normalization": "RMSNorm" if llama else "LayerNorm",
-        "activation": "swiglu" if llama else "gelu",
+        "activation": "swiglu" if llama else
+        ("gelu_tanh" if m["activation"] == "gelu_tanh" else "gelu"),
         "position_embedding": "rope" if llama else "learned_absolute",
         "num_layers": m["num_layers"], "hidden_size": hidden,
         "ffn_hidden_size": m["ffn_hidden_size"], "num_attention_heads": heads,
@@ -91,7 +93,11 @@ def architecture(model: Mapping) -> dict:
         "kv_channels": m["kv_channels"] or hidden // heads, "vocab_size": m["vocab_size"],
         "max_position_embeddings": None if llama else
         (m["max_position_embeddings"] or m["seq_length"]),
-        "rotary_base": m["rotary_base"] if llama else None, "norm_epsilon": m["norm_epsilon"],
+        "rotary_base": m["rotary_base"] if llama else None,
+        "rope_scaling": m["rope_scaling"] if llama else None,
+        "rope_scaling_factor": float(m["rope_scaling_factor"])
+        if llama and m["rope_scaling"] != "none" else None,
+        "norm_epsilon": m["norm_epsilon"],
         "untie_embeddings_and_output_weights": bool(m["untie_embeddings_and_output_weights"]),
         "add_bias_linear": bool(m["add_bias_linear"]),
         "add_qkv_bias": bool(m["add_qkv_bias"] or m["add_bias_linear"]),

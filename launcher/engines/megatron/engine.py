@@ -139,9 +139,12 @@ def build_megatron_engine(plan, *, model: ModelConfig, parallelism: ParallelismC
     """Model chunks + DDP + Megatron optimizer on an initialised parallel state (collective)."""
     from megatron.core.optimizer import get_megatron_optimizer
 
+    from launcher.engines.common import load_initial_weights
+
     precision = Precision(trainer.precision)
-    chunks = _wrap_chunks(build_model_chunks(model, parallelism, trainer), parallelism, engine,
-                          precision)
+    chunks = build_model_chunks(model, parallelism, trainer)
+    load_initial_weights(chunks, trainer.init_from)
+    chunks = _wrap_chunks(chunks, parallelism, engine, precision)
     opt = get_megatron_optimizer(
         optimizer_config(optimizer, trainer, parallelism.zero_stage == 1), chunks)
     return MegatronEngine(chunks, opt, plan=plan, engine=engine, trainer=trainer,

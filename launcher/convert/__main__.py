@@ -1,0 +1,118 @@
+"""``python -m launcher.convert <to_hf|from_hf|preset> key=value ...``
+
+    to_hf   checkpoint=<run, checkpoints or step dir> out=<new dir> [dtype=auto|bf16|fp16|fp32]
+            [max_shard_gb=5]
+    from_hf hf=<HF dir> out=<new run dir> [parallelism.* engine=... cluster.* overrides]
+    preset  hf=<HF dir>      (prints the model YAML for conf/model/)
+
+Exit codes: 0 done, 2 bad arguments, unsupported model or config error.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+EXIT_USAGE = 2
+OWN_KEYS = {"to_hf": ("checkpoint", "out", "dtype", "max_shard_gb"),
+            "from_hf": ("hf", "out"), "preset": ("hf",)}
+REQUIRED = {"to_hf": ("checkpoint", "out"), "from_hf": ("hf", "out"), "preset": ("hf",)}
+
+
+def _fail(message: str) -> int:
+    print(f"convert: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def parse(argv: Sequence[str]) -> tuple[str, dict, list]:
+    """(command, its own key=value settings, the remaining Hydra overrides); ValueError."""
+    if not argv or argv[0] not in OWN_KEYS:
+        raise ValueError(f"first argument must be one of {', '.join(OWN_KEYS)}\n{__doc__}")
+    command, own, rest = argv[0], {}, []
+    for arg in argv[1:]:
+        key, sep, value = arg.partition("=")
+        if sep and key in OWN_KEYS[command]:
+            own[key] = value
+        elif command == "from_hf" and sep:
+            rest.append(arg)
+        else:
+            raise ValueError(f"{command}: unknown argument {arg!r}; it takes "
+                             + ", ".join(f"{k}=" for k in OWN_KEYS[command])
+                             + (" and config overrides" if command == "from_hf" else ""))
+    missing = [k for k in REQUIRED[command] if not own.get(k)]
+    if missing:
+        raise ValueError(f"{command}: missing {', '.join(f'{k}=<...>' for k in missing)}")
+    return command, own, rest
+
+
+def _world_of_one():
+    """A one-process gloo group (Megatron-Core's checkpoint reader asks for one)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="tw-convert-"), "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+
+
+def to_hf(own: dict) -> int:
+    from launcher.convert.hf_writer import DTYPES
+    from launcher.convert.sources import SourceError, open_source, step_dir_of
+    from launcher.convert.to_hf import export
+
+    dtype = own.get("dtype", "auto")
+    if dtype != "auto" and dtype not in DTYPES:
+        return _fail(f"dtype={dtype}: use auto, {', '.join(DTYPES)}")
+    try:
+        step_dir = step_dir_of(Path(own["checkpoint"]))
+        _world_of_one()
+        source = open_source(step_dir)
+        summary = export(source, step_dir, Path(own["out"]), dtype_name=dtype,
+                         max_shard_gb=float(own.get("max_shard_gb", 5)),
+                         log=lambda line: print(line, file=sys.stderr))
+    except (SourceError, FileExistsError, ValueError) as exc:
+        return _fail(str(exc))
+    gb = summary["bytes"] / 1e9
+    print(f"to_hf: step {summary['step']} -> {summary['out']}: {gb:.3f} GB in "
+          f"{summary['shards']} shard(s), {summary['seconds']:.1f} s "
+          f"({gb / max(summary['seconds'], 1e-9):.2f} GB/s); tokenizer: "
+          f"{summary['tokenizer'] or 'none (not a Hugging Face tokenizer.json)'}")
+    return 0
+
+
+def preset(own: dict) -> int:
+    import json
+
+    import yaml
+
+    from launcher.convert.hf_config import UnsupportedModel, model_fields
+
+    path = Path(own["hf"]) / "config.json"
+    try:
+        fields = model_fields(json.loads(path.read_text()), str(path))
+    except (OSError, UnsupportedModel) as exc:
+        return _fail(str(exc))
+    print(f"# from {path}; save as conf/model/{fields['name']}.yaml")
+    print(yaml.safe_dump(fields, sort_keys=False), end="")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        command, own, rest = parse(sys.argv[1:] if argv is None else argv)
+    except ValueError as exc:
+        return _fail(str(exc))
+    if command == "to_hf":
+        return to_hf(own)
+    if command == "preset":
+        return preset(own)
+    from launcher.convert.from_hf import run_import
+
+    return run_import(own["hf"], own["out"], rest)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())

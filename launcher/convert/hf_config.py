@@ -1,0 +1,205 @@
+"""Hugging Face ``config.json`` <-> trainwright ``model`` group (torch-free).
+
+:func:`model_fields` reads an HF config of a supported family (``llama``, ``mixtral``, ``gpt2``)
+into ModelConfig fields and raises :class:`UnsupportedModel` naming every feature Megatron-Core
+cannot reproduce; :func:`hf_config` writes the config transformers (and vLLM) load for a
+ModelConfig. Field names and defaults follow transformers 4.45-5.x, including both spellings of
+the RoPE settings (``rope_theta`` + ``rope_scaling`` before 5.0, ``rope_parameters`` since).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+FAMILIES = ("llama", "mixtral", "gpt2")
+"""HF ``model_type`` values that convert."""
+
+MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 8192}
+"""Megatron-Core 0.16's Llama 3.1 RoPE scaling (RotaryEmbedding._apply_scaling): only the factor
+is configurable, these three are fixed (they are Llama 3.1's and 3.2's published values)."""
+
+GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+"""HF GPT-2 ``activation_function`` -> ``model.activation``."""
+
+
+class UnsupportedModel(ValueError):
+    """An HF config with features that cannot be converted; ``problems`` names each one."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.problems = problems
+        super().__init__(f"{source}: cannot convert this model: " + "; ".join(problems))
+
+
+def _rope(config: Mapping) -> tuple[float, dict]:
+    """(rope theta, scaling dict or {}) from either spelling."""
+    params = dict(config.get("rope_parameters") or {})
+    scaling = dict(config.get("rope_scaling") or {})
+    theta = params.pop("rope_theta", config.get("rope_theta", 10000.0))
+    merged = {**scaling, **params}
+    kind = merged.get("rope_type", merged.get("type", "default"))
+    return float(theta), ({} if kind == "default" else {**merged, "rope_type": kind})
+
+
+def _rope_fields(config: Mapping, problems: list) -> dict:
+    theta, scaling = _rope(config)
+    fields: dict[str, Any] = {"rotary_base": int(theta) if float(theta).is_integer() else theta}
+    if not scaling:
+        return fields
+    if scaling["rope_type"] != "llama3":
+        problems.append(f"rope type {scaling['rope_type']!r} (Megatron-Core implements the "
+                        "default RoPE and Llama 3.1's 'llama3' scaling only)")
+        return fields
+    for key, value in MEGATRON_LLAMA3_ROPE.items():
+        if float(scaling.get(key, value)) != value:
+            problems.append(f"rope_scaling.{key}={scaling.get(key)} (Megatron-Core's llama3 "
+                            f"scaling fixes it at {value:g})")
+    fields.update(rope_scaling="llama3", rope_scaling_factor=float(scaling.get("factor", 8.0)))
+    return fields
+
+
+def _llama_fields(config: Mapping, problems: list) -> dict:
+    hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+    if config.get("hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act={config.get('hidden_act')!r} (a Llama MLP is SwiGLU: silu)")
+    if config.get("attention_bias") or config.get("mlp_bias"):
+        problems.append("attention_bias/mlp_bias (Llama-family biases are not mapped)")
+    if config.get("sliding_window"):
+        problems.append(f"sliding_window={config['sliding_window']} (full causal attention only)")
+    head_dim = config.get("head_dim") or hidden // heads
+    fields = dict(arch="llama", num_layers=int(config["num_hidden_layers"]), hidden_size=hidden,
+                  ffn_hidden_size=int(config["intermediate_size"]), num_attention_heads=heads,
+                  num_query_groups=int(config.get("num_key_value_heads") or heads),
+                  kv_channels=int(head_dim), vocab_size=int(config["vocab_size"]),
+                  norm_epsilon=float(config.get("rms_norm_eps", 1e-6)),
+                  untie_embeddings_and_output_weights=not config.get("tie_word_embeddings",
+                                                                     False),
+                  max_position_embeddings=int(config.get("max_position_embeddings", 0) or 0))
+    fields.update(_rope_fields(config, problems))
+    fields["seq_length"] = _training_length(fields, config)
+    return fields
+
+
+def _training_length(fields: Mapping, config: Mapping) -> int:
+    """A sensible ``model.seq_length``: the pre-scaling context under llama3 RoPE scaling (the
+    length the model was pretrained at), else the position limit, at most 8,192."""
+    _, scaling = _rope(config)
+    if scaling.get("original_max_position_embeddings"):
+        return int(scaling["original_max_position_embeddings"])
+    return min(int(fields.get("max_position_embeddings") or 4096), 8192)
+
+
+def _mixtral_fields(config: Mapping, problems: list) -> dict:
+    fields = _llama_fields({**config, "attention_bias": False, "mlp_bias": False}, problems)
+    fields.update(num_experts=int(config["num_local_experts"]),
+                  moe_router_topk=int(config["num_experts_per_tok"]),
+                  moe_aux_loss_coeff=float(config.get("router_aux_loss_coef", 0.01)))
+    return fields
+
+
+def _gpt2_fields(config: Mapping, problems: list) -> dict:
+    hidden = int(config["n_embd"])
+    act = config.get("activation_function", "gelu_new")
+    if act not in GPT2_ACTIVATIONS:
+        problems.append(f"activation_function={act!r} (gelu_new, gelu_pytorch_tanh or gelu)")
+    if config.get("scale_attn_by_inverse_layer_idx"):
+        problems.append("scale_attn_by_inverse_layer_idx=true (not in Megatron-Core)")
+    if config.get("scale_attn_weights", True) is False:
+        problems.append("scale_attn_weights=false (Megatron-Core scales by 1/sqrt(head dim))")
+    positions = int(config.get("n_positions", 1024))
+    return dict(arch="gpt2", activation=GPT2_ACTIVATIONS.get(act, "gelu"),
+                num_layers=int(config["n_layer"]), hidden_size=hidden,
+                ffn_hidden_size=int(config.get("n_inner") or 4 * hidden),
+                num_attention_heads=int(config["n_head"]), vocab_size=int(config["vocab_size"]),
+                norm_epsilon=float(config.get("layer_norm_epsilon", 1e-5)),
+                untie_embeddings_and_output_weights=False, add_bias_linear=True,
+                max_position_embeddings=positions, seq_length=positions)
+
+
+def model_fields(config: Mapping, source: str = "config.json") -> dict:
+    """ModelConfig fields (a plain dict, ``name`` included) of an HF config; UnsupportedModel
+    when it cannot be converted."""
+    kind = config.get("model_type")
+    if kind not in FAMILIES:
+        raise UnsupportedModel(source, [f"model_type={kind!r} (supported: "
+                                        f"{', '.join(FAMILIES)})"])
+    problems: list[str] = []
+    fields = {"llama": _llama_fields, "mixtral": _mixtral_fields, "gpt2": _gpt2_fields}[kind](
+        config, problems)
+    if config.get("tie_word_embeddings") is False and kind == "gpt2":
+        problems.append("tie_word_embeddings=false (GPT-2 always ties its output layer)")
+    if problems:
+        raise UnsupportedModel(source, problems)
+    name = str(config.get("_name_or_path") or "").rstrip("/").rsplit("/", 1)[-1]
+    fields["name"] = name or f"hf_{kind}"
+    return fields
+
+
+def _plain(value: Any) -> Any:
+    return getattr(value, "value", value)
+
+
+def _llama_config(m: Mapping, dtype: str) -> dict:
+    heads = int(m["num_attention_heads"])
+    rope: dict[str, Any] = {"rope_theta": float(m["rotary_base"]), "rope_type": "default"}
+    if _plain(m.get("rope_scaling", "none")) == "llama3":
+        rope.update(rope_type="llama3", factor=float(m["rope_scaling_factor"]),
+                    **MEGATRON_LLAMA3_ROPE)
+    config = {
+        "hidden_size": int(m["hidden_size"]), "intermediate_size": int(m["ffn_hidden_size"]),
+        "num_hidden_layers": int(m["num_layers"]), "num_attention_heads": heads,
+        "num_key_value_heads": int(m["num_query_groups"] or heads),
+        "head_dim": int(m["kv_channels"] or int(m["hidden_size"]) // heads),
+        "hidden_act": "silu", "rms_norm_eps": float(m["norm_epsilon"]),
+        "max_position_embeddings": int(m.get("max_position_embeddings") or m["seq_length"]),
+        "vocab_size": int(m["vocab_size"]), "attention_bias": False, "mlp_bias": False,
+        "tie_word_embeddings": not m["untie_embeddings_and_output_weights"],
+        "rope_theta": rope["rope_theta"], "rope_parameters": rope,
+        "rope_scaling": None if rope["rope_type"] == "default" else
+        {k: v for k, v in rope.items() if k != "rope_theta"},
+        "initializer_range": float(m.get("init_method_std", 0.02)), "torch_dtype": dtype,
+        "dtype": dtype, "use_cache": True, "attention_dropout": 0.0,
+    }
+    if int(m.get("num_experts") or 0) > 0:
+        config.update(model_type="mixtral", architectures=["MixtralForCausalLM"],
+                      num_local_experts=int(m["num_experts"]),
+                      num_experts_per_tok=int(m["moe_router_topk"]),
+                      router_aux_loss_coef=float(m.get("moe_aux_loss_coeff", 0.01)),
+                      sliding_window=None, output_router_logits=False, router_jitter_noise=0.0)
+        del config["attention_bias"], config["mlp_bias"]
+    else:
+        config.update(model_type="llama", architectures=["LlamaForCausalLM"], pretraining_tp=1)
+    return config
+
+
+def _gpt2_config(m: Mapping, dtype: str) -> dict:
+    act = _plain(m.get("activation", "auto"))
+    return {
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
+        "n_embd": int(m["hidden_size"]), "n_layer": int(m["num_layers"]),
+        "n_head": int(m["num_attention_heads"]), "n_inner": int(m["ffn_hidden_size"]),
+        "n_positions": int(m.get("max_position_embeddings") or m["seq_length"]),
+        "vocab_size": int(m["vocab_size"]), "layer_norm_epsilon": float(m["norm_epsilon"]),
+        "activation_function": "gelu_new" if act == "gelu_tanh" else "gelu",
+        "tie_word_embeddings": True, "scale_attn_weights": True,
+        "attn_pdrop": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "torch_dtype": dtype,
+        "dtype": dtype, "use_cache": True,
+    }
+
+
+def hf_config(model: Mapping, *, dtype: str, eos_id: int = -1, bos_id: int = -1) -> dict:
+    """The HF ``config.json`` of a ModelConfig (given as a mapping of its fields)."""
+    m = {k: _plain(v) for k, v in model.items()}
+    config = _gpt2_config(m, dtype) if m["arch"] == "gpt2" else _llama_config(m, dtype)
+    config["bos_token_id"] = bos_id if bos_id >= 0 else None
+    config["eos_token_id"] = eos_id if eos_id >= 0 else None
+    return config
+
+
+def architecture_differences(hf: Mapping, composed: Mapping) -> list[tuple[str, Any, Any]]:
+    """``(field, HF value, composed value)`` for every architecture field of the composed
+    ``model`` that differs from the HF config's (both ModelConfig field mappings)."""
+    from launcher.runtime.resume import architecture
+
+    a, b = architecture(hf), architecture(composed)
+    return [(key, a[key], b.get(key)) for key in a if a[key] != b.get(key)]

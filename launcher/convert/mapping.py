@@ -1,0 +1,219 @@
+"""Where each Megatron-Core tensor lives in a Hugging Face checkpoint, per architecture.
+
+The pivot is Megatron-Core's own *model space*: a tensor is addressed by its dist-checkpointing
+key (``decoder.layers.self_attention.linear_qkv.weight``) and its index along the stacked axes
+(``(layer,)``, or ``(layer, expert)`` for experts), and holds the whole unsharded tensor of that
+layer. Every layout (TP/PP/VPP/EP) is a slicing of it that Megatron-Core describes itself
+(``sharded_state_dict``), and torch_dist checkpoints store exactly these tensors.
+
+Facts the mapping relies on (Megatron-Core 0.16, transformers 4.45-5.x):
+
+* fused QKV rows are grouped by key/value head: for each of the ``G`` groups, its ``H/G`` query
+  heads, then its key head, then its value head (``head_dim`` rows each); HF keeps separate
+  ``q_proj``/``k_proj``/``v_proj`` (GPT-2: one ``c_attn`` with all queries, then keys, values);
+* the SwiGLU input projection ``linear_fc1`` is ``[gate; up]`` (HF ``gate_proj``/``up_proj``,
+  Mixtral ``w1``/``w3``), the output projection ``linear_fc2`` is ``down_proj``/``w2``;
+* the pre-attention and pre-MLP norms are saved under the TE-fused names
+  ``linear_qkv.layer_norm_weight`` and ``linear_fc1.layer_norm_weight`` by every layer spec;
+* Megatron-Core RoPE rotates halves (``rotary_interleaved=False``), as HF Llama does, so query
+  and key rows need no permutation;
+* the embedding and output layer are padded to the model's padded vocabulary; HF holds
+  ``vocab_size`` rows (padding rows are zero on import and dropped on export);
+* GPT-2's HF ``Conv1D`` stores weights as ``[in, out]``: transposed against ``nn.Linear``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping
+
+import torch
+
+L = "decoder.layers."
+EXPERTS = L + "mlp.experts.experts."
+
+
+@dataclass(frozen=True)
+class Dims:
+    """What the mapping needs to know about a model."""
+
+    arch: str  # llama (also Mixtral when experts > 0) or gpt2
+    layers: int
+    hidden: int
+    heads: int
+    groups: int
+    head_dim: int
+    vocab: int
+    experts: int
+    tied: bool
+    biases: bool
+
+    @classmethod
+    def of(cls, model: Mapping) -> "Dims":
+        """From ModelConfig fields (a mapping; sentinels resolved as the engine does)."""
+        m = {k: getattr(v, "value", v) for k, v in model.items()}
+        heads = int(m["num_attention_heads"])
+        return cls(arch=m["arch"], layers=int(m["num_layers"]), hidden=int(m["hidden_size"]),
+                   heads=heads, groups=int(m.get("num_query_groups") or heads),
+                   head_dim=int(m.get("kv_channels") or int(m["hidden_size"]) // heads),
+                   vocab=int(m["vocab_size"]), experts=int(m.get("num_experts") or 0),
+                   tied=not m["untie_embeddings_and_output_weights"],
+                   biases=bool(m.get("add_bias_linear")))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One Megatron-Core key and the HF tensors it is made of."""
+
+    key: str
+    hf: tuple  # name templates with {l} (layer) and {e} (expert)
+    kind: str  # copy | vocab | qkv | glu | t | gpt2_qkv | gpt2_qkv_bias
+    stacked: int  # 0 (whole model), 1 (per layer) or 2 (per layer and expert)
+
+
+def _llama_rules(d: Dims) -> list[Rule]:
+    p = "model.layers.{l}."
+    rules = [Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab", 0),
+             Rule(L + "self_attention.linear_qkv.layer_norm_weight",
+                  (p + "input_layernorm.weight",), "copy", 1),
+             Rule(L + "self_attention.linear_qkv.weight",
+                  tuple(p + f"self_attn.{x}_proj.weight" for x in "qkv"), "qkv", 1),
+             Rule(L + "self_attention.linear_proj.weight", (p + "self_attn.o_proj.weight",),
+                  "copy", 1),
+             Rule(L + "mlp.linear_fc1.layer_norm_weight", (p + "post_attention_layernorm.weight",),
+                  "copy", 1)]
+    if d.experts:
+        moe = p + "block_sparse_moe."
+        rules += [Rule(L + "mlp.router.weight", (moe + "gate.weight",), "copy", 1),
+                  Rule(EXPERTS + "linear_fc1.weight",
+                       (moe + "experts.{e}.w1.weight", moe + "experts.{e}.w3.weight"), "glu", 2),
+                  Rule(EXPERTS + "linear_fc2.weight", (moe + "experts.{e}.w2.weight",), "copy", 2)]
+    else:
+        rules += [Rule(L + "mlp.linear_fc1.weight",
+                       (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), "glu", 1),
+                  Rule(L + "mlp.linear_fc2.weight", (p + "mlp.down_proj.weight",), "copy", 1)]
+    rules.append(Rule("decoder.final_layernorm.weight", ("model.norm.weight",), "copy", 0))
+    if not d.tied:
+        rules.append(Rule("output_layer.weight", ("lm_head.weight",), "vocab", 0))
+    return rules
+
+
+def _gpt2_rules(d: Dims) -> list[Rule]:
+    p = "transformer.h.{l}."
+    rules = [Rule("embedding.word_embeddings.weight", ("transformer.wte.weight",), "vocab", 0),
+             Rule("embedding.position_embeddings.weight", ("transformer.wpe.weight",), "copy", 0)]
+    per_layer = [("self_attention.linear_qkv.layer_norm_weight", "ln_1.weight", "copy"),
+                 ("self_attention.linear_qkv.layer_norm_bias", "ln_1.bias", "copy"),
+                 ("self_attention.linear_qkv.weight", "attn.c_attn.weight", "gpt2_qkv"),
+                 ("self_attention.linear_qkv.bias", "attn.c_attn.bias", "gpt2_qkv_bias"),
+                 ("self_attention.linear_proj.weight", "attn.c_proj.weight", "t"),
+                 ("self_attention.linear_proj.bias", "attn.c_proj.bias", "copy"),
+                 ("mlp.linear_fc1.layer_norm_weight", "ln_2.weight", "copy"),
+                 ("mlp.linear_fc1.layer_norm_bias", "ln_2.bias", "copy"),
+                 ("mlp.linear_fc1.weight", "mlp.c_fc.weight", "t"),
+                 ("mlp.linear_fc1.bias", "mlp.c_fc.bias", "copy"),
+                 ("mlp.linear_fc2.weight", "mlp.c_proj.weight", "t"),
+                 ("mlp.linear_fc2.bias", "mlp.c_proj.bias", "copy")]
+    rules += [Rule(L + key, (p + hf,), kind, 1) for key, hf, kind in per_layer]
+    rules += [Rule("decoder.final_layernorm.weight", ("transformer.ln_f.weight",), "copy", 0),
+              Rule("decoder.final_layernorm.bias", ("transformer.ln_f.bias",), "copy", 0)]
+    return rules
+
+
+def rules(d: Dims) -> list[Rule]:
+    """Every tensor of the model, in HF file order (embedding, layers, final norm, output)."""
+    return _gpt2_rules(d) if d.arch == "gpt2" else _llama_rules(d)
+
+
+def entries(d: Dims) -> Iterator[tuple[Rule, tuple]]:
+    """(rule, index) for every canonical tensor, layer by layer (one layer's tensors together,
+    so that a streaming reader or writer holds one layer at a time)."""
+    all_rules = rules(d)
+    for rule in all_rules:
+        if rule.stacked == 0 and rule.key.startswith("embedding."):
+            yield rule, ()
+    for layer in range(d.layers):
+        for rule in all_rules:
+            if rule.stacked == 1:
+                yield rule, (layer,)
+            elif rule.stacked == 2:
+                for expert in range(d.experts):
+                    yield rule, (layer, expert)
+    for rule in all_rules:
+        if rule.stacked == 0 and not rule.key.startswith("embedding."):
+            yield rule, ()
+
+
+def hf_names(rule: Rule, index: tuple) -> list[str]:
+    fill = dict(zip("le", index))
+    return [name.format(**fill) for name in rule.hf]
+
+
+def by_key(d: Dims) -> dict[str, Rule]:
+    return {rule.key: rule for rule in rules(d)}
+
+
+def _qkv_join(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d: Dims) -> torch.Tensor:
+    per = d.heads // d.groups
+    tail = q.shape[1:]
+    parts = (q.reshape(d.groups, per * d.head_dim, *tail), k.reshape(d.groups, d.head_dim, *tail),
+             v.reshape(d.groups, d.head_dim, *tail))
+    return torch.cat(parts, dim=1).reshape(-1, *tail)
+
+
+def _qkv_split(qkv: torch.Tensor, d: Dims) -> list[torch.Tensor]:
+    per = d.heads // d.groups
+    tail = qkv.shape[1:]
+    grouped = qkv.reshape(d.groups, (per + 2) * d.head_dim, *tail)
+    q, k, v = torch.split(grouped, [per * d.head_dim, d.head_dim, d.head_dim], dim=1)
+    return [t.reshape(-1, *tail) for t in (q, k, v)]
+
+
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    if rows <= t.shape[0]:
+        return t[:rows]
+    return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
+
+
+def to_canonical(rule: Rule, index: tuple, read: Callable[[str], torch.Tensor], d: Dims,
+                 rows: int = 0) -> torch.Tensor:
+    """The Megatron-Core tensor of ``rule`` at ``index`` from HF tensors (``read(name)``);
+    ``rows``: the padded vocabulary for vocab tensors."""
+    hf = [read(name) for name in hf_names(rule, index)]
+    if rule.kind == "copy":
+        return hf[0]
+    if rule.kind == "vocab":
+        return _pad_rows(hf[0], rows or hf[0].shape[0])
+    if rule.kind == "qkv":
+        return _qkv_join(*hf, d)
+    if rule.kind == "glu":
+        return torch.cat(hf, dim=0)
+    if rule.kind == "t":
+        return hf[0].t().contiguous()
+    if rule.kind == "gpt2_qkv":
+        return _qkv_join(*[w.t() for w in torch.chunk(hf[0], 3, dim=1)], d).contiguous()
+    if rule.kind == "gpt2_qkv_bias":
+        return _qkv_join(*torch.chunk(hf[0], 3, dim=0), d)
+    raise ValueError(f"unknown mapping kind {rule.kind!r}")
+
+
+def to_hf(rule: Rule, index: tuple, tensor: torch.Tensor, d: Dims) -> list[tuple[str, torch.Tensor]]:
+    """The HF tensors (name, tensor) of the Megatron-Core tensor of ``rule`` at ``index``."""
+    names = hf_names(rule, index)
+    if rule.kind == "copy":
+        parts = [tensor]
+    elif rule.kind == "vocab":
+        parts = [tensor[:d.vocab]]
+    elif rule.kind == "qkv":
+        parts = _qkv_split(tensor, d)
+    elif rule.kind == "glu":
+        parts = list(torch.chunk(tensor, 2, dim=0))
+    elif rule.kind == "t":
+        parts = [tensor.t()]
+    elif rule.kind == "gpt2_qkv":
+        parts = [torch.cat([t.t() for t in _qkv_split(tensor, d)], dim=1)]
+    elif rule.kind == "gpt2_qkv_bias":
+        parts = [torch.cat(_qkv_split(tensor, d), dim=0)]
+    else:
+        raise ValueError(f"unknown mapping kind {rule.kind!r}")
+    return [(name, part.contiguous()) for name, part in zip(names, parts)]
