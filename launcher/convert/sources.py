@@ -16,6 +16,7 @@ directory or a step directory).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -107,37 +108,69 @@ def _model_of(step_dir: Path) -> dict:
     return dict(config["model"])
 
 
+class RegionLoadPlanner:
+    """torch DCP load planner that reads one region (offsets, sizes) of each saved tensor into
+    the state dict's tensor of that region's shape (torch's default planner reads whole tensors;
+    Megatron-Core's reader wants every fragment of a sharded read on some rank)."""
+
+    def __new__(cls, regions: dict):
+        from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+        from torch.distributed.checkpoint.planner import LoadPlan
+        from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+        class _Planner(DefaultLoadPlanner):
+            def create_local_plan(self):
+                items = []
+                for name, (key, offsets, sizes) in regions.items():
+                    chunk = ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes))
+                    for item in create_read_items_for_chunk_list(
+                            key, self.metadata.state_dict_metadata[key], [chunk]):
+                        items.append(dataclasses.replace(
+                            item, dest_index=dataclasses.replace(item.dest_index, fqn=name,
+                                                                 offset=None, index=None)))
+                return LoadPlan(items)
+
+        return _Planner(allow_partial_load=True)
+
+
 class MegatronSource:
-    """An engine=megatron step directory, read slice by slice through Megatron-Core's
-    dist-checkpointing (needs an initialised process group; one process is enough)."""
+    """An engine=megatron step directory (torch_dist), read region by region with torch's
+    distributed-checkpoint reader in this one process (no process group): a layer's slice of a
+    stacked tensor is planned as one chunk (:class:`RegionLoadPlanner`), so nothing beyond the
+    requested tensors is read."""
 
     def __init__(self, step_dir: Path):
-        from megatron.core import dist_checkpointing
+        from torch.distributed.checkpoint import FileSystemReader
 
         self.step_dir = Path(step_dir)
         self.path = self.step_dir / "megatron"
         self.model = _model_of(self.step_dir)
         self.dims = mapping.Dims.of(self.model)
-        self.meta = dist_checkpointing.load_tensors_metadata(str(self.path))
+        self.meta = FileSystemReader(str(self.path)).read_metadata().state_dict_metadata
 
     def shape(self, key: str, index: tuple) -> tuple:
-        return tuple(self.meta[key].global_shape[len(index):])
+        return tuple(self.meta[key].size[len(index):])
 
     def tensors(self, requests: Iterable[tuple[str, tuple]]) -> dict:
         """{(key, index): tensor} for several tensors in one read."""
-        from megatron.core import dist_checkpointing
-        from megatron.core.dist_checkpointing.mapping import ShardedTensor
+        from torch.distributed.checkpoint import FileSystemReader, load
 
-        state = {}
-        for n, (key, index) in enumerate(requests):
-            meta = self.meta[key]
-            full = tuple(meta.global_shape)
-            local = torch.empty(full[len(index):], dtype=meta.dtype)
-            offsets = [(axis, i, full[axis]) for axis, i in enumerate(index)]
-            state[str(n)] = (key, index, ShardedTensor.from_rank_offsets(
-                key, local, *offsets, replica_id=0, prepend_axis_num=len(index)))
-        loaded = dist_checkpointing.load({k: v[2] for k, v in state.items()}, str(self.path))
-        return {(key, index): loaded[k] for k, (key, index, _) in state.items()}
+        regions, state = {}, {}
+        for key, index in requests:
+            if key not in self.meta:
+                raise SourceError(f"{self.path}: no tensor {key!r} (a checkpoint of another "
+                                  "model? its trainwright.json says "
+                                  f"{self.model.get('name')})")
+            full = tuple(self.meta[key].size)
+            sizes = (1,) * len(index) + full[len(index):]
+            state[f"{key}@{index}"] = torch.empty(sizes, dtype=self.meta[key].properties.dtype)
+            regions[f"{key}@{index}"] = (key, tuple(index) + (0,) * (len(full) - len(index)),
+                                         sizes)
+        load(state, storage_reader=FileSystemReader(str(self.path)),
+             planner=RegionLoadPlanner(regions), no_dist=True)
+        return {(key, index): state[f"{key}@{index}"].reshape(self.shape(key, index))
+                for key, index in requests}
 
     def tensor(self, key: str, index: tuple, shape: Optional[tuple] = None) -> torch.Tensor:
         return _pad_rows(self.tensors([(key, index)])[(key, index)], shape)
