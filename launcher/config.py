@@ -430,6 +430,30 @@ class SearchConfig:
 
 
 @dataclass
+class GenerateConfig:
+    prompt: str = ""
+    """Text to continue (encoded with the checkpoint's tokenizer); empty = use prompt_ids."""
+    prompt_ids: List[int] = field(default_factory=list)
+    """Token ids to continue (instead of prompt)."""
+    max_new_tokens: int = 32
+    """Tokens to generate after the prompt."""
+    temperature: float = 0.0
+    """Sampling temperature; 0 = greedy (argmax)."""
+    top_p: float = 1.0
+    """Nucleus sampling: sample from the smallest set of tokens whose probability reaches this;
+    1.0 = the whole vocabulary."""
+    seed: int = 0
+    """Seed of the sampling generator (the same on every rank)."""
+    format: str = "text"
+    """text (the continuation) or json (one object: prompt_ids, output_ids, text)."""
+    tokenizer: str = ""
+    """A tokenizer.json or an HF directory holding one; empty = the checkpoint's own (the HF
+    directory's, or the tokenizer the run's data was prepared with)."""
+    logits_file: str = ""
+    """Write the prompt's logits (fp32, [prompt tokens, vocab], .npy) here; empty = none."""
+
+
+@dataclass
 class LaunchConfig:
     mode: LaunchMode = LaunchMode.srun
     """How a Slurm job starts its training processes (see LaunchMode)."""
@@ -471,6 +495,8 @@ class TrainwrightConfig:
     """How a Slurm job starts the training processes (launcher.submit)."""
     submit: SubmitConfig = field(default_factory=SubmitConfig)
     """launcher.submit options."""
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    """launcher.generate options."""
 
 
 def register_configs() -> None:

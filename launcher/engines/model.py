@@ -170,6 +170,17 @@ def _parallel_fields(parallelism: ParallelismConfig, dtype: torch.dtype) -> dict
         expert_model_parallel_size=parallelism.expert_parallel_size,
         sequence_parallel=parallelism.sequence_parallel and parallelism.tensor_parallel_size > 1,
         pipeline_dtype=dtype,
+        **_stage_split_fields(parallelism),
+    )
+
+
+def _stage_split_fields(parallelism: ParallelismConfig) -> dict:
+    """Uneven pipeline stages (launcher.plan.stages): 0 = an even share is Megatron-Core's None."""
+    return dict(
+        num_layers_in_first_pipeline_stage=parallelism.layers_in_first_stage or None,
+        num_layers_in_last_pipeline_stage=parallelism.layers_in_last_stage or None,
+        account_for_embedding_in_pipeline_split=parallelism.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=parallelism.account_for_loss_in_pipeline_split,
     )
 
 

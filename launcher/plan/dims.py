@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from launcher.config import ClusterConfig, ParallelismConfig
 from launcher.plan.problems import Problem, divisors, fmt_values
+from launcher.plan.stages import StageSplit, stage_layers
 
 
 def cluster_world_size(cluster: ClusterConfig) -> int:
@@ -56,6 +57,8 @@ class ParallelDims:
     """Training processes in all."""
     sequence_parallel: bool
     """Norm/dropout activations sharded along the sequence over the TP group."""
+    split: StageSplit = StageSplit()
+    """How the layers split over the pipeline stages (even, uneven first/last, ...)."""
 
     @classmethod
     def build(cls, parallelism: ParallelismConfig, world: int) -> "ParallelDims":
@@ -71,7 +74,7 @@ class ParallelDims:
                              f"world={world}")
         return cls(tp=tp, pp=pp, vpp=p.virtual_pipeline_parallel_size, cp=cp, ep=ep,
                    dp=world // (tp * pp * cp), edp=world // (tp * ep * pp), world=world,
-                   sequence_parallel=p.sequence_parallel)
+                   sequence_parallel=p.sequence_parallel, split=StageSplit.of(p))
 
     @property
     def model_parallel(self) -> int:
@@ -97,8 +100,13 @@ class ParallelDims:
         """Ranks that split the activations outside the TP regions: TP with sequence parallel."""
         return self.tp if self.sequence_parallel else 1
 
+    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Transformer layers of every pipeline stage, first to last (see launcher.plan.stages)."""
+        return stage_layers(num_layers, self.pp, self.split)
+
     def layers_per_stage(self, num_layers: int) -> int:
-        return num_layers // self.pp
+        """Layers of the most loaded stage (num_layers / PP for an even split)."""
+        return max(self.stage_layers(num_layers)) if self.split.uneven else num_layers // self.pp
 
     def bubble_fraction(self, grad_accum: int) -> float:
         """Idle share of the pipeline schedule: (PP - 1) / (VPP x micro-batches per step)."""

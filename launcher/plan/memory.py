@@ -85,14 +85,19 @@ def layer_activation_bytes(d: Dims, a: ActivationSettings) -> float:
     return replicated + attention + mlp
 
 
-def in_flight_microbatches(dims: ParallelDims, grad_accum: int) -> float:
-    """Micro-batches' worth of activations the first pipeline stage holds (1F1B / interleaved)."""
+def in_flight_microbatches(dims: ParallelDims, grad_accum: int, stage: int = 0) -> float:
+    """Micro-batches' worth of a stage's activations that pipeline stage ``stage`` (0 = first)
+    holds at the peak of the schedule: min(PP - stage, micro-batches) under 1F1B; under the
+    interleaved schedule Megatron-Core's warm-up of (PP - stage - 1) x 2 + (VPP - 1) x PP chunk
+    micro-batches plus the one in flight, each 1/VPP of the stage (for the first stage
+    PP x (1 + (PP - 1) / (PP x VPP)), Narayanan et al. 2021)."""
     pp, vpp = dims.pp, dims.vpp
     if pp == 1:
         return 1.0
-    if vpp > 1:  # interleaving penalty of Megatron-Core's schedule (Narayanan et al. 2021)
-        return pp * (1 + (pp - 1) / (pp * vpp))
-    return float(min(pp, grad_accum))
+    if vpp > 1:
+        chunks = (pp - stage - 1) * 2 + (vpp - 1) * pp + 1
+        return min(chunks, grad_accum * vpp) / vpp
+    return float(min(pp - stage, grad_accum))
 
 
 def stage_activation_bytes(d: Dims, a: ActivationSettings, *, layers: int, in_flight: float,

@@ -154,12 +154,17 @@ class StageParams:
         return self.dense + self.expert
 
 
-def stage_params(model: ModelConfig, dims: ParallelDims, first: bool, last: bool) -> StageParams:
-    """What one GPU of the first and/or last pipeline stage holds (both flags for PP=1)."""
+def stage_params(model: ModelConfig, dims: ParallelDims, first: bool, last: bool,
+                 layers: int | None = None) -> StageParams:
+    """What one GPU of the first and/or last pipeline stage holds (both flags for PP=1; neither:
+    a middle stage). ``layers``: the stage's transformer layers, by default those the stage
+    split gives the first, last or second stage (:meth:`ParallelDims.stage_layers`)."""
     tp, pp = dims.tp, dims.pp
     d = model_dims(model, tp)
     layer = layer_params(d, tp, dims.ep)
-    layers = dims.layers_per_stage(d.layers)
+    if layers is None:
+        split = dims.stage_layers(d.layers)
+        layers = split[0] if first else split[-1] if last else split[min(1, pp - 1)]
     dense = (layer.attention + layer.norms + layer.mlp) * layers
     word = d.padded_vocab // tp * d.hidden
     if first:

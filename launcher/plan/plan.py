@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from launcher.config import AttentionBackend, Precision, TrainwrightConfig
 from launcher.engines import spec
@@ -19,9 +19,12 @@ from launcher.plan.flops import train_flops_per_token
 from launcher.plan.hardware import Device, resolve_device
 from launcher.plan.memory import (ActivationSettings, in_flight_microbatches,
                                   stage_activation_bytes, state_bytes_per_param)
-from launcher.plan.params import ParamCounts, count_parameters, model_dims, stage_params
-from launcher.plan.validate import (Problem, check_batch, check_positive, check_static,
-                                    check_values, schedule_warnings)
+from launcher.plan.params import (ParamCounts, StageParams, count_parameters, model_dims,
+                                  stage_params)
+from launcher.plan.step_time import StepTime
+from launcher.plan.timing import peak_flops, predict_step
+from launcher.plan.validate import (Problem, check_batch, check_interleaving, check_positive,
+                                    check_static, check_values, schedule_warnings)
 
 
 class PlanError(Exception):
@@ -43,7 +46,7 @@ class MemoryPerGPU:
     activations: int
     total: int
     cpu_offload: int  # optimizer state / parameters kept in host memory instead
-    stage: str  # which pipeline stage is the most loaded: first, last, or all (PP=1)
+    stage: str  # the most loaded pipeline stage: first, middle (the second), last, all (PP=1)
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,10 @@ class Plan:
     time_to_train_days: float
     engine_notes: tuple = ()  # why the chosen engine runs this layout, what the other would not
     warnings: tuple = ()  # worth a word, not a refusal (e.g. warmup longer than the run)
+    stage_layers: tuple = ()  # transformer layers of every pipeline stage, first to last
+    step_time_parts: dict = field(default_factory=dict)  # seconds per cause (step_time.PARTS)
+    dominant_cost: str = ""  # the largest cost besides compute ("compute" if none matters)
+    mfu: float = 0.0  # predicted model FLOPs utilisation of the whole step
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -135,11 +142,21 @@ def _uses_flash(cfg: TrainwrightConfig, device: Device) -> bool:
     return backend == AttentionBackend.flash
 
 
+def _stage_views(dims: ParallelDims, num_layers: int) -> list[tuple[str, int, int]]:
+    """(name, index, layers) of the stages that can be the most loaded: the first (most
+    micro-batches in flight, the embedding), the second (the most in flight of the middle
+    stages, which hold equal layers) and the last (the output layer and logits)."""
+    if dims.pp == 1:
+        return [("all", 0, num_layers)]
+    layers = dims.stage_layers(num_layers)
+    middle = [("middle", 1, layers[1])] if dims.pp > 2 else []
+    return [("first", 0, layers[0])] + middle + [("last", dims.pp - 1, layers[-1])]
+
+
 def _memory(cfg: TrainwrightConfig, dims: ParallelDims, batch: _Batch, flash: bool,
             gpu_kernels: bool) -> MemoryPerGPU:
     """Memory per GPU; ``gpu_kernels``: the target is a GPU, where the model uses fused kernels."""
     m, p, e = cfg.model, cfg.parallelism, cfg.engine
-    pp = dims.pp
     d = model_dims(m, dims.tp)
     state = dict(precision=cfg.trainer.precision, engine=e.name, zero_stage=p.zero_stage,
                  grad_fp32=e.grad_reduce_in_fp32, offload_optimizer=p.offload_optimizer,
@@ -153,17 +170,16 @@ def _memory(cfg: TrainwrightConfig, dims: ParallelDims, batch: _Batch, flash: bo
         flash=flash, elem_bytes=4 if cfg.trainer.precision == Precision.fp32 else 2,
         hidden_dropout=m.hidden_dropout > 0, attention_dropout=m.attention_dropout > 0,
         fused_glu=gpu_kernels)
-    in_flight = in_flight_microbatches(dims, batch.grad_accum)
-    stages = [("all", True, True)] if pp == 1 else [("first", True, False), ("last", False, True)]
     best = None
-    for name, first, last in stages:
-        sp = stage_params(m, dims, first, last)
+    for name, index, layers in _stage_views(dims, m.num_layers):
+        first, last = index == 0, index == dims.pp - 1
+        sp = stage_params(m, dims, first, last, layers)
         part = {k: getattr(dense_b, k) * sp.dense + getattr(expert_b, k) * sp.expert
                 for k in ("weights", "grads", "optimizer", "cpu")}
         part["weights"] += gathered * sp.largest_layer * acts.elem_bytes  # ZeRO-3 gathers
-        stage_flight = in_flight if first else (1.0 if pp > 1 else in_flight)
-        activations = stage_activation_bytes(d, acts, layers=dims.layers_per_stage(m.num_layers),
-                                             in_flight=stage_flight, first=first, last=last)
+        activations = stage_activation_bytes(
+            d, acts, layers=layers, in_flight=in_flight_microbatches(dims, batch.grad_accum, index),
+            first=first, last=last)
         total = part["weights"] + part["grads"] + part["optimizer"] + activations
         candidate = MemoryPerGPU(int(part["weights"]), int(part["grads"]), int(part["optimizer"]),
                                  int(activations), int(total), int(part["cpu"]), name)
@@ -198,6 +214,7 @@ def compute_plan(cfg: TrainwrightConfig, world_size: int | None = None) -> Plan:
         batch_problems = check_batch(cfg, dims.dp)  # independent of the model-shape problems
         problems += batch_problems
         batch = None if batch_problems else _batch(cfg, dims.dp)
+        problems += check_interleaving(dims, batch.grad_accum) if batch else []
     if problems:
         raise PlanError(problems)
     return _derive(cfg, dims, device, batch)
@@ -224,6 +241,20 @@ def _layout_fields(dims: ParallelDims, num_layers: int) -> dict:
         pipeline_stages=dims.pp, layers_per_stage=dims.layers_per_stage(num_layers))
 
 
+def _step(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: _Batch,
+          flash: bool, most: StageParams, flops_step: float) -> tuple[StepTime, float, float]:
+    """(step-time breakdown, step seconds, MFU while computing): the step-time model, or with
+    plan.mfu > 0 the flat assumption (that MFU while computing, the bubble on top)."""
+    gpus = dims.world / cfg.cluster.ranks_per_gpu  # ranks sharing a GPU share its FLOP/s
+    peak = peak_flops(cfg, device)
+    model = predict_step(cfg, dims, batch.grad_accum, device, flash, most.dense, most.expert,
+                         flops_step / gpus)
+    if cfg.plan.mfu > 0:
+        flat = flops_step / (gpus * peak * cfg.plan.mfu) * (1 + dims.bubble_fraction(batch.grad_accum))
+        return model, flat, cfg.plan.mfu
+    return model, model.total, model.compute_only_mfu
+
+
 def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: _Batch) -> Plan:
     m, t, c = cfg.model, cfg.trainer, cfg.cluster
     counts = count_parameters(m, dims.tp)
@@ -233,14 +264,14 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: _
     one_copy, redundant = _state_totals(cfg, counts, mem, dims.world)
     stage = stage_params(m, dims, first=True, last=dims.pp == 1)
     last = stage_params(m, dims, first=dims.pp == 1, last=True)
+    middle = stage_params(m, dims, first=False, last=False) if dims.pp > 2 else stage
+    most = max((stage, middle, last), key=lambda s: s.total)
     flops_token = train_flops_per_token(d)
     step_tokens = batch.global_batch * m.seq_length
-    peak = device.peak_tflops_fp32 if t.precision == Precision.fp32 else device.peak_tflops_bf16
-    bubble = dims.bubble_fraction(batch.grad_accum)
-    # plan.mfu is the utilisation while computing; the pipeline bubble idles GPUs on top of it.
-    # Ranks sharing a GPU (cluster.ranks_per_gpu) share its FLOP/s.
-    gpus = dims.world / c.ranks_per_gpu
-    step_time = flops_token * step_tokens / (gpus * peak * 1e12 * cfg.plan.mfu) * (1 + bubble)
+    peak = peak_flops(cfg, device) / 1e12
+    flops_step = flops_token * step_tokens
+    breakdown, step_time, computing_mfu = _step(cfg, dims, device, batch, flash, most, flops_step)
+    mfu = flops_step / (dims.world / c.ranks_per_gpu * peak * 1e12 * step_time)
     plan = Plan(
         **_layout_fields(dims, m.num_layers), dims=dims, nodes=c.nodes,
         gpus_per_node=c.gpus_per_node, ranks_per_gpu=c.ranks_per_gpu, gpu=device.name,
@@ -254,15 +285,16 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: _
                              ("embedding", "attention", "mlp", "norms", "output_layer")},
         vocab_size=m.vocab_size, padded_vocab_size=d.padded_vocab,
         vocab_padding_params=counts.vocab_padding,
-        params_per_gpu=max(stage.total, last.total), memory_per_gpu=mem,
+        params_per_gpu=most.total, memory_per_gpu=mem,
         gpu_memory_bytes=device.memory_bytes, training_state_bytes=one_copy,
         redundant_state_bytes=redundant, activation_recompute=t.activation_recompute.value,
-        flash_attention=flash, pipeline_bubble_fraction=bubble, flops_per_token=flops_token,
-        flops_per_step=flops_token * step_tokens, peak_tflops_per_gpu=peak,
-        assumed_mfu=cfg.plan.mfu, effective_mfu=cfg.plan.mfu / (1 + bubble),
-        step_time_s=step_time, tokens_per_s=step_tokens / step_time,
-        time_to_train_days=batch.steps * step_time / 86400, engine_notes=tuple(engine_notes(cfg)),
-        warnings=tuple(schedule_warnings(cfg, batch.steps)))
+        flash_attention=flash, pipeline_bubble_fraction=dims.bubble_fraction(batch.grad_accum),
+        flops_per_token=flops_token, flops_per_step=flops_step, peak_tflops_per_gpu=peak,
+        assumed_mfu=computing_mfu, effective_mfu=mfu, step_time_s=step_time,
+        tokens_per_s=step_tokens / step_time, time_to_train_days=batch.steps * step_time / 86400,
+        engine_notes=tuple(engine_notes(cfg)), warnings=tuple(schedule_warnings(cfg, batch.steps)),
+        stage_layers=dims.stage_layers(m.num_layers), step_time_parts=breakdown.parts(),
+        dominant_cost=breakdown.dominant, mfu=mfu)
     _check_fits(plan)
     return plan
 

@@ -13,6 +13,7 @@ from launcher.config import ModelConfig, TrainwrightConfig
 from launcher.engines import spec
 from launcher.plan.dims import ParallelDims
 from launcher.plan.problems import Problem, divisors, fmt_values
+from launcher.plan.stages import KEYS as SPLIT_KEYS, StageSplit, split_problems
 
 
 def _not_divisible(key: str, value: int, by_key: str, by: int, fix_key: str | None = None) -> Problem:
@@ -42,9 +43,10 @@ def check_positive(cfg: TrainwrightConfig) -> list[Problem]:
         group, name = key.split(".")
         if getattr(getattr(cfg, group), name) < 0:
             problems.append(Problem((key,), f"{key} must be >= 0 (0 means derived/unset)"))
-    if not 0 < cfg.plan.mfu <= 1:
-        problems.append(Problem(("plan.mfu",), f"plan.mfu={cfg.plan.mfu} must be in (0, 1]; "
-                                               "0.3-0.5 is typical for dense LLMs on H100"))
+    if not 0 <= cfg.plan.mfu <= 1:
+        problems.append(Problem(("plan.mfu",), f"plan.mfu={cfg.plan.mfu} must be in (0, 1] "
+                                               "(0.3-0.5 is typical for dense LLMs on H100), or "
+                                               "0 for the step-time model (the default)"))
     return problems
 
 
@@ -120,14 +122,7 @@ def check_model_shapes(cfg: TrainwrightConfig, dims: ParallelDims) -> list[Probl
     ffn = m.moe_ffn_hidden_size or m.ffn_hidden_size if m.num_experts else m.ffn_hidden_size
     if ffn % tp:
         problems.append(_not_divisible("model.ffn_hidden_size", ffn, tp_key, tp))
-    stages = dims.pp * dims.vpp
-    if m.num_layers % stages:
-        problems.append(Problem(
-            ("model.num_layers", "parallelism.pipeline_parallel_size",
-             "parallelism.virtual_pipeline_parallel_size"),
-            f"model.num_layers={m.num_layers} is not divisible by pipeline_parallel_size x "
-            f"virtual_pipeline_parallel_size = {dims.pp} x {dims.vpp} = {stages}; use a product "
-            f"from {fmt_values(divisors(m.num_layers))}"))
+    problems += split_problems(m.num_layers, dims.pp, dims.vpp, dims.split)
     if cp > 1 and m.seq_length % (2 * cp):
         problems.append(Problem(
             ("model.seq_length", "parallelism.context_parallel_size"),
@@ -207,6 +202,13 @@ def check_engine(cfg: TrainwrightConfig) -> list[Problem]:
     if not 0 <= p.zero_stage <= 3:
         problems.append(Problem(("parallelism.zero_stage",),
                                 f"parallelism.zero_stage={p.zero_stage} must be 0, 1, 2 or 3"))
+    split = StageSplit.of(p)
+    if split.uneven and cfg.engine.name.value != "megatron":
+        problems.append(Problem(
+            SPLIT_KEYS + ("engine",),
+            f"{' '.join(split.overrides())} needs engine=megatron (uneven pipeline stages are "
+            f"Megatron-Core's; engine={cfg.engine.name.value} has no pipeline stages); use "
+            "engine=megatron or leave the stage split even"))
     return problems + [Problem(tuple(e.keys), e.message)
                        for e in spec(cfg.engine.name).problems(cfg)]
 
@@ -229,3 +231,17 @@ def check_static(cfg: TrainwrightConfig, dims: ParallelDims) -> list[Problem]:
     check_positive has passed; its own problems come first)."""
     return (dims.problems(cfg.cluster, moe=bool(cfg.model.num_experts))
             + check_model_shapes(cfg, dims) + check_engine(cfg) + check_cluster(cfg))
+
+
+def check_interleaving(dims: ParallelDims, grad_accum: int) -> list[Problem]:
+    """Megatron-Core's interleaved schedule runs micro-batches in groups of PP: it refuses fewer
+    than PP of them and a remainder (``microbatch_group_size_per_vp_stage``, schedules.py)."""
+    if dims.vpp == 1 or grad_accum % dims.pp == 0:
+        return []
+    return [Problem(
+        ("parallelism.virtual_pipeline_parallel_size", "trainer.global_batch_size",
+         "trainer.micro_batch_size"),
+        f"virtual_pipeline_parallel_size={dims.vpp} (interleaved schedule) needs the micro-batches "
+        f"per step, global batch / (micro_batch_size x data-parallel size) = {grad_accum}, to be "
+        f"a multiple of pipeline_parallel_size={dims.pp}; raise trainer.global_batch_size to a "
+        f"multiple of {dims.pp} x micro_batch_size x DP, or set virtual_pipeline_parallel_size=1")]

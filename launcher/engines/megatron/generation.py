@@ -1,0 +1,101 @@
+"""Token-by-token generation with Megatron-Core model chunks at any TP/PP/VPP/EP layout.
+
+Each step runs the whole sequence forward through ``get_forward_backward_func()`` with
+``forward_only`` (so pipeline stages exchange activations as in training); the last stage
+gathers the vocabulary-parallel logits over the TP group, drops the padded vocabulary, picks
+the next token (greedy, or temperature + top-p with a seeded generator that is the same on
+every rank) and broadcasts it over the pipeline group.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from launcher.runtime import collectives
+
+
+class Generator:
+    def __init__(self, chunks: list, *, vocab_size: int):
+        from megatron.core import parallel_state as ps
+
+        self.chunks, self.vocab_size = chunks, vocab_size
+        self.ps = ps
+        self.device = collectives.device_for()
+        for chunk in chunks:
+            chunk.eval()
+
+    def last_stage(self) -> bool:
+        return self.ps.is_pipeline_last_stage(ignore_virtual=True)
+
+    def writes_logits(self) -> bool:
+        """The one rank that writes the logits file (last stage, TP rank 0, DP rank 0)."""
+        return self.last_stage() and self.ps.get_tensor_model_parallel_rank() == 0 and \
+            self.ps.get_data_parallel_rank() == 0
+
+    def prints(self) -> bool:
+        return torch.distributed.get_rank() == 0
+
+    def _logits(self, ids: list[int]) -> Optional[torch.Tensor]:
+        """[len(ids), vocab] logits on the last stage (None elsewhere)."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+        tokens = torch.tensor([ids], device=self.device)
+        positions = torch.arange(len(ids), device=self.device).unsqueeze(0)
+
+        def forward_step(data_iterator, model):
+            next(data_iterator)
+            output = model(tokens, positions, None)
+
+            def keep(output_tensor, non_loss_data=False):
+                return gather_from_tensor_model_parallel_region(output_tensor)
+            return output, keep
+
+        data = [iter([None]) for _ in self.chunks]
+        out = get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=data if len(data) > 1 else data[0],
+            model=self.chunks if len(self.chunks) > 1 else self.chunks[0], num_microbatches=1,
+            seq_length=len(ids), micro_batch_size=1, forward_only=True,
+            collect_non_loss_data=True)
+        if not self.last_stage():
+            return None
+        return out[0][0, :, :self.vocab_size].float()
+
+    def _pick(self, logits: torch.Tensor, gen, rng: torch.Generator) -> int:
+        if gen.temperature <= 0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits / gen.temperature, dim=-1)
+        if gen.top_p < 1.0:
+            ordered, order = torch.sort(probs, descending=True)
+            keep = torch.cumsum(ordered, dim=0) - ordered < gen.top_p
+            probs = torch.zeros_like(probs).scatter(0, order[keep], ordered[keep])
+        return int(torch.multinomial(probs / probs.sum(), 1, generator=rng))
+
+    def _share(self, token: int) -> int:
+        """The last stage's token on every rank of the pipeline group."""
+        if self.ps.get_pipeline_model_parallel_world_size() == 1:
+            return token
+        value = torch.tensor([token], device=self.device)
+        torch.distributed.broadcast(value, src=self.ps.get_pipeline_model_parallel_last_rank(),
+                                    group=self.ps.get_pipeline_model_parallel_group())
+        return int(value)
+
+    def generate(self, ids: list[int], gen) -> tuple[list[int], Optional[torch.Tensor]]:
+        """(new token ids, the prompt's logits on the last stage)."""
+        rng = torch.Generator().manual_seed(gen.seed)
+        sequence, new, prompt_logits = list(ids), [], None
+        for step in range(gen.max_new_tokens):
+            logits = self._logits(sequence)
+            if step == 0 and logits is not None:
+                prompt_logits = logits.cpu()
+            token = self._pick(logits[-1].cpu(), gen, rng) if logits is not None else -1
+            token = self._share(token)
+            sequence.append(token)
+            new.append(token)
+        if gen.max_new_tokens == 0 and self.last_stage():
+            prompt_logits = self._logits(sequence).cpu()
+        elif gen.max_new_tokens == 0:
+            self._logits(sequence)
+        return new, prompt_logits

@@ -1,0 +1,170 @@
+"""Seconds one GPU spends on one micro-batch of one pipeline stage, by cause.
+
+The pieces of :mod:`launcher.plan.step_time`'s model that scale with layers and tokens:
+compute (matmuls, attention, memory-bound kernels), tensor-parallel collectives, the
+context-parallel ring exchange and the expert all-to-alls. See that module for the model and
+:mod:`launcher.plan.hardware` for the rates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.plan.hardware import Device
+from launcher.plan.params import Dims
+
+FLASH_BACKWARD_FACTOR = 2.5
+"""Flash attention backward / forward work (FlashAttention-2: 5 matmuls vs 2)."""
+ELEMENTWISE_PER_HIDDEN = 34
+"""Values read + written per token per hidden unit and layer by norms and residual adds,
+forward and backward (2 norms and 2 adds: 10 forward, about twice that backward, + casts)."""
+ELEMENTWISE_PER_FFN = 8
+"""Values per token per MLP unit of the fused SwiGLU / GeLU (3 forward, 5 backward)."""
+ELEMENTWISE_PER_ROPE = 4
+"""Values per token per query/key unit of rotary embeddings (read + write, both passes)."""
+LOSS_BYTES_PER_LOGIT = 24
+"""Cross-entropy over the vocabulary: logits read, fp32 softmax written and read, gradient
+written, forward and backward."""
+GRAD_ACCUM_BYTES_PER_PARAM = 10
+"""Per micro-batch: read a bf16 weight gradient, read + write its fp32 accumulator. The engines
+build the model with ``gradient_accumulation_fusion=False`` (launcher/engines/model.py)."""
+UNFUSED_SCORE_PASSES = 6
+"""Unfused attention: times each score is written or read (scores, softmax, its backward)."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one GPU computes per micro-batch, and how fast (see :func:`workload`)."""
+
+    d: Dims
+    tokens: int
+    """Tokens of one micro-batch on one context-parallel rank."""
+    tp: int
+    sp: bool
+    cp: int
+    ep: int
+    recompute: str
+    """none, selective or full."""
+    flash: bool
+    elem: int
+    """Bytes per activation value (2: bf16/fp16, 4: fp32)."""
+    gemm_rate: float
+    """FLOP/s of matmuls (peak x efficiency / slowdown)."""
+    attention_rate: float
+    hbm_rate: float
+    """Bytes/s of memory-bound kernels."""
+
+
+def workload(d: Dims, *, micro_batch: int, tp: int, sp: bool, cp: int, ep: int, recompute: str,
+             flash: bool, elem: int, peak_flops: float, dev: Device, slowdown: float) -> Workload:
+    """``slowdown``: compute time multiplier (ranks sharing a GPU, a slower engine)."""
+    return Workload(d, micro_batch * d.seq // cp, tp, sp, cp, ep, recompute, flash, elem,
+                    peak_flops * dev.gemm_efficiency / slowdown,
+                    peak_flops * dev.attention_efficiency / slowdown,
+                    dev.hbm_bytes_per_s / slowdown)
+
+
+def _passes(w: Workload) -> float:
+    """Forward passes' worth of matmul work: 3 (forward + backward), 4 with full recompute."""
+    return 4.0 if w.recompute == "full" else 3.0
+
+
+def _attention_seconds(w: Workload) -> float:
+    """Core attention (scores and weighted values) of one layer for one micro-batch."""
+    d = w.d
+    scores = 4.0 * d.seq * d.q_dim / w.tp * w.tokens  # forward, full square (model FLOPs)
+    if not w.flash:
+        passes = _passes(w) + (1 if w.recompute == "selective" else 0)
+        values = d.heads / w.tp * w.tokens * d.seq * w.elem * UNFUSED_SCORE_PASSES
+        return scores * passes / w.gemm_rate + values / w.hbm_rate
+    extra = 1.0 if w.recompute in ("full", "selective") else 0.0
+    return scores / 2 * (1 + FLASH_BACKWARD_FACTOR + extra) / w.attention_rate
+
+
+def gemm_seconds(w: Workload, m: float, k: float, n: float) -> float:
+    """One (m x k) @ (k x n) matmul: its FLOPs at the matmul rate plus its operands and result
+    through memory once (an additive roofline: small matmuls reach less of the peak)."""
+    return 2.0 * m * k * n / w.gemm_rate + (m * k + k * n + m * n) * w.elem / w.hbm_rate
+
+
+def _layer_gemms(w: Workload) -> float:
+    """Forward matmuls of one layer for one micro-batch on this GPU: QKV, projection, MLP (or
+    the top-k experts at their share of the tokens, and the router)."""
+    d, t, tokens = w.d, w.tp, w.tokens
+    out = gemm_seconds(w, tokens, d.hidden, (d.q_dim + 2 * d.kv_dim) / t)
+    out += gemm_seconds(w, tokens, d.q_dim / t, d.hidden)
+    ffn, rows, copies = d.ffn, tokens, 1
+    if d.experts:  # each local expert gets tokens x top-k x EP / experts of them
+        ffn, copies = d.expert_ffn, d.experts // w.ep
+        rows = tokens * d.topk * w.ep / d.experts
+        out += gemm_seconds(w, tokens, d.hidden, d.experts)
+    fc1 = (2 if d.gated else 1) * ffn / t
+    out += copies * (gemm_seconds(w, rows, d.hidden, fc1) + gemm_seconds(w, rows, ffn / t,
+                                                                        d.hidden))
+    return out
+
+
+def layer_compute(w: Workload, layer_params: int) -> tuple[float, float]:
+    """(forward, backward + recompute) seconds of one layer for one micro-batch;
+    ``layer_params``: the layer's parameters on this GPU (for the gradient accumulation)."""
+    d = w.d
+    routed = d.topk if d.experts else 1
+    ffn = d.expert_ffn if d.experts else d.ffn
+    gemm = _layer_gemms(w)
+    shards = w.tp if w.sp else 1
+    values = (ELEMENTWISE_PER_HIDDEN * d.hidden / shards
+              + ELEMENTWISE_PER_FFN * ffn * routed / w.tp * (1 if d.gated else 0.67)
+              + ELEMENTWISE_PER_ROPE * (d.q_dim + d.kv_dim) / w.tp)
+    memory = values * w.elem * w.tokens / w.hbm_rate
+    attention = _attention_seconds(w)
+    forward = gemm + memory / 3 + attention / (1 + FLASH_BACKWARD_FACTOR)
+    total = gemm * _passes(w) + memory * (4 / 3 if w.recompute == "full" else 1) + attention
+    accumulate = layer_params * GRAD_ACCUM_BYTES_PER_PARAM / w.hbm_rate
+    return forward, total - forward + accumulate
+
+
+def output_compute(w: Workload) -> float:
+    """Output layer and loss of one micro-batch on the last stage (forward + backward)."""
+    d = w.d
+    gemm = 3 * gemm_seconds(w, w.tokens, d.hidden, d.padded_vocab / w.tp)
+    loss = LOSS_BYTES_PER_LOGIT * d.padded_vocab / w.tp * w.tokens / w.hbm_rate
+    return gemm + loss
+
+
+def layer_tp_seconds(w: Workload, per_byte: float, latency: float) -> float:
+    """Tensor-parallel collectives of one layer for one micro-batch (all passes)."""
+    if w.tp == 1 or per_byte == 0:
+        return 0.0
+    passes = 3 if w.recompute == "full" else 2
+    volume = 4 * (w.tp - 1) / w.tp * w.tokens * w.d.hidden * w.elem
+    count = 4 if w.sp else 2
+    return passes * (volume * per_byte + count * latency)
+
+
+def layer_cp_seconds(w: Workload, per_byte: float, latency: float, attention: float) -> float:
+    """Context-parallel ring exchange of one layer not hidden behind its attention."""
+    if w.cp == 1 or per_byte == 0:
+        return 0.0
+    kv = w.tokens * 2 * w.d.kv_dim / w.tp * w.elem
+    forward = (w.cp - 1) * (kv * per_byte + latency)
+    backward = 2 * forward
+    share = attention / (1 + FLASH_BACKWARD_FACTOR)
+    hidden_forward = max(0.0, forward - share)
+    return hidden_forward * (2 if w.recompute == "full" else 1) + max(
+        0.0, backward - share * FLASH_BACKWARD_FACTOR)
+
+
+def layer_ep_seconds(w: Workload, per_byte: float, latency: float) -> float:
+    """Expert all-to-alls (dispatch + combine) of one MoE layer for one micro-batch."""
+    d = w.d
+    if not d.experts or w.ep == 1 or per_byte == 0:
+        return 0.0
+    passes = 3 if w.recompute == "full" else 2
+    shards = w.tp if w.sp else 1
+    volume = 2 * (w.ep - 1) / w.ep * w.tokens / shards * d.topk * d.hidden * w.elem
+    return passes * (volume * per_byte + 2 * latency)
+
+
+def attention_seconds(w: Workload) -> float:
+    """Core attention time of one layer and micro-batch (for the CP overlap window)."""
+    return _attention_seconds(w)

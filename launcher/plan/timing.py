@@ -1,0 +1,79 @@
+"""The step-time model (:mod:`launcher.plan.step_time`) applied to one config and layout.
+
+:func:`predict_step` reads what the model needs off the config, the layout and the device
+once; the plan and the search (:mod:`launcher.search`) both call it.
+"""
+
+from __future__ import annotations
+
+from launcher.config import Precision, TrainwrightConfig
+from launcher.plan.dims import ParallelDims
+from launcher.plan.hardware import Device
+from launcher.plan.layer_cost import workload
+from launcher.plan.params import layer_params, model_dims
+from launcher.plan.step_time import (DEEPSPEED_COMPUTE_FACTOR, DataParallelWork, StepTime,
+                                     data_parallel_seconds, group_links, optimizer_seconds,
+                                     p2p_seconds, pipeline_step, stage_cost)
+
+
+def peak_flops(cfg: TrainwrightConfig, device: Device) -> float:
+    """Dense peak FLOP/s of one GPU at the training precision."""
+    fp32 = cfg.trainer.precision == Precision.fp32
+    return (device.peak_tflops_fp32 if fp32 else device.peak_tflops_bf16) * 1e12
+
+
+def _slowdown(cfg: TrainwrightConfig) -> float:
+    """Compute time multiplier: ranks sharing one GPU, and the DeepSpeed engine's overhead."""
+    engine = DEEPSPEED_COMPUTE_FACTOR if cfg.engine.name.value == "deepspeed" else 1.0
+    return cfg.cluster.ranks_per_gpu * engine
+
+
+def _dp_work(cfg: TrainwrightConfig, dims: ParallelDims, dense: int, expert: int,
+             elem: int) -> DataParallelWork:
+    p, e = cfg.parallelism, cfg.engine
+    engine = e.name.value
+    return DataParallelWork(
+        engine=engine, zero_stage=p.zero_stage, dense_params=dense, expert_params=expert,
+        dense_shards=dims.dense_shards, expert_shards=dims.edp,
+        grad_bytes=4 if (e.grad_reduce_in_fp32 or elem == 4) else 2, param_bytes=elem,
+        overlap_grad=e.overlap_grad_reduce,
+        overlap_param=engine == "megatron" and e.overlap_param_gather and p.zero_stage == 1,
+        bucket_elements=e.reduce_bucket_size)
+
+
+def predict_step(cfg: TrainwrightConfig, dims: ParallelDims, grad_accum: int, device: Device,
+                 flash: bool, stage_dense: int, stage_expert: int,
+                 model_flops_per_gpu: float) -> StepTime:
+    """Seconds of one optimizer step (see :mod:`launcher.plan.step_time`); ``stage_dense`` /
+    ``stage_expert``: parameters of the most loaded GPU; ``model_flops_per_gpu``: the step's
+    model FLOPs per GPU (for the compute-only MFU)."""
+    m, t, c = cfg.model, cfg.trainer, cfg.cluster
+    d = model_dims(m, dims.tp)
+    elem = 4 if t.precision == Precision.fp32 else 2
+    peak, slowdown = peak_flops(cfg, device), _slowdown(cfg)
+    w = workload(d, micro_batch=t.micro_batch_size, tp=dims.tp, sp=dims.sequence_parallel,
+                 cp=dims.cp, ep=dims.ep, recompute=t.activation_recompute.value, flash=flash,
+                 elem=elem, peak_flops=peak, dev=device, slowdown=slowdown)
+    links = group_links(dims, c.gpus_per_node, c.ranks_per_gpu, device)
+    per_layer = layer_params(d, dims.tp, dims.ep).total
+    layers = dims.stage_layers(m.num_layers)
+    views = sorted({0, min(1, dims.pp - 1), dims.pp - 1})
+    costs = [stage_cost(w, links, layers=layers[i], layer_params=per_layer, first=i == 0,
+                        last=i == dims.pp - 1) for i in views]
+    pipe = pipeline_step(costs, dims, grad_accum)
+    work = _dp_work(cfg, dims, stage_dense, stage_expert, elem)
+    dp_s = data_parallel_seconds(work, links, grad_accum, pipe["backward_window"],
+                                 pipe["forward_window"])
+    sharded = cfg.parallelism.zero_stage >= 1
+    opt_params = (stage_dense / (dims.dense_shards if sharded else 1)
+                  + stage_expert / (dims.edp if sharded else 1))
+    opt_s = optimizer_seconds(opt_params, device, cfg.parallelism.offload_optimizer,
+                              work.grad_bytes, elem, c.ranks_per_gpu)
+    compute = pipe["compute"]
+    return StepTime(
+        compute=compute, tensor_parallel=pipe["tensor_parallel"],
+        context_parallel=pipe["context_parallel"], expert_parallel=pipe["expert_parallel"],
+        pipeline_bubble=pipe["pipeline_bubble"], pipeline_p2p=p2p_seconds(w, dims, links,
+                                                                         grad_accum),
+        data_parallel=dp_s, optimizer=opt_s,
+        compute_only_mfu=model_flops_per_gpu / (compute * peak) if compute else 0.0)
