@@ -1,0 +1,225 @@
+"""Models in and out: tiny random transformers models (Llama with GQA, tied and untied, Llama 3.1
+RoPE scaling; Mixtral with 4 experts top-2; GPT-2) imported at TP=1/TP=2/PP=2/EP=2 give the
+logits of transformers within 1e-4 (fp32); greedy generation equals transformers'; import ->
+export through both engines gives identical tensors; a trained checkpoint exports to a
+directory AutoModelForCausalLM loads with our logits; a model that disagrees with the weights
+exits 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests._dist import REPO_ROOT, run_distributed
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.slow
+PROMPT = [5, 17, 42, 99, 7, 3, 250, 11]
+LLAMA = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=131072,
+             rope_theta=500000.0, initializer_range=0.2)
+LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _save(model, path: Path) -> str:
+    model.save_pretrained(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def hf_models(tmp_path_factory) -> dict:
+    """Tiny random HF models saved to disk, by name."""
+    root = tmp_path_factory.mktemp("hf")
+    torch.manual_seed(0)
+    t = transformers
+    llama = t.LlamaConfig(**LLAMA, tie_word_embeddings=True, rope_scaling=LLAMA31_ROPE)
+    untied = t.LlamaConfig(**{**LLAMA, "num_hidden_layers": 4}, tie_word_embeddings=False)
+    mixtral = t.MixtralConfig(**{**LLAMA, "max_position_embeddings": 4096}, num_local_experts=4,
+                              num_experts_per_tok=2, tie_word_embeddings=False)
+    gpt2 = t.GPT2Config(vocab_size=300, n_embd=64, n_layer=2, n_head=4, n_positions=128,
+                        initializer_range=0.2, bos_token_id=0, eos_token_id=0)
+    return {"llama31_tied": _save(t.LlamaForCausalLM(llama), root / "llama31_tied"),
+            "llama_untied": _save(t.LlamaForCausalLM(untied), root / "llama_untied"),
+            "mixtral": _save(t.MixtralForCausalLM(mixtral), root / "mixtral"),
+            "gpt2": _save(t.GPT2LMHeadModel(gpt2), root / "gpt2")}
+
+
+def reference_logits(path: str, ids=PROMPT) -> np.ndarray:
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def layout_worker(args: dict):
+    """Build the model at a layout, fill it from the HF directory, return the prompt logits
+    from the last pipeline stage (None elsewhere)."""
+    import dataclasses
+
+    from launcher.config import ModelConfig, ParallelismConfig, Precision, TrainerConfig
+    from launcher.convert.fill import fill_chunks
+    from launcher.convert.model_source import source_model
+    from launcher.engines.megatron.engine import build_model_chunks
+    from launcher.engines.megatron.generation import Generator
+    from launcher.engines.model import init_parallel_state
+
+    model = ModelConfig(**{**source_model(args["hf"]), "seq_length": 64})
+    parallelism = dataclasses.replace(ParallelismConfig(), **args["parallelism"])
+    init_parallel_state(parallelism)
+    chunks = build_model_chunks(model, parallelism, TrainerConfig(precision=Precision.fp32))
+    fill_chunks(chunks, args["hf"])
+    with torch.no_grad():
+        logits = Generator(chunks, vocab_size=model.vocab_size)._logits(PROMPT)
+    return None if logits is None else logits.tolist()
+
+
+LAYOUTS = {"tp1": ({}, 1), "tp2": ({"tensor_parallel_size": 2}, 2),
+           "pp2": ({"pipeline_parallel_size": 2}, 2),
+           "ep2": ({"expert_parallel_size": 2}, 2)}
+
+
+@pytest.mark.parametrize("name,layout", [
+    ("llama31_tied", "tp1"), ("llama31_tied", "tp2"), ("llama_untied", "pp2"),
+    ("mixtral", "ep2"), ("mixtral", "tp2"), ("gpt2", "tp2"), ("gpt2", "pp2")])
+def test_imported_logits_equal_transformers(hf_models, name, layout):
+    parallelism, ranks = LAYOUTS[layout]
+    results = run_distributed("tests.test_convert_hf:layout_worker", ranks,
+                              {"hf": hf_models[name], "parallelism": parallelism})
+    ours = np.array(next(r for r in results if r is not None))
+    ref = reference_logits(hf_models[name])
+    assert ours.shape == ref.shape
+    assert np.abs(ours - ref).max() < 1e-4, np.abs(ours - ref).max()
+
+
+def test_rope_scaling_is_applied(hf_models, tmp_path):
+    """Control for the test above: the same weights without the Llama 3.1 scaling in the
+    config give other logits, so equality there checks the scaling."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    config = json.loads(Path(hf_models["llama31_tied"], "config.json").read_text())
+    config.pop("rope_scaling", None)
+    config["rope_parameters"] = {"rope_type": "default", "rope_theta": 500000.0}
+    (plain / "config.json").write_text(json.dumps(config))
+    os.symlink(Path(hf_models["llama31_tied"], "model.safetensors"), plain / "model.safetensors")
+    assert np.abs(reference_logits(str(plain)) - reference_logits(hf_models["llama31_tied"])
+                  ).max() > 1e-3
+
+
+def _cli(module: str, *args, timeout=600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _hf_tensors(path: str) -> dict:
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    return {k: v for f in files for k, v in load_file(str(f)).items()}
+
+
+def _same_tensors(a: str, b: str) -> None:
+    ta, tb = _hf_tensors(a), _hf_tensors(b)
+    assert sorted(ta) == sorted(tb)
+    for key in ta:
+        assert torch.equal(ta[key], tb[key]), key
+
+
+@pytest.mark.parametrize("name,layout", [
+    ("llama31_tied", ["engine=deepspeed", "parallelism.zero_stage=1"]),
+    ("llama_untied", ["engine=deepspeed", "parallelism.zero_stage=3"]),
+    ("mixtral", ["engine=megatron", "parallelism.expert_parallel_size=2"]),
+    ("gpt2", ["engine=megatron", "parallelism.tensor_parallel_size=2",
+              "parallelism.zero_stage=0"])])
+def test_import_export_round_trip_is_identical(hf_models, tmp_path, name, layout):
+    run, out = tmp_path / "run", tmp_path / "hf_out"
+    imported = _cli("launcher.convert", "from_hf", f"hf={hf_models[name]}", f"out={run}",
+                    "trainer.precision=fp32", "model.seq_length=64", *layout)
+    assert imported.returncode == 0, imported.stderr[-3000:]
+    assert (run / "checkpoints" / "step_000000" / "complete").exists()
+    exported = _cli("launcher.convert", "to_hf", f"checkpoint={run}", f"out={out}")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    _same_tensors(hf_models[name], str(out))
+
+
+def test_generate_at_tp2_equals_transformers_greedy(hf_models):
+    path = hf_models["llama_untied"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    expected = model.generate(torch.tensor([PROMPT]), max_new_tokens=32, do_sample=False,
+                              pad_token_id=0)[0, len(PROMPT):].tolist()
+    assert len(set(expected)) > 3  # a prompt that really tests the decoding
+    result = _cli("launcher.generate", f"checkpoint={path}", f"generate.prompt_ids={PROMPT}",
+                  "generate.max_new_tokens=32", "generate.format=json", "trainer.precision=fp32",
+                  "model.seq_length=64", "parallelism.tensor_parallel_size=2",
+                  "cluster.gpus_per_node=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["prompt_ids"] == PROMPT and out["output_ids"] == expected
+
+
+def test_trained_checkpoint_exports_to_transformers_with_our_logits(hf_models, tmp_path):
+    """init_from an HF model, train 3 steps (engine=megatron, PP=2), export: transformers loads
+    it and its logits equal launcher.generate's on the trained checkpoint."""
+    run = tmp_path / "runs"
+    trained = _cli("launcher.train", f"trainer.init_from={hf_models['llama_untied']}",
+                   "engine=megatron", "parallelism.pipeline_parallel_size=2",
+                   "trainer.precision=fp32", "model.seq_length=64", "trainer.train_steps=3",
+                   "optimizer.warmup_steps=0", "data.num_workers=0", f"run.output_root={run}",
+                   "run.name=ft")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    events = (run / "ft" / "events.jsonl").read_text()
+    assert "init_from" in events
+    out = tmp_path / "hf_out"
+    assert _cli("launcher.convert", "to_hf", f"checkpoint={run / 'ft'}",
+                f"out={out}").returncode == 0
+    logits_file = tmp_path / "ours.npy"
+    gen = _cli("launcher.generate", f"checkpoint={run / 'ft'}", f"generate.prompt_ids={PROMPT}",
+               "generate.max_new_tokens=0", f"generate.logits_file={logits_file}",
+               "trainer.precision=fp32", "cluster.gpus_per_node=1")
+    assert gen.returncode == 0, gen.stderr[-3000:]
+    ours, theirs = np.load(logits_file), reference_logits(str(out))
+    assert np.abs(ours - theirs).max() < 1e-4
+    assert np.abs(theirs - reference_logits(hf_models["llama_untied"])).max() > 1e-4  # trained
+
+
+def test_a_model_that_disagrees_with_the_weights_exits_2(hf_models, tmp_path):
+    result = _cli("launcher.train", f"trainer.init_from={hf_models['llama31_tied']}",
+                  "model=tiny", f"run.output_root={tmp_path}")
+    assert result.returncode == 2
+    assert "model.hidden_size: weights 64, config 256 (set model.hidden_size=64)" in result.stderr
+    assert "model.num_layers: weights 2, config 4" in result.stderr
+
+
+def test_unsupported_hf_features_exit_2_naming_each(tmp_path):
+    config = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+              "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 300,
+              "sliding_window": 4096, "hidden_act": "gelu",
+              "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    result = _cli("launcher.convert", "preset", f"hf={tmp_path}")
+    assert result.returncode == 2
+    for fragment in ("rope type 'yarn'", "sliding_window=4096", "hidden_act='gelu'"):
+        assert fragment in result.stderr
+
+
+def test_preset_prints_a_model_that_composes(hf_models, tmp_path):
+    import yaml
+
+    from launcher.compose import compose_config, to_object
+
+    result = _cli("launcher.convert", "preset", f"hf={hf_models['llama31_tied']}")
+    assert result.returncode == 0, result.stderr
+    fields = yaml.safe_load(result.stdout)
+    assert fields["rope_scaling"] == "llama3" and fields["rope_scaling_factor"] == 8.0
+    assert fields["num_query_groups"] == 2 and fields["untie_embeddings_and_output_weights"] is False
+    cfg = to_object(compose_config([f"model.{k}={v}" for k, v in fields.items()]))
+    assert cfg.model.seq_length == 8192 and cfg.model.max_position_embeddings == 131072
