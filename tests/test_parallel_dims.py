@@ -65,7 +65,9 @@ def test_dims_are_frozen_and_json_plain():
     from dataclasses import asdict
     assert json.loads(json.dumps(asdict(d))) == {
         "tp": 2, "pp": 2, "vpp": 1, "cp": 2, "ep": 1, "dp": 2, "edp": 4, "world": 16,
-        "sequence_parallel": False}
+        "sequence_parallel": False,
+        # the stage split (issue 13: uneven first/last pipeline stages); even here
+        "split": {"first": 0, "last": 0, "embedding": False, "loss": False}}
 
 
 def test_build_refuses_non_positive_sizes():
@@ -138,7 +140,8 @@ def test_plan_json_carries_dims_and_ranks_per_gpu(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["ranks_per_gpu"] == 2 and data["world_size"] == 2
     assert data["dims"] == {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 2, "dp": 2, "edp": 1,
-                            "world": 2, "sequence_parallel": False}
+                            "world": 2, "sequence_parallel": False,
+                            "split": {"first": 0, "last": 0, "embedding": False, "loss": False}}
     assert main(["plan.format=json"]) == 0
     assert json.loads(capsys.readouterr().out)["ranks_per_gpu"] == 1
 

@@ -175,10 +175,16 @@ def test_step_budget_gives_tokens():
 
 
 def test_time_estimates_consistent():
+    """The step time is the step-time model's sum of causes (issue 13: one MFU for every layout
+    could not tell layouts apart); plan.mfu > 0 still selects the old flat assumption."""
     p = plan_of(EXP_70B)
-    assert p.step_time_s == pytest.approx(
-        p.flops_per_step / (p.world_size * p.peak_tflops_per_gpu * 1e12 * p.assumed_mfu)
-        * (1 + p.pipeline_bubble_fraction))
+    assert p.step_time_s == pytest.approx(sum(p.step_time_parts.values()))
+    assert p.effective_mfu == pytest.approx(
+        p.flops_per_step / (p.world_size * p.peak_tflops_per_gpu * 1e12 * p.step_time_s))
+    flat = plan_of(EXP_70B, "plan.mfu=0.4")
+    assert flat.step_time_s == pytest.approx(
+        flat.flops_per_step / (flat.world_size * flat.peak_tflops_per_gpu * 1e12 * 0.4)
+        * (1 + flat.pipeline_bubble_fraction))
     assert p.time_to_train_days == pytest.approx(p.train_steps * p.step_time_s / 86400)
     assert p.tokens_per_s == pytest.approx(p.global_batch_tokens / p.step_time_s)
 

@@ -214,7 +214,6 @@ def compute_plan(cfg: TrainwrightConfig, world_size: int | None = None) -> Plan:
         batch_problems = check_batch(cfg, dims.dp)  # independent of the model-shape problems
         problems += batch_problems
         batch = None if batch_problems else _batch(cfg, dims.dp)
-        problems += check_interleaving(dims, batch.grad_accum) if batch else []
     if problems:
         raise PlanError(problems)
     return _derive(cfg, dims, device, batch)
@@ -292,7 +291,9 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: _
         flops_per_token=flops_token, flops_per_step=flops_step, peak_tflops_per_gpu=peak,
         assumed_mfu=computing_mfu, effective_mfu=mfu, step_time_s=step_time,
         tokens_per_s=step_tokens / step_time, time_to_train_days=batch.steps * step_time / 86400,
-        engine_notes=tuple(engine_notes(cfg)), warnings=tuple(schedule_warnings(cfg, batch.steps)),
+        engine_notes=tuple(engine_notes(cfg)),
+        warnings=tuple(schedule_warnings(cfg, batch.steps)
+                       + [str(x) for x in check_interleaving(dims, batch.grad_accum)]),
         stage_layers=dims.stage_layers(m.num_layers), step_time_parts=breakdown.parts(),
         dominant_cost=breakdown.dominant, mfu=mfu)
     _check_fits(plan)
@@ -367,3 +368,53 @@ def plan_or_exit(cfg: TrainwrightConfig, world_size: int | None = None) -> Plan:
         raise SystemExit(CONFIG_ERROR_EXIT) from None
     print_warnings(plan)
     return plan
+
+
+@dataclass(frozen=True)
+class LayoutEstimate:
+    """The plan's checks, memory and step time of one layout, without the rest of the plan
+    (what :mod:`launcher.search` needs per candidate; :func:`compute_plan` for the winners)."""
+
+    dims: ParallelDims
+    grad_accum: int
+    memory: MemoryPerGPU
+    flops_per_step: float
+
+
+def estimate_layout(cfg: TrainwrightConfig, world: int, device: Device,
+                    flash: bool) -> tuple[LayoutEstimate | None, list[Problem]]:
+    """(estimate, []) for a layout the plan's checks accept, else (None, its problems). The
+    layout-independent checks (values, positive sizes) are the caller's, once."""
+    dims = ParallelDims.build(cfg.parallelism, world)
+    problems = check_static(cfg, dims)
+    if problems or dims.world % dims.model_parallel:
+        return None, problems
+    problems = check_batch(cfg, dims.dp)
+    if problems:
+        return None, problems
+    batch = _batch(cfg, dims.dp)
+    problems = check_interleaving(dims, batch.grad_accum)
+    if problems:
+        return None, problems
+    mem = _memory(cfg, dims, batch, flash, gpu_kernels=device.name != "cpu")
+    flops = train_flops_per_token(model_dims(cfg.model, dims.tp)) * batch.global_batch \
+        * cfg.model.seq_length
+    return LayoutEstimate(dims, batch.grad_accum, mem, flops), []
+
+
+def estimate_step(cfg: TrainwrightConfig, est: LayoutEstimate, device: Device,
+                  flash: bool) -> StepTime:
+    """The step-time model for a layout :func:`estimate_layout` accepted."""
+    m, dims = cfg.model, est.dims
+    stages = [stage_params(m, dims, True, dims.pp == 1), stage_params(m, dims, dims.pp == 1, True)]
+    if dims.pp > 2:
+        stages.append(stage_params(m, dims, False, False))
+    most = max(stages, key=lambda s: s.total)
+    gpus = dims.world / cfg.cluster.ranks_per_gpu
+    return predict_step(cfg, dims, est.grad_accum, device, flash, most.dense, most.expert,
+                        est.flops_per_step / gpus)
+
+
+def uses_flash(cfg: TrainwrightConfig, device: Device) -> bool:
+    """Whether the plan counts flash attention for this config on ``device``."""
+    return _uses_flash(cfg, device)

@@ -39,13 +39,24 @@ def _world_rows(p: Plan) -> list[tuple[str, str, str]]:
             ("ranks per GPU", str(n), "development: the ranks share each GPU's memory and compute")]
 
 
+def _stage_detail(p: Plan) -> str:
+    """'20 layers each' or '7, 8 x 14, 7 layers' for an uneven split (+ virtual stages)."""
+    d, layers = p.dims, p.stage_layers
+    virtual = f", {d.vpp} virtual" if d.vpp > 1 else ""
+    if not layers or len(set(layers)) == 1:
+        return f"{p.layers_per_stage} layers each" + virtual
+    middle = layers[1:-1]
+    inner = [f"{middle[0]} x {len(middle)}"] if middle and len(set(middle)) == 1 else \
+        [str(n) for n in middle]
+    return ", ".join([str(layers[0]), *inner, str(layers[-1])]) + " layers" + virtual
+
+
 def _layout_rows(p: Plan) -> list[tuple[str, str, str]]:
     d = p.dims
     return _world_rows(p) + [
         ("tensor parallel (TP)", str(d.tp),
          f"{_n(d.tp_groups)} TP groups" + (", sequence parallel" if d.sequence_parallel else "")),
-        ("pipeline stages (PP)", str(d.pp),
-         f"{p.layers_per_stage} layers each" + (f", {d.vpp} virtual" if d.vpp > 1 else "")),
+        ("pipeline stages (PP)", str(d.pp), _stage_detail(p)),
         ("context parallel (CP)", str(d.cp), ""),
         ("expert parallel (EP)", str(d.ep),
          f"{_n(d.edp)} expert-data-parallel replicas" if d.ep > 1 else ""),
@@ -101,12 +112,27 @@ def _memory_rows(p: Plan) -> list[tuple[str, str, str]]:
     return rows
 
 
+_CAUSES = {"compute": "forward, backward, recompute", "tensor_parallel": "TP collectives",
+           "context_parallel": "CP ring not hidden", "expert_parallel": "expert all-to-all",
+           "pipeline_bubble": "(PP-1)/VPP stage times", "pipeline_p2p": "stage sends/receives",
+           "data_parallel": "gradient/param traffic not hidden", "optimizer": "optimizer step"}
+
+
 def _time_rows(p: Plan) -> list[tuple[str, str, str]]:
-    return [
+    flat = p.step_time_s != sum(p.step_time_parts.values()) if p.step_time_parts else True
+    how = (f"flat plan.mfu: {p.assumed_mfu:.0%} MFU while computing" if flat else
+           f"step-time model; {p.mfu:.1%} MFU, {p.assumed_mfu:.1%} while computing")
+    rows = [
         ("FLOPs per step", f"{p.flops_per_step:.3e}", f"{p.flops_per_token:.3e} per token"),
         ("step time", f"{p.step_time_s:,.3f} s",
-         f"{p.assumed_mfu:.0%} MFU while computing, {p.effective_mfu:.1%} with the bubble; "
-         f"peak {p.peak_tflops_per_gpu:,.0f} TFLOP/s per GPU"),
+         f"{how}; peak {p.peak_tflops_per_gpu:,.0f} TFLOP/s per GPU"),
+    ]
+    if not flat:
+        rows += [(f"  {name.replace('_', ' ')}", f"{seconds:,.3f} s",
+                  f"{seconds / p.step_time_s:.1%}, {_CAUSES[name]}"
+                  + (" [dominant]" if name == p.dominant_cost else ""))
+                 for name, seconds in p.step_time_parts.items() if seconds > 0]
+    return rows + [
         ("throughput", f"{_si(p.tokens_per_s)} tok/s",
          f"pipeline bubble (PP-1)/(VPP x accumulation) = {p.pipeline_bubble_fraction:.1%} of compute"
          if p.dims.pp > 1 else ""),

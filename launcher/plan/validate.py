@@ -235,7 +235,9 @@ def check_static(cfg: TrainwrightConfig, dims: ParallelDims) -> list[Problem]:
 
 def check_interleaving(dims: ParallelDims, grad_accum: int) -> list[Problem]:
     """Megatron-Core's interleaved schedule runs micro-batches in groups of PP: it refuses fewer
-    than PP of them and a remainder (``microbatch_group_size_per_vp_stage``, schedules.py)."""
+    than PP of them and a remainder (``microbatch_group_size_per_vp_stage``, schedules.py).
+    The plan reports it as a warning (a model is still built and planned); the search drops
+    such layouts."""
     if dims.vpp == 1 or grad_accum % dims.pp == 0:
         return []
     return [Problem(

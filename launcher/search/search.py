@@ -1,0 +1,84 @@
+"""Enumerate, check, fit and rank every layout of one composed config (:func:`search`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from launcher.config import TrainwrightConfig
+from launcher.plan.dims import cluster_world_size
+from launcher.plan.hardware import resolve_device
+from launcher.plan.plan import PlanError, uses_flash
+from launcher.plan.validate import Problem, check_positive, check_values
+from launcher.search.evaluate import Scored, engine_presets, score
+from launcher.search.space import candidates, engine_names
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    searched: int
+    """Layouts enumerated."""
+    valid: int
+    """Of those, the ones the plan's checks accept and that fit in memory with the headroom."""
+    ranked: list
+    """Every valid layout (Scored), best predicted step time first."""
+    global_batch: int
+    """Sequences per step every candidate trains (the composed config's global batch)."""
+
+
+def global_batch_of(cfg: TrainwrightConfig, world: int) -> int:
+    """The composed config's global batch in sequences (0 there: micro-batch x its DP)."""
+    t, p = cfg.trainer, cfg.parallelism
+    if t.global_batch_size:
+        return t.global_batch_size
+    model_parallel = p.tensor_parallel_size * p.pipeline_parallel_size * p.context_parallel_size
+    return t.micro_batch_size * max(1, world // model_parallel)
+
+
+def _base_problems(cfg: TrainwrightConfig) -> list[Problem]:
+    """Checks that do not depend on the layout, made once (the search varies the rest)."""
+    problems = check_values(cfg) + check_positive(cfg)
+    if not 0 <= cfg.search.headroom < 1:
+        problems.append(Problem(("search.headroom",), f"search.headroom={cfg.search.headroom} "
+                                "must be in [0, 1), the share of GPU memory left free"))
+    for key in ("top_k", "max_micro_batch_size", "max_tensor_parallel_nodes"):
+        if getattr(cfg.search, key) < 1:
+            problems.append(Problem((f"search.{key}",), f"search.{key}="
+                                    f"{getattr(cfg.search, key)} must be >= 1"))
+    if cfg.search.measure < 0:
+        problems.append(Problem(("search.measure",), "search.measure must be >= 0"))
+    return problems
+
+
+def search(cfg: TrainwrightConfig, world: int | None = None) -> SearchResult:
+    """Every layout, ranked by predicted step time; PlanError when the config itself is wrong."""
+    problems = _base_problems(cfg)
+    try:
+        device = resolve_device(cfg.cluster.gpu, cfg.cluster.device_memory_gb,
+                                cfg.cluster.peak_tflops)
+    except KeyError as exc:
+        problems.append(Problem(("cluster.gpu",), str(exc.args[0])))
+    if problems:
+        raise PlanError(problems)
+    world = world or cluster_world_size(cfg.cluster)
+    batch = global_batch_of(cfg, world)
+    flash = uses_flash(cfg, device)
+    budget = device.memory_bytes * (1 - cfg.search.headroom)
+    engines = engine_presets(cfg, engine_names(cfg))
+    searched, ranked = 0, []
+    for candidate in candidates(cfg, world, batch):
+        searched += 1
+        scored = score(cfg, candidate, world=world, global_batch=batch, device=device,
+                       flash=flash, budget=budget, engines=engines)
+        if scored is not None:
+            ranked.append(scored)
+    ranked.sort(key=_rank_key)
+    return SearchResult(searched, len(ranked), ranked, batch)
+
+
+def _rank_key(s: Scored) -> tuple:
+    """Predicted step time (in buckets of 0.05%), then the simpler layout: layouts the model
+    cannot tell apart (CP=2 x micro-batch 2 vs CP=1 x 1 ...) list the one with fewer splits."""
+    c = s.candidate
+    return (round(math.log(s.step.total) * 2000), c.cp, c.pp, c.vpp, c.tp, c.ep,
+            int(c.split.uneven), -c.micro_batch, c.zero_stage, c.engine)
