@@ -248,9 +248,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(flag in argv for flag in ("-m", "--multirun")):
         from launcher.launch.sweep import main as sweep_main  # Hydra multirun: one run per point
         return sweep_main(argv)
-    from launcher.convert.model_source import adopt_model
-    argv = adopt_model(argv, "trainer.init_from")  # the weights' model, or exit 2 on a mismatch
     cfg = to_object(compose_or_exit(argv))
+    if cfg.trainer.init_from:  # the weights' model, or exit 2 on a mismatch
+        from launcher.convert.model_source import adopt_model
+        argv = adopt_model(argv, "trainer.init_from", cfg.trainer.init_from)
+        cfg = to_object(compose_or_exit(argv))
     plan = plan_or_exit(cfg)
     check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size)
     nprocs = cfg.cluster.gpus_per_node * cfg.cluster.ranks_per_gpu

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -48,15 +47,6 @@ def parse(argv: Sequence[str]) -> tuple[str, dict, list]:
     return command, own, rest
 
 
-def _world_of_one():
-    """A one-process gloo group (Megatron-Core's checkpoint reader asks for one)."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="tw-convert-"), "store"), 1)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-
-
 def to_hf(own: dict) -> int:
     from launcher.convert.hf_writer import DTYPES
     from launcher.convert.sources import SourceError, open_source, step_dir_of
@@ -67,7 +57,6 @@ def to_hf(own: dict) -> int:
         return _fail(f"dtype={dtype}: use auto, {', '.join(DTYPES)}")
     try:
         step_dir = step_dir_of(Path(own["checkpoint"]))
-        _world_of_one()
         source = open_source(step_dir)
         summary = export(source, step_dir, Path(own["out"]), dtype_name=dtype,
                          max_shard_gb=float(own.get("max_shard_gb", 5)),

@@ -90,9 +90,9 @@ def fill_chunks(chunks: list, path: str) -> None:
 
     p = Path(path)
     if not (p / "config.json").is_file():
-        step_dir = step_dir_of(p)
-        if (step_dir / "megatron").is_dir():
-            return load_torch_dist(chunks, step_dir)
+        p = step_dir_of(p)
+        if (p / "megatron").is_dir():
+            return load_torch_dist(chunks, p)
     source = open_source(p)
     for chunk in chunks:
         fill_chunk(chunk, source, label=str(path))

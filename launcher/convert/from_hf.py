@@ -62,7 +62,7 @@ def run_import(hf: str, out: str, overrides: Sequence[str]) -> int:
     argv = [*overrides, f"trainer.init_from={Path(hf).resolve()}",
             f"run.output_root={target.parent}", f"run.name={target.name}",
             "trainer.train_steps=1", "optimizer.warmup_steps=0", "logger=none"]
-    argv = adopt_model(argv, "trainer.init_from")
+    argv = adopt_model(argv, "trainer.init_from", str(Path(hf).resolve()))
     cfg = to_object(compose_or_exit(argv))
     plan_or_exit(cfg)
     nprocs = cfg.cluster.gpus_per_node * cfg.cluster.ranks_per_gpu

@@ -9,7 +9,6 @@ is renamed to ``<out>`` only when complete.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -93,11 +92,3 @@ def publish(partial: Path, out: Path) -> None:
     if out.exists():
         out.rmdir()  # empty (checked by staging_dir)
     os.replace(partial, out)
-
-
-def write_json(path: Path, data: dict) -> None:
-    atomic_write_json(path, data)
-
-
-def dump(data: dict) -> str:
-    return json.dumps(data, indent=2, sort_keys=True)

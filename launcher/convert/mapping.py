@@ -46,7 +46,6 @@ class Dims:
     vocab: int
     experts: int
     tied: bool
-    biases: bool
 
     @classmethod
     def of(cls, model: Mapping) -> "Dims":
@@ -57,8 +56,7 @@ class Dims:
                    heads=heads, groups=int(m.get("num_query_groups") or heads),
                    head_dim=int(m.get("kv_channels") or int(m["hidden_size"]) // heads),
                    vocab=int(m["vocab_size"]), experts=int(m.get("num_experts") or 0),
-                   tied=not m["untie_embeddings_and_output_weights"],
-                   biases=bool(m.get("add_bias_linear")))
+                   tied=not m["untie_embeddings_and_output_weights"])
 
 
 @dataclass(frozen=True)
@@ -169,8 +167,12 @@ def _qkv_split(qkv: torch.Tensor, d: Dims) -> list[torch.Tensor]:
     return [t.reshape(-1, *tail) for t in (q, k, v)]
 
 
-def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
-    if rows <= t.shape[0]:
+def pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """``t`` with ``rows`` rows: zero rows appended (vocabulary padding) or cut off; ``t``
+    itself when it has that many (or ``rows`` is 0)."""
+    if not rows or rows == t.shape[0]:
+        return t
+    if rows < t.shape[0]:
         return t[:rows]
     return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
 
@@ -183,7 +185,7 @@ def to_canonical(rule: Rule, index: tuple, read: Callable[[str], torch.Tensor], 
     if rule.kind == "copy":
         return hf[0]
     if rule.kind == "vocab":
-        return _pad_rows(hf[0], rows or hf[0].shape[0])
+        return pad_rows(hf[0], rows)
     if rule.kind == "qkv":
         return _qkv_join(*hf, d)
     if rule.kind == "glu":

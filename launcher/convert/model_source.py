@@ -53,11 +53,11 @@ def picks_model(argv: Sequence[str]) -> bool:
     return any(a.lstrip("+~").split("=", 1)[0] == "model" for a in argv)
 
 
-def with_model_of(argv: Sequence[str], path: str) -> list[str]:
-    """``argv`` with the weights' model as overrides in front (unless a preset is picked)."""
+def with_model(argv: Sequence[str], model: dict) -> list[str]:
+    """``argv`` with ``model`` (the weights' fields) as overrides in front (unless a preset is
+    picked)."""
     if picks_model(argv):
         return list(argv)
-    model = source_model(path)
     return [f"model.{k}={_hydra_value(v)}" for k, v in model.items()] + list(argv)
 
 
@@ -75,17 +75,15 @@ def differences(weights: dict, composed: Any) -> list[str]:
     return out
 
 
-def adopt_model(argv: Sequence[str], path_key: str, path: str = "") -> list[str]:
-    """The command line to compose for a run whose weights come from ``path`` (or the composed
-    value of ``path_key``, e.g. ``trainer.init_from``): the weights' model added, then checked;
-    exit 2 on a mismatch or unreadable weights."""
-    if not path:
-        path = _composed_value(argv, path_key)
+def adopt_model(argv: Sequence[str], path_key: str, path: str) -> list[str]:
+    """The command line to compose for a run whose weights come from ``path`` (given as
+    ``path_key``, e.g. ``trainer.init_from``): the weights' model added, then checked; exit 2 on a
+    mismatch or unreadable weights. ``argv`` itself when ``path`` is empty."""
     if not path:
         return list(argv)
     try:
         weights = source_model(path)
-        adopted = with_model_of(argv, path)
+        adopted = with_model(argv, weights)
     except (OSError, ValueError) as exc:
         print(f"config error: {path_key}={path}: {exc}", file=sys.stderr)
         raise SystemExit(CONFIG_ERROR_EXIT) from None
@@ -97,9 +95,3 @@ def adopt_model(argv: Sequence[str], path_key: str, path: str = "") -> list[str]
         raise SystemExit(CONFIG_ERROR_EXIT)
     return adopted
 
-
-def _composed_value(argv: Sequence[str], dotted: str) -> str:
-    node: Any = compose_or_exit(argv)
-    for part in dotted.split("."):
-        node = node[part]
-    return str(node or "")

@@ -34,9 +34,8 @@ class SourceError(ValueError):
 
 
 def _pad_rows(t: torch.Tensor, shape: Optional[tuple]) -> torch.Tensor:
-    if not shape or t.dim() != len(shape) or t.shape[0] == shape[0]:
-        return t
-    return mapping._pad_rows(t, shape[0])
+    """``t`` padded to the caller's vocabulary rows (``shape``: its global shape, or None)."""
+    return mapping.pad_rows(t, shape[0] if shape and t.dim() == len(shape) else 0)
 
 
 class HFSource:
@@ -82,15 +81,6 @@ class HFSource:
     def tensor(self, key: str, index: tuple, shape: Optional[tuple] = None) -> torch.Tensor:
         rows = shape[0] if shape else 0
         return mapping.to_canonical(self.rules[key], index, self.read, self.dims, rows)
-
-    def unused(self) -> list[str]:
-        """HF tensors the mapping does not read (a config that disagrees with the weights)."""
-        wanted = {n for rule, index in mapping.entries(self.dims)
-                  for n in mapping.hf_names(rule, index)}
-        extra = set(self.files) - wanted
-        if self.dims.tied:
-            extra.discard("lm_head.weight")  # some tied checkpoints store the copy
-        return sorted(extra)
 
 
 def checkpoint_meta(step_dir: Path) -> dict:

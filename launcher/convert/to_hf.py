@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 import torch
 
+from launcher.atomic import atomic_write_json
 from launcher.convert import hf_writer, mapping
 from launcher.convert.hf_config import hf_config
 from launcher.convert.sources import checkpoint_meta
@@ -98,7 +99,7 @@ def write_tokenizer(tokenizer_json: Path, out: Path, eod_id: int) -> dict:
               "model_max_length": 1_000_000_000}
     if eos:
         config["eos_token"] = eos
-    hf_writer.write_json(out / "tokenizer_config.json", config)
+    atomic_write_json(out / "tokenizer_config.json", config)
     return {"eos": eod_id if eos else -1}
 
 
@@ -115,9 +116,9 @@ def export(source, step_dir: Path, out: Path, *, dtype_name: str = "auto",
     eod = int(((meta.get("config") or {}).get("data") or {}).get("eod_token_id", -1))
     tokenizer = tokenizer_files(meta)
     eos = write_tokenizer(tokenizer, partial, eod)["eos"] if tokenizer else -1
-    hf_writer.write_json(partial / "config.json", hf_config(
+    atomic_write_json(partial / "config.json", hf_config(
         source.model, dtype=hf_writer.DTYPE_NAMES[report["dtype"]], eos_id=eos))
-    hf_writer.write_json(partial / "generation_config.json",
+    atomic_write_json(partial / "generation_config.json",
                          {"eos_token_id": eos if eos >= 0 else None, "do_sample": False})
     hf_writer.publish(partial, out)
     seconds = time.perf_counter() - start

@@ -85,17 +85,14 @@ class Generator:
     def generate(self, ids: list[int], gen) -> tuple[list[int], Optional[torch.Tensor]]:
         """(new token ids, the prompt's logits on the last stage)."""
         rng = torch.Generator().manual_seed(gen.seed)
-        sequence, new, prompt_logits = list(ids), [], None
+        sequence, new = list(ids), []
+        logits = self._logits(sequence)  # collective: every rank runs each forward
+        prompt_logits = None if logits is None else logits.cpu()
         for step in range(gen.max_new_tokens):
-            logits = self._logits(sequence)
-            if step == 0 and logits is not None:
-                prompt_logits = logits.cpu()
+            if step:
+                logits = self._logits(sequence)
             token = self._pick(logits[-1].cpu(), gen, rng) if logits is not None else -1
             token = self._share(token)
             sequence.append(token)
             new.append(token)
-        if gen.max_new_tokens == 0 and self.last_stage():
-            prompt_logits = self._logits(sequence).cpu()
-        elif gen.max_new_tokens == 0:
-            self._logits(sequence)
         return new, prompt_logits
