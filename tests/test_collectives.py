@@ -89,6 +89,7 @@ def reductions_worker(args: dict) -> dict:
                                               "other": 7.0 + rank}, ["forward", "loss"])
     out["gather"] = collectives.gather_floats([rank, 10.0 * rank])
     out["sum_"] = collectives.sum_(torch.full((2,), rank + 1.0, device="cpu")).tolist()
+    out["broadcast"] = collectives.broadcast_int(40 + rank, src=1)
     collectives.barrier()
     return out
 
@@ -106,6 +107,7 @@ def test_reductions_on_two_ranks():
         assert r["max"] == {"forward": 2.0, "loss": 2.0, "other": 7.0 + (r is r1)}
         assert r["gather"] == [[0.0, 0.0], [1.0, 10.0]]
         assert r["sum_"] == [3.0, 3.0]
+        assert r["broadcast"] == 41  # rank 1's value everywhere
 
 
 def test_world_of_one_without_a_process_group():
@@ -117,6 +119,7 @@ def test_world_of_one_without_a_process_group():
     assert collectives.agree_loss(2.0, 1, True) == (2.0, 1.0, True)
     assert collectives.any_rank(True) and not collectives.any_rank(False)
     assert collectives.gather_floats([1.5]) == [[1.5]]
+    assert collectives.broadcast_int(7, src=0) == 7
     assert (collectives.rank(), collectives.world_size()) == (0, 1)
 
 

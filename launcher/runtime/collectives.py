@@ -98,6 +98,16 @@ def sum_(tensor: torch.Tensor, group: Group = None) -> torch.Tensor:
     return tensor
 
 
+def broadcast_int(value: int, src: int, group: Group = None) -> int:
+    """``value`` of global rank ``src`` on every rank of ``group`` (``value`` itself without a
+    process group)."""
+    if not initialized():
+        return value
+    packed = torch.tensor([int(value)], dtype=torch.int64, device=device_for(group))
+    dist.broadcast(packed, src=src, group=group)
+    return int(packed.item())
+
+
 def barrier(group: Group = None) -> None:
     """Wait for every rank of ``group`` (nothing without a process group)."""
     if initialized():

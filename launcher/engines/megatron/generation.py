@@ -35,7 +35,7 @@ class Generator:
             self.ps.get_data_parallel_rank() == 0
 
     def prints(self) -> bool:
-        return torch.distributed.get_rank() == 0
+        return collectives.rank() == 0
 
     def _logits(self, ids: list[int]) -> Optional[torch.Tensor]:
         """[len(ids), vocab] logits on the last stage (None elsewhere)."""
@@ -77,10 +77,8 @@ class Generator:
         """The last stage's token on every rank of the pipeline group."""
         if self.ps.get_pipeline_model_parallel_world_size() == 1:
             return token
-        value = torch.tensor([token], device=self.device)
-        torch.distributed.broadcast(value, src=self.ps.get_pipeline_model_parallel_last_rank(),
-                                    group=self.ps.get_pipeline_model_parallel_group())
-        return int(value)
+        return collectives.broadcast_int(token, self.ps.get_pipeline_model_parallel_last_rank(),
+                                         self.ps.get_pipeline_model_parallel_group())
 
     def generate(self, ids: list[int], gen) -> tuple[list[int], Optional[torch.Tensor]]:
         """(new token ids, the prompt's logits on the last stage)."""
