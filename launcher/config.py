@@ -262,6 +262,10 @@ class TrainerConfig:
     """Attention kernel; decides whether attention scores are stored (see AttentionBackend)."""
     seed: int = 1234
     """Seed of weights init, dropout and data order."""
+    layout_invariant_init: bool = True
+    """Draw every random weight from (seed, the tensor's global name, its tile), so every
+    TP/PP/VPP/EP/CP layout and both engines start from the same weights; false = Megatron-Core's
+    per-rank draw (different per layout). Ignored with init_from."""
     log_interval: int = 1
     """Optimizer steps between metric lines."""
     eval_interval: int = 0

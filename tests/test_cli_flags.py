@@ -1,4 +1,5 @@
-"""Hydra's command-line flags on launcher.train, launcher.plan and launcher.submit (launcher.cli).
+"""Hydra's command-line flags on launcher.train, launcher.plan, launcher.submit and launcher.search
+(launcher.cli).
 
 Every flag is exercised in-process through the entry points' ``main(argv)``; one subprocess checks
 ``python -m launcher.train --help`` end to end.
@@ -19,17 +20,20 @@ from hydra.core.global_hydra import GlobalHydra
 from launcher.cli import handle_flags
 from launcher.compose import CONF_DIR
 from launcher.plan.__main__ import main as plan_main
+from launcher.search.__main__ import main as search_main
 from launcher.submit import main as submit_main
 from launcher.train import main as train_main
 
 ROOT = Path(__file__).resolve().parent.parent
-MAINS = {"launcher.train": train_main, "launcher.plan": plan_main, "launcher.submit": submit_main}
+MAINS = {"launcher.train": train_main, "launcher.plan": plan_main, "launcher.submit": submit_main,
+         "launcher.search": search_main}
 ENTRIES = list(MAINS)
 GROUPS = ("model", "parallelism", "data", "optimizer", "trainer", "cluster", "engine", "logger",
           "experiment")
 DESCRIPTION = {"launcher.train": "train the configured model",
                "launcher.plan": "print the pre-flight plan",
-               "launcher.submit": "submit a training run as one Slurm batch job"}
+               "launcher.submit": "submit a training run as one Slurm batch job",
+               "launcher.search": "the fastest layouts for the composed model"}
 
 
 def run(capsys, entry: str, *argv: str) -> tuple[int, str, str]:
@@ -144,7 +148,7 @@ def test_version(capsys, entry):
 def test_shell_completion_install_bash_calls_the_module(capsys, entry):
     code, out, _ = run(capsys, entry, "-sc", "install=bash")
     assert code == 0
-    assert "launcher.train|launcher.plan|launcher.submit" in out
+    assert "launcher.train|launcher.plan|launcher.submit|launcher.search" in out
     assert "${words[0]} -m ${words[2]}" in out and "-sc query=bash" in out
     assert "complete -o nospace -o default -F trainwright_bash_completion" in out
 
@@ -153,7 +157,8 @@ def test_shell_completion_other_shells_and_uninstall(capsys):
     _, zsh, _ = run(capsys, "launcher.train", "--shell-completion", "install=zsh")
     assert zsh.startswith("autoload -Uz bashcompinit && bashcompinit\n")
     _, fish, _ = run(capsys, "launcher.plan", "-sc", "install=fish")
-    assert "__fish_seen_subcommand_from launcher.train launcher.plan launcher.submit" in fish
+    assert ("__fish_seen_subcommand_from launcher.train launcher.plan launcher.submit "
+            "launcher.search") in fish
     _, gone, _ = run(capsys, "launcher.submit", "-sc", "uninstall=bash")
     assert "unset -f trainwright_bash_completion" in gone
 

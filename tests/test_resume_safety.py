@@ -433,3 +433,24 @@ def test_old_checkpoint_with_other_hidden_size_names_every_tensor(base_run, tmp_
            "torch.Size([512, 128])" in proc.stderr
     assert proc.stderr.count("size mismatch for ") >= 5
     assert "records no architecture" in (tmp / "run" / "events.jsonl").read_text()
+
+
+def test_a_changed_stage_split_is_a_layout_change(tmp_path):
+    """layers_in_first/last_stage move layers between stages: the resume reports it, and a
+    checkpoint written before the split was recorded (no stage_layers) is not a change."""
+    even = {"pipeline_parallel_size": 2, "stage_layers": (4, 4)}
+    resume = step_dir(tmp_path / "checkpoints", 10, record(plan=even))
+    events = Events()
+    rs.report_changes(resume, record(plan={**even, "stage_layers": (3, 5)}), events)
+    (kind, message, _), = events.events
+    assert kind == "layout_change" and "PP=2" in message and message.endswith(
+        "stages=[3, 5] at step 10: the engine resharded the checkpoint"), message
+    same = Events()
+    rs.report_changes(resume, record(plan=even), same)
+    assert same.events == []
+    old = record(plan=even)
+    del old["layout"]["stage_layers"]
+    legacy = step_dir(tmp_path / "legacy" / "checkpoints", 10, old)
+    quiet = Events()
+    rs.report_changes(legacy, record(plan=even), quiet)
+    assert quiet.events == []

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from launcher.compose import CONFIG_ERROR_EXIT
 
-ENTRY_POINTS = ("launcher.train", "launcher.plan", "launcher.submit")
+ENTRY_POINTS = ("launcher.train", "launcher.plan", "launcher.submit", "launcher.search")
 """The Hydra-style commands (shell completion covers them all)."""
 SWEEP_FLAGS = ("-m", "--multirun")
 INFO_CHOICES = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")

@@ -1,4 +1,4 @@
-"""Step helpers both engines use (torch): the masked loss and AdamW's decay groups."""
+"""What both engines use (torch): the masked loss, AdamW's decay groups and the initial weights."""
 
 from __future__ import annotations
 
@@ -25,10 +25,16 @@ def param_groups(module: torch.nn.Module, weight_decay: float) -> list:
             {"params": no_decay, "weight_decay": 0.0}]
 
 
-def load_initial_weights(chunks: list, init_from: str) -> None:
-    """``trainer.init_from``: copy the weights at that path into the freshly built model chunks
-    (any layout), before the optimizer copies them into its master weights; nothing when empty."""
+def initialize_weights(chunks: list, *, init_from: str, seed: int, layout_invariant: bool) -> None:
+    """Weights of the freshly built model chunks, before the optimizer copies them into its
+    master weights: ``trainer.init_from``'s (any layout) when set, else with
+    ``layout_invariant`` a redraw that every layout shares (:mod:`.seeded_init`), else
+    Megatron-Core's own per-rank draw as built."""
     if init_from:
         from launcher.convert.fill import fill_chunks
 
         fill_chunks(chunks, init_from)
+    elif layout_invariant:
+        from launcher.engines.seeded_init import seed_chunks
+
+        seed_chunks(chunks, seed=seed)

@@ -7,7 +7,7 @@ records of the run that wrote it (:func:`run_record`, written by
 * ``architecture``: every model setting that gives the weights their meaning, with the config's
   0-sentinels resolved (:data:`ARCHITECTURE_KEYS`); dropout, init and the MoE loss and capacity
   are training settings and are not part of it;
-* ``layout``: engine, TP, PP, VPP, CP, EP, DP, ZeRO stage and world size;
+* ``layout``: engine, TP, PP, VPP, CP, EP, DP, ZeRO stage, world size and layers per stage;
 * ``training``: global and micro batch, accumulation, sequence length and train steps.
 
 A resume, in order (``launcher.train``):
@@ -67,7 +67,8 @@ no token)."""
 
 LAYOUT_KEYS = ("engine", "tensor_parallel_size", "pipeline_parallel_size",
                "virtual_pipeline_parallel_size", "context_parallel_size",
-               "expert_parallel_size", "data_parallel_size", "zero_stage", "world_size")
+               "expert_parallel_size", "data_parallel_size", "zero_stage", "world_size",
+               "stage_layers")
 TRAINING_KEYS = ("global_batch_size", "micro_batch_size", "grad_accum_steps", "seq_length",
                  "train_steps")
 
@@ -110,7 +111,9 @@ def architecture(model: Mapping) -> dict:
 
 def layout(plan: Mapping) -> dict:
     """The layout record of a plan (``Plan.to_dict()``)."""
-    return {key: _plain(plan.get(key)) for key in LAYOUT_KEYS}
+    record = {key: _plain(plan.get(key)) for key in LAYOUT_KEYS}
+    record["stage_layers"] = list(record["stage_layers"] or [])  # as json reads it back
+    return record
 
 
 def training(plan: Mapping) -> dict:
@@ -212,7 +215,9 @@ def _describe_layout(record: Mapping) -> str:
     short = {"tensor_parallel_size": "TP", "pipeline_parallel_size": "PP",
              "virtual_pipeline_parallel_size": "VPP", "context_parallel_size": "CP",
              "expert_parallel_size": "EP", "data_parallel_size": "DP", "zero_stage": "ZeRO"}
-    return " ".join(f"{name}={record.get(key)}" for key, name in short.items())
+    text = " ".join(f"{name}={record.get(key)}" for key, name in short.items())
+    stages = record.get("stage_layers") or []
+    return text + (f" stages={list(stages)}" if len(set(stages)) > 1 else "")
 
 
 def _batch_changes(old: Mapping, new: Mapping, resume: Resume) -> list:
@@ -250,7 +255,9 @@ def _schedule_change(old: Mapping, new: Mapping, resume: Resume, optimizer) -> l
 
 
 def _layout_change(old: Mapping, new: Mapping, resume: Resume) -> list:
-    keys = [k for k in LAYOUT_KEYS if k not in ("engine", "world_size")]
+    # A checkpoint written before stage_layers was recorded had the even split.
+    keys = [k for k in LAYOUT_KEYS if k not in ("engine", "world_size")
+            and (k in old or k != "stage_layers")]
     if not old or all(old.get(k) == new.get(k) for k in keys):
         return []
     return [("layout_change", f"parallel layout changed from {_describe_layout(old)} to "

@@ -26,7 +26,7 @@ import torch
 from launcher.config import (EngineConfig, ModelConfig, OptimizerConfig, ParallelismConfig,
                              Precision, TrainerConfig)
 from launcher.engines.base import CheckpointError, NonFiniteLoss, StepResult
-from launcher.engines.common import load_initial_weights, masked_mean, param_groups
+from launcher.engines.common import initialize_weights, masked_mean, param_groups
 from launcher.engines.deepspeed.mpu import DeepSpeedMPU
 from launcher.runtime import collectives
 from launcher.runtime.checkpoint import IncompatibleCheckpoint
@@ -108,7 +108,8 @@ def build_engine(plan, *, model: ModelConfig, parallelism: ParallelismConfig,
     deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(),
                                auto_mpi_discovery=False)
     gpt = build_gpt_model(model, parallelism, trainer)
-    load_initial_weights([gpt], trainer.init_from)
+    initialize_weights([gpt], init_from=trainer.init_from, seed=trainer.seed,
+                       layout_invariant=trainer.layout_invariant_init)
     if parallelism.sequence_parallel:
         _sync_sequence_parallel_grads(gpt)
     adamw = torch.optim.AdamW(param_groups(gpt, optimizer.weight_decay), lr=optimizer.lr,

@@ -139,11 +139,12 @@ def build_megatron_engine(plan, *, model: ModelConfig, parallelism: ParallelismC
     """Model chunks + DDP + Megatron optimizer on an initialised parallel state (collective)."""
     from megatron.core.optimizer import get_megatron_optimizer
 
-    from launcher.engines.common import load_initial_weights
+    from launcher.engines.common import initialize_weights
 
     precision = Precision(trainer.precision)
     chunks = build_model_chunks(model, parallelism, trainer)
-    load_initial_weights(chunks, trainer.init_from)
+    initialize_weights(chunks, init_from=trainer.init_from, seed=trainer.seed,
+                       layout_invariant=trainer.layout_invariant_init)
     chunks = _wrap_chunks(chunks, parallelism, engine, precision)
     opt = get_megatron_optimizer(
         optimizer_config(optimizer, trainer, parallelism.zero_stage == 1), chunks)
