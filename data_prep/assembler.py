@@ -1,4 +1,4 @@
-"""Consume block results in order: number lines, count reasons, fill and commit shards."""
+"""Consume part results in order: number lines, count reasons, fill and commit shards."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from data_prep.errors import BadDataError
 from data_prep.records import BAD_REASONS
 from data_prep.shards import ShardWriter
 from data_prep.stats import Stats
-from data_prep.worker import BlockResult
+from data_prep.worker import PartResult
 
 LINE_FORMATS = ("jsonl", "text_lines")
 
@@ -18,7 +18,8 @@ class ShardAssembler:
     """Appends results to the open shard and commits it once it reaches the size limit.
 
     ``on_commit(entries)`` runs after every commit (it rewrites the manifest). Shards close only
-    at block boundaries, so a resumed run restarts at the block after the last committed shard.
+    at part boundaries (a block is one part unless it is a large compressed one), so a resumed run
+    restarts at the part after the last committed shard.
     """
 
     def __init__(self, out_dir: str, stem: str, dtype, limits: tuple, examples: int,
@@ -27,7 +28,7 @@ class ShardAssembler:
         self.shard_tokens, self.shard_bytes = limits
         self.examples_limit = examples
         self.entries = list(kept)
-        self.next_block, last_file, last_lines = resume
+        self.next_block, self.next_part, last_file, last_lines = resume
         self.lines: Dict[int, int] = {last_file: last_lines} if last_file >= 0 else {}
         self.last_file = last_file
         self.on_commit = on_commit
@@ -35,7 +36,7 @@ class ShardAssembler:
         self.shard_stats = Stats()
         self.first_block = self.next_block
 
-    def _block_stats(self, block: Block, result: BlockResult) -> Stats:
+    def _block_stats(self, block: Block, result: PartResult) -> Stats:
         offset = self.lines.get(block.file_index, 0) if block.fmt in LINE_FORMATS else 0
         if block.fmt in LINE_FORMATS:
             self.lines[block.file_index] = offset + result.lines
@@ -43,7 +44,7 @@ class ShardAssembler:
             path, line, reason, detail = result.failure
             raise BadDataError(f"{path}:{line + offset}: {reason}: {detail} (strict=true stops at the "
                                "first bad record; fix the record or drop strict=true to skip it)")
-        stats = Stats(len(result.lengths), len(result.tokens), result.input_bytes, result.text_bytes,
+        stats = Stats(len(result.lengths), result.token_count, result.input_bytes, result.text_bytes,
                       result.counts)
         for reason, found in result.examples.items():
             if reason in BAD_REASONS:
@@ -51,16 +52,19 @@ class ShardAssembler:
                                    self.examples_limit)
         return stats
 
-    def consume(self, block: Block, result: BlockResult) -> Stats:
+    def consume(self, block: Block, result: PartResult) -> Stats:
         stats = self._block_stats(block, result)
         self.last_file = block.file_index + max(len(block.files), 1) - 1
         if len(result.lengths):
             if self.writer is None:
                 prefix = f"{self.stem}_{len(self.entries):05d}"
                 self.writer = ShardWriter(self.out_dir, prefix, self.dtype)
-            self.writer.add(result.tokens, result.lengths)
+            if result.tokens is None:
+                self.writer.add_file(result.spool, result.token_count, result.crc32, result.lengths)
+            else:
+                self.writer.add(result.tokens, result.lengths)
         self.shard_stats.merge(stats, self.examples_limit)
-        self.next_block = block.index + 1
+        self.next_block, self.next_part = (block.index + 1, 0) if result.last else (block.index, result.part + 1)
         if self.writer is not None and self._full():
             self._commit()
         return stats
@@ -72,6 +76,7 @@ class ShardAssembler:
     def _commit(self) -> None:
         entry = self.writer.commit()
         entry.update({"first_block": self.first_block, "next_block": self.next_block,
+                      "next_part": self.next_part,
                       "last_file": self.last_file, "last_file_lines": self.lines.get(self.last_file, 0),
                       "stats": self.shard_stats.to_dict()})
         self.entries.append(entry)

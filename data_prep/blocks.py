@@ -3,7 +3,11 @@ files and ``block_bytes`` -- never on the number of workers -- so the output is 
 worker count, and a resumed run can start again at any block.
 
 * uncompressed JSONL / text lines: a byte range ending at a line end (the worker reads it);
-* gzip / zstd: the decompressed bytes, cut at a line end (streamed, one block in memory at a time);
+* zstd of several frames: consecutive whole frames (found from the frame headers, see
+  :mod:`data_prep.zstd_frames`) of about ``block_bytes`` decompressed; lines that cross a frame
+  boundary are handled by the worker (:mod:`data_prep.parts`);
+* gzip, and zstd of a single frame: the whole file (gzip members cannot be found without
+  decompressing); the worker streams it in parts of ``block_bytes``;
 * parquet: one row group;
 * plain text, one document per file: consecutive files up to ``block_bytes``.
 """
@@ -11,9 +15,9 @@ worker count, and a resumed run can start again at any block.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Iterator, List, Sequence, Tuple
 
-from data_prep.decompress import checked_reader, unreadable_parquet
+from data_prep.decompress import unreadable_parquet
 from data_prep.errors import ConfigError
 from data_prep.inputs import InputFile
 
@@ -29,11 +33,11 @@ class Block:
     fmt: str
     """jsonl, text_lines, text_files or parquet."""
     start: int = 0
-    """Byte offset (range blocks) or row-group index (parquet)."""
+    """Byte offset (range and compressed blocks) or row-group index (parquet)."""
     end: int = 0
-    """End byte offset (range blocks); 0 otherwise."""
-    data: Optional[bytes] = None
-    """Decompressed bytes (compressed inputs); None when the worker reads the file itself."""
+    """End byte offset (range and compressed blocks); 0 otherwise."""
+    compression: str = ""
+    """'' (a byte range of the file), gz or zst (start/end are then compressed offsets)."""
     files: Tuple[Tuple[str, str], ...] = ()
     """text_files blocks: (path, compression) of every file, each one document."""
     at_file_end: bool = True
@@ -59,45 +63,26 @@ def _range_blocks(file: InputFile, block_bytes: int) -> Iterator[Tuple[int, int]
             start = end
 
 
-def _read_exact(reader, size: int) -> bytes:
-    """``size`` bytes, fewer only at the end of the stream (so cuts never depend on buffering)."""
-    parts, wanted = [], size
-    while wanted > 0:
-        part = reader.read(wanted)
-        if not part:
-            break
-        parts.append(part)
-        wanted -= len(part)
-    return b"".join(parts)
+ESTIMATED_RATIO = 4
+"""Decompressed / compressed bytes assumed for frames whose header gives no content size."""
 
 
-def _stream_chunks(file: InputFile, block_bytes: int) -> Iterator[Tuple[bytes, int]]:
-    """(bytes ending at a line end, compressed bytes consumed) from a compressed file; a truncated
-    or corrupt file raises CorruptInputError before its last bytes are yielded."""
-    with open(file.path, "rb") as raw:
-        reader = checked_reader(raw, file.path, file.compression)
-        carry, consumed = b"", 0
-        while True:
-            chunk = _read_exact(reader, block_bytes)
-            buffer = carry + chunk
-            cut = buffer.rfind(b"\n") + 1 if chunk else len(buffer)
-            if cut:
-                position = raw.tell()
-                yield buffer[:cut], max(0, position - consumed)
-                consumed = max(consumed, position)
-            carry = buffer[cut:]
-            if not chunk:
-                return
+def _frame_groups(file: InputFile, block_bytes: int) -> Iterator[Tuple[int, int]]:
+    """(start, end) compressed offsets of runs of whole zstd frames of about ``block_bytes``
+    decompressed; the whole file for gzip or a single frame."""
+    if file.compression != "zst":
+        yield 0, file.size
+        return
+    from data_prep.zstd_frames import frame_spans
 
-
-def _with_last_flag(chunks: Iterator) -> Iterator[Tuple[object, bool]]:
-    previous, have = None, False
-    for item in chunks:
-        if have:
-            yield previous, False
-        previous, have = item, True
-    if have:
-        yield previous, True
+    start, estimate = 0, 0
+    for span in frame_spans(file.path):
+        size = span.content_size if span.content_size >= 0 else (span.end - span.start) * ESTIMATED_RATIO
+        estimate += size
+        if estimate >= block_bytes and span.end < file.size:
+            yield start, span.end
+            start, estimate = span.end, 0
+    yield start, file.size
 
 
 def _parquet_blocks(file: InputFile, key: str) -> Iterator[Tuple[int, int]]:
@@ -127,8 +112,9 @@ def _file_blocks(fi: int, file: InputFile, key: str, block_bytes: int) -> Iterat
             share = file.size // max(1, len(groups))
             yield Block(-1, fi, file.path, fmt, start=group, first_line=row, input_bytes=share)
     elif file.compression:
-        for (data, consumed), last in _with_last_flag(_stream_chunks(file, block_bytes)):
-            yield Block(-1, fi, file.path, fmt, data=data, at_file_end=last, input_bytes=consumed)
+        for start, end in _frame_groups(file, block_bytes):
+            yield Block(-1, fi, file.path, fmt, start=start, end=end, compression=file.compression,
+                        at_file_end=end == file.size, input_bytes=end - start)
     else:
         for start, end in _range_blocks(file, block_bytes):
             yield Block(-1, fi, file.path, fmt, start=start, end=end, at_file_end=end == file.size,
@@ -164,15 +150,6 @@ def iter_blocks(files: Sequence[InputFile], key: str, text_unit: str, block_byte
         block = flush()
         block.index = index
         yield block
-
-
-def read_block_bytes(block: Block) -> bytes:
-    """The bytes of a range or decompressed block."""
-    if block.data is not None:
-        return block.data
-    with open(block.path, "rb") as handle:
-        handle.seek(block.start)
-        return handle.read(block.end - block.start)
 
 
 def block_paths(block: Block) -> List[str]:

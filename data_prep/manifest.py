@@ -118,8 +118,10 @@ def kept_shards(out_dir: str, stem: str, previous: Optional[dict], fingerprint: 
     return kept
 
 
-def resume_position(kept: List[dict]) -> Tuple[int, int, int]:
-    """(first block to process, index of the file last read, lines of that file already read)."""
+def resume_position(kept: List[dict]) -> Tuple[int, int, int, int]:
+    """(first block to process, parts of it already committed, index of the file last read,
+    lines of that file already read)."""
     if not kept:
-        return 0, -1, 0
-    return kept[-1]["next_block"], kept[-1]["last_file"], kept[-1]["last_file_lines"]
+        return 0, 0, -1, 0
+    last = kept[-1]
+    return last["next_block"], last.get("next_part", 0), last["last_file"], last["last_file_lines"]

@@ -1,27 +1,27 @@
-"""Run blocks through worker processes, at most ``window`` at a time, and yield results in order.
+"""(block, part) results in block order, from worker processes or from this process.
 
-Results come back in block order whatever the number of workers, which is what makes the output
-byte-identical for 1 or N workers. A worker that raises or dies (killed, out of memory) ends the
-run with :class:`~data_prep.errors.WorkerError`.
+Results come back in block and part order whatever the number of workers, which is what makes
+the output byte-identical for 1 or N workers.
+
+* ``workers >= 2``: :class:`~data_prep.worker_pool.WorkerPool`; token ids arrive in spool files.
+* ``workers == 1``: this process does the work with two threads: a reader thread reads and parses
+  ahead (two parts at most) while the calling thread tokenizes with the tokenizer's own threads
+  (gigatoken's ``parallel=True``; the tokenizers release the GIL), so the cores of a one-process
+  run are all used.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import queue
 import threading
-from collections import deque
-from dataclasses import replace
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from typing import Iterable, Iterator, Optional, Tuple
+from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 from data_prep.blocks import Block
-from data_prep.errors import WorkerError
-from data_prep.worker import BlockResult, init_worker, parse_block, process_block_with, tokenize_into, warm_up
-
+from data_prep.worker import PartResult, block_parts, init_worker, parse_part, tokenize_into
+from data_prep.worker_pool import WorkerPool
 
 _DONE = object()
+PARSED_AHEAD = 2
 
 
 def _put(parsed: queue.Queue, item, stop: threading.Event) -> bool:
@@ -35,26 +35,24 @@ def _put(parsed: queue.Queue, item, stop: threading.Event) -> bool:
     return False
 
 
-def _parse_ahead(blocks: Iterable[Block], parsed: queue.Queue, stop: threading.Event) -> None:
-    """Reader thread: read and parse blocks ahead of the tokenizer (two at most)."""
+def _parse_ahead(blocks: Iterable[Block], skips: Dict[int, int], parsed: queue.Queue,
+                 stop: threading.Event) -> None:
+    """Reader thread: read and parse parts ahead of the tokenizer."""
     try:
         for block in blocks:
-            item = (block, *parse_block(block))
-            block.data = None
-            if not _put(parsed, item, stop):
-                return
+            for number, part, last in block_parts(block, skips.get(block.index, 0)):
+                if not _put(parsed, (block, *parse_part(block, number, part, last)), stop):
+                    return
         _put(parsed, _DONE, stop)
     except BaseException as exc:  # handed to the consumer, which re-raises it
         _put(parsed, exc, stop)
 
 
-def _in_process(blocks: Iterable[Block], init_args: tuple) -> Iterator[Tuple[Block, BlockResult]]:
-    """One process: a thread reads and parses while this thread tokenizes (the tokenizers
-    release the GIL), so the two overlap."""
-    init_worker(*init_args)
-    parsed: queue.Queue = queue.Queue(maxsize=2)
+def _in_process(blocks: Iterable[Block], skips: Dict[int, int], init_args: tuple) -> Iterator[Tuple[Block, PartResult]]:
+    init_worker(*init_args, parallel=True)
+    parsed: queue.Queue = queue.Queue(maxsize=PARSED_AHEAD)
     stop = threading.Event()
-    reader = threading.Thread(target=_parse_ahead, args=(blocks, parsed, stop), daemon=True)
+    reader = threading.Thread(target=_parse_ahead, args=(blocks, skips, parsed, stop), daemon=True)
     reader.start()
     try:
         while (item := parsed.get()) is not _DONE:
@@ -67,41 +65,17 @@ def _in_process(blocks: Iterable[Block], init_args: tuple) -> Iterator[Tuple[Blo
         reader.join(timeout=5)
 
 
-def start_pool(workers: int) -> Optional[ProcessPoolExecutor]:
+def start_pool(workers: int) -> Optional[WorkerPool]:
     """Start ``workers`` processes now, importing their libraries while the caller goes on;
     None for ``workers <= 1`` (work then happens in the calling process)."""
-    if workers <= 1:
-        return None
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
-    for _ in range(workers):
-        pool.submit(warm_up)
-    return pool
+    return WorkerPool(workers) if workers > 1 else None
 
 
-def _in_pool(blocks: Iterable[Block], pool: ProcessPoolExecutor, workers: int,
-             init_args: tuple) -> Iterator[Tuple[Block, BlockResult]]:
-    window = 2 * workers + 1
-    pending: deque = deque()
-    try:
-        for block in blocks:
-            future = pool.submit(process_block_with, block, *init_args)  # pickled later, by the executor
-            pending.append((replace(block, data=None), future))
-            while len(pending) >= window:
-                done, future = pending.popleft()
-                yield done, future.result()
-        while pending:
-            done, future = pending.popleft()
-            yield done, future.result()
-    except BrokenProcessPool as exc:
-        raise WorkerError(f"a worker process died ({exc}); nothing was committed after the last "
-                          "complete shard: re-run the same command to resume") from None
-    finally:
-        pool.shutdown(wait=not pending, cancel_futures=True)
-
-
-def ordered_results(blocks: Iterable[Block], pool: Optional[ProcessPoolExecutor], workers: int,
-                    init_args: tuple) -> Iterator[Tuple[Block, BlockResult]]:
-    """(block, result) pairs in block order; without a pool the work happens in this process."""
+def ordered_results(blocks: Iterable[Block], skips: Dict[int, int], pool: Optional[WorkerPool],
+                    init_args: tuple, spool: str) -> Iterator[Tuple[Block, PartResult]]:
+    """(block, part) pairs in order; without a pool the work happens in this process.
+    ``skips``: block index -> parts to skip (a resumed run); ``init_args``: (info, settings)."""
     if pool is None:
-        return _in_process(blocks, init_args)
-    return _in_pool(blocks, pool, workers, init_args)
+        return _in_process(blocks, skips, init_args)
+    pool.init(*init_args, spool)
+    return pool.ordered_parts(blocks, skips)

@@ -15,6 +15,12 @@ from data_prep.tokenizer_choice import resolve_tokenizer
 from data_prep.tokenizer_spec import TokenizerInfo
 
 
+BLOCK_SCHEME = 2
+"""How inputs are cut into blocks and parts (data_prep.blocks, data_prep.parts); part of the
+fingerprint, so a re-run never resumes shards cut another way. 2: compressed inputs by frame or
+by file, streamed in parts."""
+
+
 @dataclass
 class RunPlan:
     out_dir: str
@@ -29,7 +35,7 @@ class RunPlan:
     task_index: int
     manifest_path: str
     settings: dict
-    """Worker settings: text_key, append_eod, prepend_bos, examples_per_reason, strict."""
+    """Worker settings: text_key, append_eod, prepend_bos, examples_per_reason, strict, part_bytes."""
 
 
 def _value(x) -> str:
@@ -88,15 +94,20 @@ def make_plan(cfg, before_tokenizer: Callable[[int], None] = lambda workers: Non
     info = resolve_tokenizer(cfg.tokenizer)
     settings = {"text_key": cfg.text_key, "append_eod": bool(cfg.tokenizer.append_eod),
                 "prepend_bos": bool(cfg.tokenizer.prepend_bos),
-                "examples_per_reason": int(cfg.examples_per_reason), "strict": bool(cfg.strict)}
+                "examples_per_reason": int(cfg.examples_per_reason), "strict": bool(cfg.strict),
+                "part_bytes": int(cfg.block_bytes)}
     return RunPlan(out_dir, name, shard_stem(name, num_tasks, task_index), files, info,
                    token_dtype(info.vocab_size), workers, num_tasks, task_index,
                    os.path.join(out_dir, manifest_name(num_tasks, task_index)), settings)
 
 
 def fingerprint(plan: RunPlan, cfg) -> dict:
-    """What must be unchanged for a re-run to keep shards already written."""
+    """What must be unchanged for a re-run to keep shards already written. The block scheme
+    changed only how compressed inputs are cut, so it is recorded only when there is one (runs
+    over plain files written before it keep their shards)."""
+    compressed = any(getattr(f, "compression", "") for f in plan.files)
     return {"inputs": [[f.path, f.size, os.stat(f.path).st_mtime_ns] for f in plan.files],
+            **({"block_scheme": BLOCK_SCHEME} if compressed else {}),
             "format": _value(cfg.format), "text_key": cfg.text_key, "text_unit": _value(cfg.text_unit),
             "block_bytes": cfg.block_bytes, "shard_tokens": cfg.shard_tokens,
             "shard_bytes": cfg.shard_bytes, "stem": plan.stem,

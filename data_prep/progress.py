@@ -71,6 +71,10 @@ def summary_table(manifest: dict) -> Table:
             ("tokenizer", f"{manifest['tokenizer']['kind']} via {manifest['tokenizer']['backend']}"),
             ("input MB", f"{totals['input_bytes'] / 1e6:,.1f}"), ("wall time s", f"{wall:,.2f}"),
             ("tokens/s", f"{totals['tokens'] / wall:,.0f}"), ("MB/s", f"{totals['input_bytes'] / wall / 1e6:,.1f}")]
+    memory = manifest.get("memory") or {}
+    if memory.get("peak_rss_bytes"):
+        rows.append(("peak RSS MB, all processes", f"{memory['peak_rss_bytes'] / 2**20:,.0f} "
+                     f"(bound {memory['rss_bound_bytes'] / 2**20:,.0f})"))
     for reason in BAD_REASONS + NEUTRAL_REASONS:
         if totals["skipped"].get(reason):
             rows.append((f"skipped: {reason}", f"{totals['skipped'][reason]:,}"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import sys
 import threading
 import time
@@ -20,7 +21,11 @@ from data_prep.output_lock import OutputLock, lock_name
 from data_prep.pipeline import ordered_results, start_pool
 from data_prep.plan import RunPlan, fingerprint, make_plan
 from data_prep.progress import RunProgress
+from data_prep.spool import remove_spool, reset_spool, spool_dir
 from data_prep.stats import Stats
+
+RSS_BOUND_BASE, RSS_BOUND_PER_WORKER = 2 * 1024**3, 512 * 1024**2
+"""The promised bound on the peak resident memory of a run's processes together."""
 
 
 class InputHasher(threading.Thread):
@@ -35,12 +40,22 @@ class InputHasher(threading.Thread):
             self.digests[path] = file_sha256(path)
 
 
+def memory_use(plan: RunPlan, pool) -> dict:
+    """Peak resident memory of this process and of every worker (each process's own peak; their
+    sum bounds the peak of the process tree), and the bound data_prep promises."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    workers = sorted(pool.peak_rss.values()) if pool is not None else []
+    return {"peak_rss_bytes": own + sum(workers), "main_process_peak_rss_bytes": own,
+            "worker_peak_rss_bytes": workers,
+            "rss_bound_bytes": RSS_BOUND_BASE + RSS_BOUND_PER_WORKER * plan.workers}
+
+
 def build_manifest(plan: RunPlan, cfg, entries: List[dict], trailing: Stats, complete: bool,
-                   wall: float, digests: dict) -> dict:
+                   wall: float, digests: dict, memory: dict = None) -> dict:
     totals = total_stats(entries, trailing, cfg.examples_per_reason)
     return {"tool": "data_prep", "version": data_prep.__version__, "complete": complete,
             "name": plan.name, "task": {"index": plan.task_index, "count": plan.num_tasks},
-            "wall_time_s": round(wall, 3), "workers": plan.workers,
+            "wall_time_s": round(wall, 3), "workers": plan.workers, "memory": memory or {},
             "dtype": np.dtype(plan.dtype).name, "eod_id": plan.info.eod_id if cfg.tokenizer.append_eod else -1,
             "bos_id": plan.info.bos_id if cfg.tokenizer.prepend_bos else -1,
             "tokenizer": plan.info.to_dict(),
@@ -80,13 +95,19 @@ def _tokenize_all(plan: RunPlan, cfg, kept: List[dict], progress: RunProgress, s
                                cfg.examples_per_reason, kept, resume, on_commit)
     blocks = (b for b in iter_blocks(plan.files, cfg.text_key, str(getattr(cfg.text_unit, "value", cfg.text_unit)),
                                      cfg.block_bytes) if b.index >= resume[0])
+    spool = spool_dir(plan.out_dir, plan.stem)
+    if pool is not None:
+        reset_spool(spool)
     try:
-        for block, result in ordered_results(blocks, pool, plan.workers, (plan.info, plan.settings)):
+        for block, result in ordered_results(blocks, {resume[0]: resume[1]}, pool,
+                                             (plan.info, plan.settings), spool):
             progress.advance(assembler.consume(block, result))
         trailing = assembler.finish()
     except BaseException:
         assembler.abort()
         raise
+    finally:
+        remove_spool(spool)
     return assembler.entries, trailing
 
 
@@ -104,14 +125,16 @@ def execute(cfg) -> dict:
     """Run (or resume) and return the final manifest; raises DataPrepError subclasses. The output
     part is locked (data_prep.output_lock) from before the first write until the end."""
     started = time.perf_counter()
-    pools, lock = [], None
+    pools, lock, finished = [], None, False
     try:
         plan = make_plan(cfg, before_tokenizer=lambda workers: pools.append(start_pool(workers)))
         lock = lock_output(plan)
-        return _execute_plan(cfg, plan, pools[0], started)
+        manifest = _execute_plan(cfg, plan, pools[0], started)
+        finished = True
+        return manifest
     finally:
         if pools and pools[0] is not None:
-            pools[0].shutdown(wait=False, cancel_futures=True)
+            pools[0].close(wait_for_exit=finished)
         if lock is not None:
             lock.release()
 
@@ -132,6 +155,6 @@ def _execute_plan(cfg, plan: RunPlan, pool, started: float) -> dict:
     if not entries and plan.num_tasks == 1:  # a shard is only started by a document
         raise no_documents_error([f.path for f in plan.files], trailing.counts)
     manifest = build_manifest(plan, cfg, entries, trailing, True, time.perf_counter() - started,
-                              hasher.digests)
+                              hasher.digests, memory_use(plan, pool))
     finish_outputs(plan, cfg, manifest)
     return manifest

@@ -15,6 +15,8 @@ from typing import Dict, List
 
 import numpy as np
 
+from data_prep.crc import crc32_combine
+from data_prep.spool import append_file
 from launcher.atomic import fsync_dir
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
@@ -38,13 +40,14 @@ def index_bytes(lengths: np.ndarray, dtype) -> bytes:
 
 
 class ShardWriter:
-    """One shard being written: ids stream to ``<prefix>.bin.tmp``; lengths stay in memory."""
+    """One shard being written: ids stream to ``<prefix>.bin.tmp`` (from memory, or from a worker's
+    spool file without passing through this process); lengths stay in memory."""
 
     def __init__(self, out_dir: str, prefix: str, dtype) -> None:
         self.out_dir, self.prefix, self.dtype = out_dir, prefix, np.dtype(dtype)
         self.bin_path = os.path.join(out_dir, prefix + ".bin")
         self.idx_path = os.path.join(out_dir, prefix + ".idx")
-        self._handle = open(self.bin_path + TMP_SUFFIX, "wb")
+        self._handle = open(self.bin_path + TMP_SUFFIX, "wb", buffering=0)
         self._crc = 0
         self._lengths: List[np.ndarray] = []
         self.tokens = 0
@@ -56,15 +59,26 @@ class ShardWriter:
 
     def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
         data = memoryview(np.ascontiguousarray(tokens, dtype=self.dtype)).cast("B")
-        self._handle.write(data)
         self._crc = zlib.crc32(data, self._crc)
+        while data:
+            data = data[self._handle.write(data):]
+        self._counted(len(tokens), lengths)
+
+    def add_file(self, path: str, token_count: int, crc32: int, lengths: np.ndarray) -> None:
+        """Append the ids in ``path`` (``token_count`` of them, CRC-32 ``crc32``) and delete it."""
+        nbytes = token_count * self.dtype.itemsize
+        append_file(path, nbytes, self._handle.fileno())
+        os.unlink(path)
+        self._crc = crc32_combine(self._crc, crc32, nbytes)
+        self._counted(token_count, lengths)
+
+    def _counted(self, tokens: int, lengths: np.ndarray) -> None:
         self._lengths.append(lengths)
-        self.tokens += len(tokens)
+        self.tokens += tokens
         self.documents += len(lengths)
 
     def commit(self) -> Dict[str, object]:
         """Make the shard final; returns its manifest fields (sizes and CRC-32 of both files)."""
-        self._handle.flush()
         os.fsync(self._handle.fileno())
         self._handle.close()
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int32)

@@ -17,16 +17,17 @@ from data_prep.errors import DataPrepError
 from data_prep.inputs import expand_inputs
 from data_prep.records import RecordSink
 from launcher.atomic import atomic_write_bytes
-from data_prep.worker import _STATE, _parse
+from data_prep.worker import _STATE, block_parts, parse_into
 
 
 def iter_texts(specs: List[str], text_key: str, text_unit: str) -> Iterator[str]:
     """Every accepted document of the inputs, in order (bad records are skipped silently)."""
-    _STATE.update({"text_key": text_key})
+    _STATE.update({"text_key": text_key, "part_bytes": 8 << 20})
     for block in iter_blocks(expand_inputs(specs, "auto"), text_key, text_unit, 8 << 20):
-        sink = RecordSink(0, strict=False)
-        _parse(block, sink)
-        yield from sink.texts
+        for _, part, _ in block_parts(block):
+            sink = RecordSink(0, strict=False)
+            parse_into(block, part, sink)
+            yield from sink.texts
 
 
 def train(specs: List[str], vocab_size: int, output: str, text_key: str = "text",

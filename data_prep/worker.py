@@ -1,7 +1,8 @@
-"""What one worker does with one block: read it, keep the valid texts, tokenize, add EOD/BOS.
+"""What a worker does with one block: read it part by part, keep the valid texts, tokenize, add
+EOD/BOS. The same functions run in a worker process (:mod:`data_prep.worker_process`) and, for
+``workers=1``, in the main process (:mod:`data_prep.pipeline`).
 
-Workers are plain functions over module state set once by :func:`init_worker` (the pool's
-initializer, or the main process itself when ``workers=1``).
+Workers are plain functions over module state set once by :func:`init_worker`.
 """
 
 from __future__ import annotations
@@ -9,36 +10,50 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
 from data_prep import records
 from data_prep.assemble import token_dtype, with_specials
-from data_prep.blocks import Block, read_block_bytes
+from data_prep.blocks import Block
 from data_prep.decompress import read_whole, unreadable_parquet
+from data_prep.parts import Part, iter_parts
 from data_prep.tokenizer_spec import TokenizerInfo, build_encoder
 
 _STATE: dict = {}
 
 
 @dataclass
-class BlockResult:
+class PartResult:
     index: int
-    tokens: np.ndarray
-    """All ids of the block's documents, EOD/BOS included, in the shard dtype."""
+    """The block's index."""
+    part: int
+    """The part's number within its block (0-based)."""
+    last: bool
+    """The block's last part."""
     lengths: np.ndarray
-    """Ids per document (int32)."""
+    """Ids per document (int32), EOD/BOS included."""
     lines: int
-    """Lines (rows) the block spans; lets the writer number lines of later blocks."""
+    """Lines (rows) the part spans; lets the writer number lines of later parts."""
     counts: Counter = field(default_factory=Counter)
     """Skip and repair reasons -> records."""
     examples: Dict[str, List[Tuple[str, int, str]]] = field(default_factory=dict)
-    """reason -> (path, line, detail); line is relative to the block when first_line is 0."""
+    """reason -> (path, line, detail); line is relative to the part when first_line is 0."""
     failure: Optional[Tuple[str, int, str, str]] = None
     """strict=true: (path, line, reason, detail) of the first bad record."""
     input_bytes: int = 0
     text_bytes: int = 0
+    tokens: Optional[np.ndarray] = None
+    """All ids of the part's documents in the shard dtype (main process), or None when they were
+    written to ``spool`` (worker process)."""
+    spool: str = ""
+    """File holding the ids (worker process); the shard writer moves them into the shard."""
+    token_count: int = 0
+    crc32: int = 0
+    """CRC-32 of the spool file's bytes."""
+    peak_rss: int = 0
+    """Peak resident memory of the process that made this part (bytes)."""
 
 
 def warm_up() -> int:
@@ -52,23 +67,23 @@ def warm_up() -> int:
 
 def init_worker(info: TokenizerInfo, settings: dict, parallel: bool = False) -> None:
     """Build this process's encoder; ``settings`` holds text_key, append_eod, prepend_bos,
-    examples_per_reason and strict."""
+    examples_per_reason, strict and part_bytes; ``parallel`` lets gigatoken use every core."""
     _STATE.clear()
     _STATE.update(settings)
-    _STATE["key"] = (info, tuple(sorted(settings.items())))
     _STATE["encoder"] = build_encoder(info, parallel=parallel)
     _STATE["dtype"] = token_dtype(info.vocab_size)
     _STATE["eod"] = info.eod_id if settings["append_eod"] else -1
     _STATE["bos"] = info.bos_id if settings["prepend_bos"] else -1
 
 
-def _parse(block: Block, sink: records.RecordSink) -> Tuple[int, List[Tuple[str, int, str]]]:
-    """Fill ``sink``; returns (lines, examples of text_files blocks with their own paths)."""
+def parse_into(block: Block, part: Optional[Part], sink: records.RecordSink) -> Tuple[int, list]:
+    """Fill ``sink`` from ``part`` of ``block`` (None for parquet / whole-file blocks); returns
+    (lines, examples of text_files blocks with their own paths)."""
     key = _STATE["text_key"]
     if block.fmt == "jsonl":
-        return records.parse_jsonl(read_block_bytes(block), key, sink, block.at_file_end), []
+        return records.parse_jsonl(part.data, key, sink, part.at_file_end), []
     if block.fmt == "text_lines":
-        return records.parse_text_lines(read_block_bytes(block), sink), []
+        return records.parse_text_lines(part.data, sink), []
     if block.fmt == "parquet":
         import pyarrow.parquet as pq
 
@@ -82,7 +97,7 @@ def _parse(block: Block, sink: records.RecordSink) -> Tuple[int, List[Tuple[str,
     return 0, _parse_text_files(block, sink)
 
 
-def _parse_text_files(block: Block, sink: records.RecordSink) -> List[Tuple[str, int, str]]:
+def _parse_text_files(block: Block, sink: records.RecordSink) -> List[Tuple[str, str, int, str]]:
     located = []
     for path, compression in block.files:
         before = {reason: len(kept) for reason, kept in sink.examples.items()}
@@ -96,17 +111,21 @@ def _parse_text_files(block: Block, sink: records.RecordSink) -> List[Tuple[str,
     return located
 
 
-def process_block_with(block: Block, info: TokenizerInfo, settings: dict) -> BlockResult:
-    """process_block in a pool worker, building the encoder on the first call."""
-    if _STATE.get("key") != (info, tuple(sorted(settings.items()))):
-        init_worker(info, settings)
-    return process_block(block)
+def block_parts(block: Block, skip: int = 0) -> Iterator[Tuple[int, Optional[Part], bool]]:
+    """(number, part, last) of every part of ``block`` from part ``skip`` on (a resumed run skips
+    the parts its committed shards already hold); parquet and whole-file blocks are one part."""
+    if block.fmt not in ("jsonl", "text_lines"):
+        yield 0, None, True
+        return
+    for number, (part, last) in enumerate(iter_parts(block, _STATE["part_bytes"])):
+        if number >= skip:
+            yield number, part, last
 
 
-def parse_block(block: Block) -> Tuple[BlockResult, List[str]]:
+def parse_part(block: Block, number: int, part: Optional[Part], last: bool) -> Tuple[PartResult, List[str]]:
     """First stage: read and check the records; the result still lacks tokens."""
     sink = records.RecordSink(_STATE["examples_per_reason"], _STATE["strict"])
-    lines, located = _parse(block, sink)
+    lines, located = parse_into(block, part, sink)
     offset = block.first_line - 1 if block.first_line else 0
     examples: Dict[str, List[Tuple[str, int, str]]] = {}
     for reason, kept in sink.examples.items():
@@ -118,28 +137,17 @@ def parse_block(block: Block) -> Tuple[BlockResult, List[str]]:
         failure = sink.failure if len(sink.failure) == 4 else (block.path, sink.failure[0] + offset,
                                                                 sink.failure[1], sink.failure[2])
     texts = [] if failure else sink.texts
-    tokens, lengths = _empty()
-    return BlockResult(block.index, tokens, lengths, lines, sink.counts, examples, failure,
-                       block.input_bytes, sum(len(t) for t in texts)), texts
+    input_bytes = part.input_bytes if part is not None else block.input_bytes
+    return PartResult(block.index, number, last, np.zeros(0, np.int32), lines, sink.counts, examples,
+                      failure, input_bytes, sum(len(t) for t in texts)), texts
 
 
-def tokenize_into(result: BlockResult, texts: List[str]) -> BlockResult:
+def tokenize_into(result: PartResult, texts: List[str]) -> PartResult:
     """Second stage: the documents' ids, with EOD/BOS, in the shard dtype."""
+    result.tokens = np.zeros(0, dtype=_STATE["dtype"])
     if texts:
-        result.tokens, result.lengths = _tokenize(texts)
+        flat, lengths = _STATE["encoder"].encode_batch(texts)
+        result.tokens, result.lengths = with_specials(flat, lengths, _STATE["dtype"], _STATE["eod"],
+                                                      _STATE["bos"])
+    result.token_count = len(result.tokens)
     return result
-
-
-def process_block(block: Block) -> BlockResult:
-    return tokenize_into(*parse_block(block))
-
-
-def _empty():
-    return np.zeros(0, dtype=_STATE["dtype"]), np.zeros(0, dtype=np.int32)
-
-
-def _tokenize(texts: List[str]):
-    if not texts:
-        return _empty()
-    flat, lengths = _STATE["encoder"].encode_batch(texts)
-    return with_specials(flat, lengths, _STATE["dtype"], _STATE["eod"], _STATE["bos"])

@@ -1,0 +1,51 @@
+"""CRC-32 of a concatenation from the CRC-32s of its parts, without reading the bytes again.
+
+Workers compute the CRC-32 of the token bytes they write; the main process, which only joins the
+parts' files into a shard, needs the shard's CRC-32 for the manifest. CRC-32 is linear over
+GF(2): appending ``n`` zero bytes to a message multiplies its CRC state by a fixed 32x32 bit
+matrix (the n-th power of the one-zero-byte matrix), so ``crc(a + b)`` is
+``zeros(len(b)) * crc(a) XOR crc(b)``. The matrices for 2**k zero bytes are built once.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+_REFLECTED_POLY = 0xEDB88320
+_BYTE_POWERS: List[List[int]] = []
+"""_BYTE_POWERS[k]: the matrix (32 columns as ints) that appends 2**k zero bytes."""
+
+
+def _apply(matrix: List[int], vector: int) -> int:
+    out, column = 0, 0
+    while vector:
+        if vector & 1:
+            out ^= matrix[column]
+        vector >>= 1
+        column += 1
+    return out
+
+
+def _squared(matrix: List[int]) -> List[int]:
+    return [_apply(matrix, column) for column in matrix]
+
+
+def _powers() -> List[List[int]]:
+    if not _BYTE_POWERS:
+        one_bit = [_REFLECTED_POLY] + [1 << (n - 1) for n in range(1, 32)]
+        matrix = _squared(_squared(_squared(one_bit)))  # 8 zero bits: one zero byte
+        for _ in range(64):
+            _BYTE_POWERS.append(matrix)
+            matrix = _squared(matrix)
+    return _BYTE_POWERS
+
+
+def crc32_combine(crc_a: int, crc_b: int, length_b: int) -> int:
+    """zlib.crc32(a + b) from crc_a = zlib.crc32(a), crc_b = zlib.crc32(b) and len(b)."""
+    powers, k = _powers(), 0
+    while length_b:
+        if length_b & 1:
+            crc_a = _apply(powers[k], crc_a)
+        length_b >>= 1
+        k += 1
+    return crc_a ^ crc_b

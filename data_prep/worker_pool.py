@@ -1,0 +1,144 @@
+"""Worker processes that read, parse and tokenize blocks on their own; the main process hands out
+block descriptions (file, offsets) and takes back part descriptions, in block order.
+
+No bulk data crosses a pipe: workers read their input ranges themselves and leave token ids in
+spool files (:mod:`data_prep.spool`). At most ``window`` blocks are out at once (each worker holds
+one part in memory at a time), so memory does not grow with the corpus. A worker that raises ends
+the run with its exception; one that dies (a signal, the out-of-memory killer) with WorkerError.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+from collections import defaultdict, deque
+from multiprocessing.connection import wait
+from typing import Dict, Iterable, Iterator, List, Tuple
+
+from data_prep.blocks import Block
+from data_prep.errors import WorkerError
+from data_prep.worker import PartResult
+from data_prep.worker_process import worker_main
+
+QUEUED_PER_WORKER = 2
+"""Blocks sent to a worker ahead of the one it works on, so it never waits for the next."""
+
+
+def _death(process) -> str:
+    code = process.exitcode
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        oom = " (SIGKILL is what the out-of-memory killer sends: lower workers= or block_bytes=)" \
+            if -code == signal.SIGKILL else ""
+        return f"killed by signal {name}{oom}"
+    return f"exit code {code}"
+
+
+class WorkerPool:
+    """``size`` spawned worker processes; start them early, :meth:`init` once the tokenizer is
+    known, iterate :meth:`ordered_parts`, then :meth:`close`."""
+
+    def __init__(self, size: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.size = size
+        self.window = 2 * size + 1
+        self.conns, self.processes = [], []
+        for _ in range(size):
+            mine, theirs = context.Pipe()
+            process = context.Process(target=worker_main, args=(theirs,), daemon=True)
+            process.start()
+            theirs.close()
+            self.conns.append(mine)
+            self.processes.append(process)
+        self.peak_rss: Dict[int, int] = {}
+        """Worker pid -> the largest peak resident memory it reported (bytes)."""
+
+    def init(self, info, settings: dict, spool: str) -> None:
+        for worker in range(self.size):  # a worker dead before it starts is a WorkerError too
+            self._send(worker, ("init", info, settings, spool), deque())
+
+    def ordered_parts(self, blocks: Iterable[Block], skips: Dict[int, int]) -> Iterator[Tuple[Block, PartResult]]:
+        """(block, part) in block and part order; ``skips``: block index -> parts to skip."""
+        source, queued = iter(blocks), [deque() for _ in self.conns]
+        out: deque = deque()  # blocks handed out and not yet fully yielded, in order
+        arrived: Dict[int, deque] = defaultdict(deque)
+        exhausted = False
+        while True:
+            while not exhausted and len(out) < self.window:
+                worker = min(range(self.size), key=lambda w: len(queued[w]))
+                if len(queued[worker]) > QUEUED_PER_WORKER:
+                    break
+                block = next(source, None)
+                if block is None:
+                    exhausted = True
+                    break
+                queued[worker].append(block)
+                self._send(worker, (block, skips.get(block.index, 0)), queued[worker])
+                out.append(block)
+            if not out:
+                return
+            waiting = arrived[out[0].index]
+            if waiting:
+                result = waiting.popleft()
+                block = out[0]
+                if result.last:
+                    out.popleft()
+                    del arrived[block.index]
+                yield block, result
+                continue
+            self._receive(arrived, queued)
+
+    def _receive(self, arrived: Dict[int, deque], queued: List[deque]) -> None:
+        """Wait for messages; store parts, raise a worker's error or death."""
+        ready = wait(self.conns + [p.sentinel for p in self.processes])
+        for worker, conn in enumerate(self.conns):
+            while conn in ready and conn.poll():
+                try:
+                    kind, *body = conn.recv()
+                except (EOFError, OSError):  # the worker is gone
+                    self.processes[worker].join(timeout=5)
+                    self._died(worker, queued[worker])
+                if kind == "error":
+                    raise body[1]
+                result: PartResult = body[0]
+                pid = self.processes[worker].pid
+                self.peak_rss[pid] = max(self.peak_rss.get(pid, 0), result.peak_rss)
+                arrived[result.index].append(result)
+                if result.last:
+                    queued[worker].popleft()
+        for worker, process in enumerate(self.processes):
+            if process.sentinel in ready and not self.conns[worker].poll():
+                process.join()
+                self._died(worker, queued[worker])
+
+    def _send(self, worker: int, message, queued: deque) -> None:
+        try:
+            self.conns[worker].send(message)
+        except OSError:  # the worker is gone (a broken pipe)
+            self.processes[worker].join(timeout=5)
+            self._died(worker, queued)
+
+    def _died(self, worker: int, queued: deque) -> None:
+        process = self.processes[worker]
+        doing = f" while preparing {queued[0].path} (block {queued[0].index})" if queued else ""
+        raise WorkerError(f"a worker process died (pid {process.pid}, {_death(process)}){doing}; "
+                          "nothing was committed after the last complete shard: re-run the same "
+                          "command to resume")
+
+    def close(self, wait_for_exit: bool = True) -> None:
+        """Stop the workers: ask them to stop (or terminate them), then reap them."""
+        for conn, process in zip(self.conns, self.processes):
+            try:
+                if wait_for_exit and process.is_alive():
+                    conn.send(None)
+            except OSError:
+                pass
+        for process in self.processes:
+            if not wait_for_exit:
+                process.terminate()
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        for conn in self.conns:
+            conn.close()

@@ -1,0 +1,67 @@
+"""The body of a worker process: blocks come in on a pipe, part descriptions go out.
+
+The main process sends ``("init", info, settings, spool_dir)`` once, then ``(block, skip)`` for
+every block it gives this worker, and ``None`` to stop. For each part the worker sends
+``("part", PartResult)`` whose ids are in a spool file (:mod:`data_prep.spool`), never in the
+message; an exception is sent as ``("error", block index, exception)``.
+"""
+
+from __future__ import annotations
+
+import pickle
+import resource
+import signal
+import traceback
+
+from data_prep.errors import WorkerError
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _sendable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling, else a WorkerError holding its traceback."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return WorkerError(f"a worker failed: {type(exc).__name__}: {exc}\n{text}")
+
+
+def _run_block(conn, block, skip: int, spool: str) -> None:
+    from data_prep.spool import spool_tokens
+    from data_prep.worker import block_parts, parse_part, tokenize_into
+
+    for number, part, last in block_parts(block, skip):
+        result, texts = parse_part(block, number, part, last)
+        tokenize_into(result, texts)
+        spool_tokens(result, spool)
+        result.peak_rss = peak_rss_bytes()
+        conn.send(("part", result))
+
+
+def worker_main(conn) -> None:
+    """Entry point of a spawned worker (Ctrl-C is the main process's to handle)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from data_prep.worker import init_worker, warm_up
+
+    warm_up()
+    spool, index = "", -1
+    try:
+        while (message := conn.recv()) is not None:
+            if message[0] == "init":
+                init_worker(message[1], message[2])
+                spool = message[3]
+                continue
+            block, skip = message
+            index = block.index
+            _run_block(conn, block, skip, spool)
+    except (EOFError, BrokenPipeError):
+        return  # the main process is gone
+    except BaseException as exc:
+        try:
+            conn.send(("error", index, _sendable(exc)))
+        except (OSError, ValueError):
+            pass

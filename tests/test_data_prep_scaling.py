@@ -1,0 +1,276 @@
+"""data_prep with worker processes that read their own input and hand back token files: the same
+bytes for 1, 2 or 3 workers when lines straddle block, frame and part boundaries; resume after
+kill -9 (also in the middle of a large compressed file); a worker killed by a signal; memory that
+does not grow with the corpus. Plus the pieces: CRC-32 combination, zstd frame walking, parts."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+import zlib
+
+import numpy as np
+import psutil
+import pytest
+import zstandard
+from data_prep_fixtures import PYTHON, REPO, load, prepare, read_documents, shard_bytes, stdlib_documents
+
+from data_prep.crc import crc32_combine
+from data_prep.manifest import shard_problem
+from data_prep.zstd_frames import frame_spans
+
+pytestmark = pytest.mark.xdist_group("data_prep_scaling")
+
+BYTE_ARGS = ["tokenizer.kind=byte", "block_bytes=4096", "shard_tokens=20000", "name=s"]
+
+
+def _lines(count: int, seed: int) -> list:
+    """JSONL lines of stdlib text: short, long (several blocks), CRLF-terminated ones."""
+    rng, docs = random.Random(seed), stdlib_documents(count, offset=400, max_chars=30_000)
+    lines = []
+    for i, doc in enumerate(docs):
+        text = doc[: rng.choice([40, 900, 5000, 30_000])]
+        lines.append(json.dumps({"text": text, "i": i}).encode() + (b"\r\n" if i % 5 == 0 else b"\n"))
+    return lines
+
+
+def _frames(data: bytes, size: int) -> bytes:
+    """zstd frames of ``size`` input bytes each, cut anywhere (mid-line), with checksums."""
+    compress = zstandard.ZstdCompressor(write_checksum=True).compress
+    return b"".join(compress(data[i:i + size]) for i in range(0, len(data), size))
+
+
+@pytest.fixture(scope="module")
+def straddling(tmp_path_factory):
+    """Inputs whose lines cross block, frame and part boundaries; returns (input spec, texts)."""
+    root = tmp_path_factory.mktemp("straddling")
+    a, b = _lines(60, 1), _lines(60, 2)
+    (root / "a.jsonl").write_bytes(b"".join(a)[:-1])  # the last line has no newline
+    (root / "b.jsonl.zst").write_bytes(_frames(b"".join(b)[:-1], 3001))
+    (root / "c.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(b"".join(a[:20])))
+    texts = [json.loads(line)["text"] for line in a + b + a[:20]]
+    return f"input=[{root / 'a.jsonl'},{root / 'b.jsonl.zst'},{root / 'c.jsonl.zst'}]", texts
+
+
+def _texts(out) -> list:
+    """Documents of a byte-tokenizer output, decoded (EOD 256 dropped)."""
+    return [bytes(doc[:-1].astype(np.uint8)).decode("utf-8") for doc in read_documents(out)]
+
+
+@pytest.mark.slow
+def test_one_two_and_three_workers_write_the_same_bytes(straddling, tmp_path):
+    spec, texts = straddling
+    outputs = {}
+    for workers in (1, 2, 3):
+        out = tmp_path / f"w{workers}"
+        prepare(spec, f"output={out}", f"workers={workers}", *BYTE_ARGS)
+        outputs[workers] = (shard_bytes(out), load(out / "manifest.json"))
+        assert not list(out.glob(".data_prep-spool-*")), "the token spool is removed at the end"
+    assert _texts(tmp_path / "w1") == texts  # no line lost, doubled or cut at a boundary
+    one, manifest = outputs[1]
+    assert len(one) >= 10 and manifest["totals"]["repaired"]["crlf_line_ending"] == 28
+    for workers in (2, 3):
+        assert outputs[workers][0] == one, f"workers={workers} wrote other bytes"
+        assert outputs[workers][1]["shards"] == manifest["shards"]
+        assert outputs[workers][1]["totals"] == manifest["totals"]
+
+
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory):
+    """About 12 MB: a plain file, a multi-frame .zst and a single-frame .zst (one block of many
+    parts), with a workers=1 reference output."""
+    root = tmp_path_factory.mktemp("long")
+    data = b"".join(_lines(400, 3)) * 4
+    (root / "a.jsonl").write_bytes(data)
+    (root / "b.jsonl.zst").write_bytes(_frames(data, 200_000))
+    (root / "c.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(data))
+    spec = f"input=[{root / 'a.jsonl'},{root / 'b.jsonl.zst'},{root / 'c.jsonl.zst'}]"
+    args = ["tokenizer.kind=byte", "block_bytes=262144", "shard_tokens=300000", "name=l"]
+    prepare(spec, f"output={root / 'reference'}", "workers=1", *args)
+    return spec, args, root / "reference"
+
+
+def _start(spec: str, out, workers: int, args: list) -> subprocess.Popen:
+    cmd = [PYTHON, "-m", "data_prep", spec, f"output={out}", f"workers={workers}", "progress=false", *args]
+    return subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(out, proc, wanted, timeout: float = 60.0) -> bool:
+    """Poll the manifest until ``wanted(shards)``; False when the run ended first."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if wanted(load(out / "manifest.json")["shards"]):
+                return True
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.002)
+    return False
+
+
+def _at_least(count: int):
+    return lambda shards: len(shards) >= count
+
+
+
+
+
+def _final_shard_files(out) -> set:
+    return {p.name for p in out.iterdir() if p.suffix in (".bin", ".idx")}
+
+
+@pytest.mark.slow
+def test_kill_9_at_three_workers_then_rerun_equals_uninterrupted(long_run, tmp_path):
+    spec, args, reference = long_run
+    out = tmp_path / "out"
+    proc = _start(spec, out, 3, args)
+    assert _wait_for(out, proc, _at_least(2)), "the run ended before it could be killed"
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        child.kill()
+    proc.kill()
+    proc.wait()
+    manifest = load(out / "manifest.json")
+    assert not manifest["complete"]
+    listed = {f"{s['prefix']}.{x}" for s in manifest["shards"] for x in ("bin", "idx")}
+    extra = _final_shard_files(out) - listed  # killed between a shard's rename and the manifest's
+    assert listed <= _final_shard_files(out) and extra <= {f"l_{len(manifest['shards']):05d}.{x}" for x in ("bin", "idx")}
+    prepare(spec, f"output={out}", "workers=3", *args)
+    assert shard_bytes(out) == shard_bytes(reference)
+    assert load(out / "manifest.json")["shards"] == load(reference / "manifest.json")["shards"]
+    assert not list(out.glob(".data_prep-spool-*"))
+
+
+@pytest.mark.slow
+def test_a_rerun_resumes_in_the_middle_of_a_single_frame_file(long_run, tmp_path):
+    """The state a crash leaves after committing a shard that ends inside the last block (the
+    single-frame file, one block of many parts): the re-run skips the committed parts."""
+    spec, args, reference = long_run
+    out = tmp_path / "out"
+    shutil.copytree(reference, out)
+    manifest = load(out / "manifest.json")
+    last_block = manifest["shards"][-1]["next_block"] - 1
+    keep = next(i for i, s in enumerate(manifest["shards"])
+                if s["next_block"] == last_block and s["next_part"] > 1) + 1
+    for entry in manifest["shards"][keep:]:
+        for ext in ("bin", "idx"):
+            (out / f"{entry['prefix']}.{ext}").unlink()
+    manifest["shards"], manifest["complete"] = manifest["shards"][:keep], False
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    kept_mtime = (out / f"{manifest['shards'][-1]['prefix']}.bin").stat().st_mtime_ns
+    prepare(spec, f"output={out}", "workers=3", *args)
+    assert (out / f"{manifest['shards'][-1]['prefix']}.bin").stat().st_mtime_ns == kept_mtime
+    assert shard_bytes(out) == shard_bytes(reference)
+    assert load(out / "manifest.json")["shards"] == load(reference / "manifest.json")["shards"]
+
+
+@pytest.mark.slow
+def test_a_worker_killed_by_a_signal_fails_the_run_cleanly(long_run, tmp_path):
+    spec, args, reference = long_run
+    out = tmp_path / "out"
+    proc = _start(spec, out, 2, args)
+    assert _wait_for(out, proc, _at_least(3)), "the run ended before a worker could be killed"
+    workers = [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+    assert len(workers) == 2
+    workers[0].send_signal(signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stderr
+    assert f"a worker process died (pid {workers[0].pid}, killed by signal SIGKILL" in stderr
+    assert "re-run the same command to resume" in stderr
+    manifest = load(out / "manifest.json")
+    assert not manifest["complete"] and not (out / "data.yaml").exists()
+    listed = {f"{s['prefix']}.{x}" for s in manifest["shards"] for x in ("bin", "idx")}
+    assert _final_shard_files(out) == listed, "a shard file not in the manifest was left behind"
+    assert not any(shard_problem(str(out), s) for s in manifest["shards"])
+    want = shard_bytes(reference)
+    assert all(content == want[name] for name, content in shard_bytes(out).items())
+
+
+def _peak_rss(tmp_path, name: str, copies: int, lines: list) -> tuple:
+    path = tmp_path / f"{name}.jsonl"
+    path.write_bytes(b"".join(lines) * copies)
+    out = tmp_path / f"out_{name}"
+    proc = prepare(f"input={path}", f"output={out}", "workers=2", "tokenizer.kind=byte",
+                   "block_bytes=262144", "shard_tokens=4000000")
+    assert "peak RSS MB, all processes" in proc.stdout
+    return load(out / "manifest.json")["memory"], path.stat().st_size
+
+
+@pytest.mark.slow
+def test_peak_memory_is_reported_bounded_and_independent_of_corpus_size(tmp_path):
+    """Window: 2 * workers + 1 = 5 blocks of 256 KiB. Corpora of 4x and 16x that window."""
+    lines = _lines(200, 4)
+    unit = len(b"".join(lines))
+    small, small_size = _peak_rss(tmp_path, "small", max(1, 5 * 262144 * 4 // unit), lines)
+    large, large_size = _peak_rss(tmp_path, "large", max(4, 5 * 262144 * 16 // unit), lines)
+    assert large_size >= 3.5 * small_size
+    for memory in (small, large):
+        assert len(memory["worker_peak_rss_bytes"]) == 2
+        assert memory["peak_rss_bytes"] == memory["main_process_peak_rss_bytes"] + sum(memory["worker_peak_rss_bytes"])
+        assert memory["peak_rss_bytes"] < memory["rss_bound_bytes"] == 2 * 1024**3 + 2 * 512 * 1024**2
+    # uint16 ids are 2 bytes per input byte here: memory held per byte of corpus would show up
+    # as tens of MB between the two runs.
+    grown = large["peak_rss_bytes"] - small["peak_rss_bytes"]
+    assert grown < (large_size - small_size) / 4, (small, large)
+
+
+def test_crc32_of_a_concatenation_from_its_parts():
+    rng = random.Random(5)
+    for length_a, length_b in [(0, 0), (0, 7), (7, 0), (1, 1), (1000, 65_537), (3, 1 << 20)]:
+        a, b = rng.randbytes(length_a), rng.randbytes(length_b)
+        assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+def test_zstd_frames_are_found_from_their_headers(tmp_path):
+    data = b"".join(b"line %d\n" % i for i in range(50_000))
+    first = zstandard.ZstdCompressor(write_checksum=True).compress(data[:100_000])
+    skippable = (0x184D2A50).to_bytes(4, "little") + (3).to_bytes(4, "little") + b"abc"
+    second = zstandard.ZstdCompressor(write_content_size=False).compress(data[100_000:])
+    path = tmp_path / "x.zst"
+    path.write_bytes(first + skippable + second)
+    spans = frame_spans(str(path))
+    ends = [len(first), len(first) + 11, len(first) + 11 + len(second)]
+    assert [(s.end, s.content_size) for s in spans] == list(zip(ends, [100_000, 0, -1]))
+    path.write_bytes(first + second[:-5])  # cut: the rest becomes one span for the decoder to judge
+    assert [(s.start, s.end) for s in frame_spans(str(path))] == [(0, len(first)), (len(first), len(first) + len(second) - 5)]
+
+
+def test_parts_of_all_blocks_give_back_the_stream_exactly(tmp_path):
+    from data_prep.blocks import iter_blocks
+    from data_prep.inputs import expand_inputs
+    from data_prep.parts import iter_parts
+
+    data = b"".join(_lines(80, 6))[:-1]
+    for frame in (997, 20_000, len(data)):
+        path = tmp_path / f"f{frame}.jsonl.zst"
+        path.write_bytes(_frames(data, frame))
+        for block_bytes in (1024, 50_000):
+            blocks = list(iter_blocks(expand_inputs([str(path)], "auto"), "text", "file", block_bytes))
+            parts = [(part, last) for block in blocks for part, last in iter_parts(block, block_bytes)]
+            assert b"".join(p.data for p, _ in parts) == data, (frame, block_bytes)
+            assert sum(p.input_bytes for p, _ in parts) == path.stat().st_size
+            assert sum(last for _, last in parts) == len(blocks)
+            assert len(blocks) > 1 or frame == len(data)
+
+
+def test_a_worker_dead_before_it_starts_is_a_worker_error():
+    """Killed between spawn and init (a node under memory pressure): the run fails with the same
+    clear WorkerError as a death mid-run, not a BrokenPipeError traceback."""
+    from data_prep.errors import WorkerError
+    from data_prep.worker_pool import WorkerPool
+
+    pool = WorkerPool(2)
+    try:
+        victim = pool.processes[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(timeout=30)
+        with pytest.raises(WorkerError, match=rf"worker process died \(pid {victim.pid}, killed "
+                                              r"by signal SIGKILL"):
+            pool.init(None, {}, "unused")
+    finally:
+        pool.close(wait_for_exit=False)
