@@ -17,6 +17,7 @@ signal lands right after a deferred periodic save exits with that checkpoint com
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -290,7 +291,8 @@ def test_zero1_save_of_a_fresh_optimizer_changes_nothing(zero1):
         assert rank["eval_after_save0"] == rank["eval_start"]
         assert rank["train"] == rank["fresh"]
         assert rank["from_step0"] == rank["fresh"]
-        assert rank["fresh"][0][0] == pytest.approx(6.2178, abs=1e-3)
+        # an untrained model: near-uniform logits over the 512-token vocabulary
+        assert rank["fresh"][0][0] == pytest.approx(math.log(512), abs=0.05)
 
 
 @pytest.mark.slow

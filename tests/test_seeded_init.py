@@ -114,6 +114,7 @@ def first_losses(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("seeded_init_layouts")  # one worker runs the 7 trainings, once
 @pytest.mark.parametrize("name", sorted(SAME_AS))
 def test_every_layout_starts_at_the_loss_of_pp1(name, first_losses):
     """fp32 first-step loss equal within 1e-5 and the grad norm within 1e-4 (relative). With

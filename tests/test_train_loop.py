@@ -95,7 +95,9 @@ def test_resume_reproduces_an_unbroken_run(dp_run, tmp_path):
 def test_tp2_run_trains(tmp_path):
     train(tmp_path, "tp", "parallelism=tp2", "trainer.train_steps=8", "trainer.eval_interval=0")
     steps = steps_of(tmp_path / "tp")
-    assert steps[8]["loss"] < steps[1]["loss"] - 0.5
+    # Each step draws new mock batches, so single steps swing by about 0.3; over seeds and both
+    # initialisations the drop from step 1 to 8 measured 0.48-0.65.
+    assert steps[8]["loss"] < steps[1]["loss"] - 0.4
     assert (tmp_path / "tp" / "checkpoints" / "step_000008" / "complete").is_file()
 
 
