@@ -153,7 +153,8 @@ def train_worker(w: Worker) -> int:
         engine = engine_spec.build(plan, model=cfg.model, **subs)
         checkpoints = checkpoint.CheckpointManager(
             run_dir / "checkpoints", engine.checkpoint_io, keep_last=cfg.trainer.keep_last,
-            async_save=cfg.trainer.async_save, final_step=plan.train_steps, record=record)
+            async_save=cfg.trainer.async_save, final_step=plan.train_steps, record=record,
+            report=metrics.log_event)
         state = resume_safety.resume_state(checkpoints, resume, record, metrics, cfg.optimizer)
         resume_safety.started(run_dir, config=config, plan=plan,
                               files=engine_spec.run_files(plan, **subs))

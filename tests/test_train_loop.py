@@ -79,9 +79,35 @@ def test_dp2_zero1_run_trains_and_logs_every_phase(dp_run):
     assert meta["consumed_samples"] == 160 and meta["plan"]["global_batch_size"] == 8
 
 
+def checkpoint_events(run_dir: Path) -> list:
+    rows = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return [row for row in rows if row["kind"] == "checkpoint"]
+
+
+def test_every_save_says_size_seconds_and_rate_and_the_final_one_announces_itself(dp_run):
+    """One line per save with the bytes of the step directory as written; the last save (the
+    one the run waits for at its end) is announced before it starts."""
+    from launcher.runtime.checkpoint import directory_bytes
+
+    events = checkpoint_events(dp_run)
+    messages = [e["message"] for e in events]
+    assert [m.split(":")[0] for m in messages] == [
+        "checkpoint step 10", "checkpoint step 10 saved", "checkpoint step 20",
+        "checkpoint step 20 saved"], messages
+    assert messages[2] == f"checkpoint step 20: saving to {dp_run / 'checkpoints' / 'step_000020'}"
+    for saved in (e for e in events if " saved" in e["message"]):
+        step_dir = dp_run / "checkpoints" / f"step_{saved['step']:06d}"
+        assert saved["bytes"] == directory_bytes(step_dir) > 0
+        gb, seconds = saved["bytes"] / 1e9, saved["seconds"]
+        assert f"{gb:.2f} GB in {seconds:.1f} s ({gb / seconds:.2f} GB/s)" in saved["message"]
+
+
 @pytest.mark.slow
 def test_resume_reproduces_an_unbroken_run(dp_run, tmp_path):
-    """Steps 11-20 after loading step 10 equal the unbroken run's steps 11-20 bit for bit."""
+    """Steps 11-20 after loading step 10 equal the unbroken run's steps 11-20 bit for bit; the
+    load says what it read and how fast."""
+    from launcher.runtime.checkpoint import directory_bytes
+
     train(tmp_path, "resumed", "trainer.train_steps=20", "trainer.global_batch_size=8",
           f"trainer.load={dp_run / 'checkpoints' / 'step_000010'}")
     straight, resumed = steps_of(dp_run), steps_of(tmp_path / "resumed")
@@ -89,6 +115,9 @@ def test_resume_reproduces_an_unbroken_run(dp_run, tmp_path):
     for step in range(11, 21):
         for key in ("loss", "grad_norm", "lr", "consumed_samples"):
             assert resumed[step][key] == straight[step][key], (step, key)
+    loaded = checkpoint_events(tmp_path / "resumed")[0]
+    assert loaded["message"].startswith("checkpoint step 10 loaded: ")
+    assert loaded["bytes"] == directory_bytes(dp_run / "checkpoints" / "step_000010")
 
 
 @pytest.mark.slow

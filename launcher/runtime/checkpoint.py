@@ -39,10 +39,11 @@ import pickle
 import random
 import re
 import shutil
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -133,6 +134,22 @@ class _Pending:
     tmp: Path
     final: Path
     step: int
+    started: float  # time.perf_counter() when the save began
+    background: bool = False  # written while training went on (the seconds include steps)
+
+
+def directory_bytes(path: Path) -> int:
+    """Bytes of every file under ``path``."""
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def _rate(nbytes: int, seconds: float) -> str:
+    """``17.0 GB in 12.9 s (1.32 GB/s)``."""
+    return f"{nbytes / 1e9:.2f} GB in {seconds:.1f} s ({nbytes / 1e9 / max(seconds, 1e-9):.2f} GB/s)"
+
+
+def _silent(kind: str, message: str, **fields) -> None:
+    """A report that goes nowhere (no logger given)."""
 
 
 class CheckpointManager:
@@ -145,8 +162,10 @@ class CheckpointManager:
     the same step, and :attr:`pending` is the same on every rank."""
 
     def __init__(self, checkpoints_dir: Path, io, *, keep_last: int, async_save: bool = False,
-                 final_step: int = 0, record: Optional[dict] = None):
+                 final_step: int = 0, record: Optional[dict] = None,
+                 report: Optional[Callable] = None):
         self.dir, self.io = Path(checkpoints_dir), io
+        self.report = report or _silent  # metrics.log_event: one line per save and load
         self.keep_last, self.async_save, self.final_step = keep_last, async_save, final_step
         self.record = dict(record or {})  # architecture, layout, training (runtime.resume)
         self._pending: Optional[_Pending] = None
@@ -172,8 +191,11 @@ class CheckpointManager:
         background = background and self.async_save and step < self.final_step
         meta = {"step": step, "consumed_samples": consumed_samples, "config": config,
                 "plan": plan, **self.record}
+        started = time.perf_counter()
+        if not background:  # the caller waits for it: say so before the wait, not after
+            self.report("checkpoint", f"checkpoint step {step}: saving to {final}", step=step)
         deferred = self._write(tmp, step, meta, background)
-        self._pending = _Pending(tmp, final, step)
+        self._pending = _Pending(tmp, final, step, started, deferred)
         if not deferred:
             self._complete()
         return final
@@ -223,6 +245,12 @@ class CheckpointManager:
                 shutil.rmtree(pending.final)
             pending.tmp.rename(pending.final)
             atomic_symlink_or_pointer(self.dir / LATEST, pending.final.name)
+            seconds = time.perf_counter() - pending.started
+            nbytes = directory_bytes(pending.final)
+            how = " in the background" if pending.background else ""
+            self.report("checkpoint", f"checkpoint step {pending.step} saved{how}: "
+                        f"{_rate(nbytes, seconds)}", step=pending.step, bytes=nbytes,
+                        seconds=round(seconds, 3))
             prune(self.dir, self.keep_last)
         collectives.barrier()
         return pending.final
@@ -230,7 +258,14 @@ class CheckpointManager:
     def load(self, resume: "Resume") -> None:
         """Restore the engine state and this rank's RNG streams from ``resume`` (collective).
         A file that cannot be read raises :class:`CheckpointError` naming it."""
+        started = time.perf_counter()
         load(self.io, resume)
+        collectives.barrier()
+        if collectives.rank() == 0:
+            seconds, nbytes = time.perf_counter() - started, directory_bytes(resume.path)
+            self.report("checkpoint", f"checkpoint step {resume.step} loaded: "
+                        f"{_rate(nbytes, seconds)}", step=resume.step, bytes=nbytes,
+                        seconds=round(seconds, 3))
 
 
 def complete_steps(checkpoints_dir: Path) -> list[Path]:
