@@ -57,6 +57,7 @@ def summarise(run_dir: Path, warmup: int) -> dict:
         "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
         "tflops_per_gpu": statistics.median(r["tflops_per_gpu"] for r in rows),
         "mfu": statistics.median(r["mfu"] for r in rows),
+        "mfu_causal": statistics.median(r.get("mfu_causal", 0.0) for r in rows),
         "plan_step_time_s": plan["step_time_s"], "plan_mfu": plan["assumed_mfu"],
         "step_vs_plan": step / plan["step_time_s"],
         "memory_gb": measured_gb, "plan_memory_gb": planned_gb,
@@ -69,11 +70,13 @@ def summarise(run_dir: Path, warmup: int) -> dict:
 
 def table(results: dict) -> str:
     head = (f"{'run':14}{'step s':>8}{'plan s':>8}{'tok/s':>9}{'TFLOP/s':>9}{'MFU':>7}"
+            f"{'causal':>7}"
             f"{'mem GB':>8}{'plan GB':>9}{'loss':>7}")
     lines = [head]
     for name, r in results.items():
         lines.append(f"{name:14}{r['step_time_s']:8.3f}{r['plan_step_time_s']:8.3f}"
                      f"{r['tokens_per_s']:9.0f}{r['tflops_per_gpu']:9.1f}{r['mfu']:7.1%}"
+                     f"{r['mfu_causal']:7.1%}"
                      f"{r['memory_gb']:8.1f}{r['plan_memory_gb']:9.1f}{r['last_loss']:7.2f}")
         lines.append("    phases ms: " + ", ".join(f"{k} {v:.1f}"
                                                    for k, v in r["phases_ms"].items()))

@@ -130,6 +130,17 @@ def test_flops_match_megatron_formula():
     assert p.flops_per_step == pytest.approx(expected)
 
 
+def test_causal_flops_count_half_the_attention_scores_as_megatron_lm_logs():
+    """Megatron-LM's logged TFLOP/s: 72 B s L h^2 (1 + s/12h + V/12hL); mfu_causal scales the
+    plan's mfu by the same ratio and the report shows both."""
+    p = plan_of("model=gpt2_124m", "trainer.micro_batch_size=8")
+    B, s, L, h, V = p.global_batch_size, 1024, 12, 768, 50_304
+    causal = 72 * B * s * L * h * h * (1 + s / (12 * h) + V / (12 * h * L))
+    assert p.flops_per_token_causal * B * s == pytest.approx(causal)
+    assert p.mfu_causal == pytest.approx(p.mfu * causal / p.flops_per_step)
+    assert p.mfu_causal < p.mfu
+
+
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_zero_stage_state_bytes(stage):
     b = state_bytes_per_param(precision=Precision.bf16, engine=EngineName.deepspeed,
@@ -217,7 +228,8 @@ def test_cli_json_is_one_object_with_required_keys():
 def test_cli_table(capsys):
     assert main([EXP_70B]) == 0
     out = capsys.readouterr().out
-    for text in ("16,384", "2,048 nodes", "67,108,864", "223,518", "fits"):
+    causal = f"{plan_of(EXP_70B).mfu_causal:.1%} causal"
+    for text in ("16,384", "2,048 nodes", "67,108,864", "223,518", "fits", causal):
         assert text in out
 
 

@@ -57,8 +57,12 @@ def test_dp2_zero1_run_trains_and_logs_every_phase(dp_run):
     assert steps[20]["loss"] < steps[1]["loss"] - 1.0
     for row in steps.values():
         for key in ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_s", "tflops_per_gpu",
-                    "mfu", "consumed_samples", "memory_gb"):
+                    "mfu", "mfu_causal", "tflops_per_gpu_causal", "consumed_samples",
+                    "memory_gb"):
             assert key in row, key
+        plan = json.loads((dp_run / "plan.json").read_text())
+        ratio = plan["flops_per_token_causal"] / plan["flops_per_token"]
+        assert row["mfu_causal"] == pytest.approx(row["mfu"] * ratio) and ratio < 1
         phases = {k[len("time/"):] for k in row if k.startswith("time/")}
         covered = {p for name in phases for p in name.split("+")}
         assert covered >= set(PHASES), phases

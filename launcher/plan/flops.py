@@ -5,6 +5,10 @@ output projections, attention scores and weighted values over the full sequence 
 Narayanan et al. 2021 and PaLM's MFU, causal masking not discounted), the MLP or the top-k experts
 and router, and the output layer over the padded vocabulary. Training is 3x forward; activation
 recompute adds hardware FLOPs but not model FLOPs, so MFU ignores it.
+
+``causal=True`` counts half of the attention scores and weighted values (a causal mask computes
+only the lower triangle), as Megatron-LM's and NeMo's logged TFLOP/s do: the figure to compare
+with those logs (``mfu_causal``). ``mfu`` stays the full-attention one (PaLM, torchtitan).
 """
 
 from __future__ import annotations
@@ -12,9 +16,9 @@ from __future__ import annotations
 from launcher.plan.params import Dims
 
 
-def forward_flops_per_token(d: Dims) -> float:
+def forward_flops_per_token(d: Dims, causal: bool = False) -> float:
     attn_linear = 2 * d.hidden * (d.q_dim + 2 * d.kv_dim) + 2 * d.q_dim * d.hidden
-    attn_scores = 2 * 2 * d.seq * d.q_dim  # QK^T and scores x V
+    attn_scores = 2 * 2 * d.seq * d.q_dim / (2 if causal else 1)  # QK^T and scores x V
     matrices = 3 if d.gated else 2
     if d.experts:
         mlp = d.topk * 2 * matrices * d.hidden * d.expert_ffn + 2 * d.hidden * d.experts
@@ -24,6 +28,6 @@ def forward_flops_per_token(d: Dims) -> float:
     return d.layers * (attn_linear + attn_scores + mlp) + logits
 
 
-def train_flops_per_token(d: Dims) -> float:
+def train_flops_per_token(d: Dims, causal: bool = False) -> float:
     """Forward + backward (backward = 2x forward)."""
-    return 3 * forward_flops_per_token(d)
+    return 3 * forward_flops_per_token(d, causal)

@@ -111,6 +111,8 @@ class Plan:
     step_time_parts: dict = field(default_factory=dict)  # seconds per cause (step_time.PARTS)
     dominant_cost: str = ""  # the largest cost besides compute ("compute" if none matters)
     mfu: float = 0.0  # predicted model FLOPs utilisation of the whole step
+    flops_per_token_causal: float = 0.0  # causal attention counted half (Megatron-LM's logs)
+    mfu_causal: float = 0.0  # mfu by that count
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -295,7 +297,9 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: _
         warnings=tuple(schedule_warnings(cfg, batch.steps)
                        + [str(x) for x in check_interleaving(dims, batch.grad_accum)]),
         stage_layers=dims.stage_layers(m.num_layers), step_time_parts=breakdown.parts(),
-        dominant_cost=breakdown.dominant, mfu=mfu)
+        dominant_cost=breakdown.dominant, mfu=mfu,
+        flops_per_token_causal=train_flops_per_token(d, causal=True),
+        mfu_causal=mfu * train_flops_per_token(d, causal=True) / flops_token)
     _check_fits(plan)
     return plan
 

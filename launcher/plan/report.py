@@ -124,6 +124,8 @@ def _time_rows(p: Plan) -> list[tuple[str, str, str]]:
            f"step-time model; {p.mfu:.1%} MFU, {p.assumed_mfu:.1%} while computing")
     rows = [
         ("FLOPs per step", f"{p.flops_per_step:.3e}", f"{p.flops_per_token:.3e} per token"),
+        ("MFU", f"{p.mfu:.1%}", f"{p.mfu_causal:.1%} causal (attention counted half, as "
+                                "Megatron-LM and NeMo log it); the first: full attention"),
         ("step time", f"{p.step_time_s:,.3f} s",
          f"{how}; peak {p.peak_tflops_per_gpu:,.0f} TFLOP/s per GPU"),
     ]

@@ -166,10 +166,12 @@ class TrainLoop:
         tokens_per_s = plan.global_batch_tokens * steps / elapsed if elapsed > 0 else 0.0
         gpus = plan.world_size / plan.ranks_per_gpu  # ranks sharing a GPU share its FLOP/s
         tflops = plan.flops_per_token * tokens_per_s / gpus / 1e12
+        causal = plan.flops_per_token_causal * tokens_per_s / gpus / 1e12
         metrics = {
             "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
             "loss_scale": result.loss_scale, "tokens_per_s": tokens_per_s,
             "tflops_per_gpu": tflops, "mfu": tflops / plan.peak_tflops_per_gpu,
+            "tflops_per_gpu_causal": causal, "mfu_causal": causal / plan.peak_tflops_per_gpu,
             "consumed_samples": s.consumed_samples, "step_time": elapsed / steps,
             "memory_gb": memory_gb(), "skipped": float(result.skipped), **result.extra, **extra,
             **{f"time/{name}": seconds / steps for name, seconds in times.items()},
