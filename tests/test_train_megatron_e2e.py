@@ -99,3 +99,37 @@ def test_moe_ep2_run_logs_load_balancing_loss(tmp_path):
     plan = json.loads((tmp_path / "moe" / "plan.json").read_text())
     assert (plan["expert_parallel_size"], plan["expert_data_parallel_size"], plan["zero_stage"]) \
         == (2, 1, 1)
+
+
+DP_SHARDED = MEGATRON + ["parallelism.zero_stage=1", "engine.optimizer_checkpoint=dp_reshardable",
+                         "trainer.save_interval=2", "trainer.keep_last=0",
+                         "trainer.eval_interval=0"]
+
+
+@pytest.mark.slow
+def test_dp_reshardable_checkpoints_resume_bitwise_reshard_dp_and_refuse_a_tp_change(tmp_path):
+    """engine.optimizer_checkpoint=dp_reshardable (each rank writes its optimizer shard as it
+    is): recorded in the checkpoint; a resume at the same layout repeats the straight run bit for
+    bit (the second step after it needs the saved Adam step count: compat.keep_adam_step); DP=2
+    -> DP=1 continues within 1e-5; a resume at TP=2 exits 2 naming the option and both fixes."""
+    from megatron.core import dist_checkpointing
+
+    train(tmp_path, "straight", *DP_SHARDED, "trainer.train_steps=4")
+    step2 = tmp_path / "straight" / "checkpoints" / "step_000002"
+    saved = dist_checkpointing.load_content_metadata(str(step2 / "megatron"))
+    assert saved["distrib_optim_sharding_type"] == "dp_reshardable"
+    straight = step_rows(tmp_path / "straight")[2:]
+    train(tmp_path, "resumed", *DP_SHARDED, "trainer.train_steps=4", f"trainer.load={step2}")
+    resumed = step_rows(tmp_path / "resumed")
+    assert [(r["step"], r["loss"], r["grad_norm"]) for r in resumed] == \
+        [(r["step"], r["loss"], r["grad_norm"]) for r in straight]
+    train(tmp_path, "dp1", *DP_SHARDED, "cluster.gpus_per_node=1", "trainer.train_steps=4",
+          f"trainer.load={step2}")
+    for mine, theirs in zip(step_rows(tmp_path / "dp1"), straight, strict=True):
+        assert mine["loss"] == pytest.approx(theirs["loss"], abs=1e-5)
+    refused = train(tmp_path, "tp2", *DP_SHARDED, "parallelism.tensor_parallel_size=2",
+                    "trainer.train_steps=4", f"trainer.load={step2}", expect=2)
+    message = refused.stdout + refused.stderr
+    assert "engine.optimizer_checkpoint=dp_reshardable" in message, message[-3000:]
+    assert "Resume with parallelism.tensor_parallel_size=1" in message
+    assert "trainer.init_from=" in message

@@ -199,15 +199,20 @@ def _patch_moe_router() -> None:
 
 @contextlib.contextmanager
 def keep_adam_step(subs: list):
-    """While loading ``fully_reshardable`` state into the torch Adam of the distributed
-    optimizers ``subs`` (no Transformer Engine or Apex
-    FusedAdam), keep the per-parameter ``step`` that ``load_state_dict`` has just set from the
-    checkpoint's param groups.
+    """While loading distributed-optimizer state into the torch Adam of ``subs`` (no Transformer
+    Engine or Apex FusedAdam), keep the per-parameter ``step`` that ``load_state_dict`` has just
+    set from the checkpoint's param groups, whatever the per-parameter tensors bring.
 
-    Megatron-Core 0.16.1 ``load_parameter_state_from_fully_reshardable`` leaves ``step`` out of
-    the tensors it hands to ``_set_main_param_and_optimizer_states``, which then copies every key
-    of the torch state, ``step`` included: KeyError 'step'. (FusedAdam keeps the step in the
-    param group, so on those installs there is nothing to add.)"""
+    Megatron-Core 0.16.1 (torch Adam):
+
+    * ``load_parameter_state_from_fully_reshardable`` leaves ``step`` out of the tensors it hands
+      to ``_set_main_param_and_optimizer_states``, which then copies every key of the torch
+      state, ``step`` included: KeyError 'step';
+    * ``load_parameter_state_from_dp_reshardable`` hands over the ``step`` of the state the load
+      was prepared with (the primed zeros), not the saved one: the resumed run restarts Adam's
+      bias correction at step 1 (its second step differs from the straight run's).
+
+    (FusedAdam keeps the step in the param group, so on those installs there is nothing to do.)"""
     patched = list(subs)
     for sub in patched:
         original = sub._set_main_param_and_optimizer_states
@@ -216,7 +221,7 @@ def keep_adam_step(subs: list):
             group_index, group_order = _sub.model_param_group_index_map[model_param]
             main_param = _sub.optimizer.param_groups[group_index]["params"][group_order]
             current = _sub.optimizer.state.get(main_param, {})
-            if "step" in current and "step" not in tensors:
+            if "step" in current:
                 tensors = {**tensors, "step": current["step"]}
             _original(model_param, tensors)
 

@@ -105,12 +105,13 @@ def describe(saved: dict) -> str:
     return f"zero_stage={saved.get('zero_stage', '?')} ({dims})"
 
 
-def content_metadata(optimizer) -> dict:
-    """What a save records: format version, layout and the optimizer state format."""
+def content_metadata(optimizer, sharding: str = DISTRIBUTED_SHARDING) -> dict:
+    """What a save records: format version, layout and the optimizer state format
+    (``sharding``: engine.optimizer_checkpoint, for the distributed optimizer)."""
     distributed = is_distributed(optimizer)
     return {"trainwright_format": FORMAT_VERSION, "layout": layout(),
             "zero_stage": 1 if distributed else 0,
-            "distrib_optim_sharding_type": DISTRIBUTED_SHARDING if distributed else None,
+            "distrib_optim_sharding_type": sharding if distributed else None,
             "optimizers": len(_sub_optimizers(optimizer))}
 
 
@@ -184,7 +185,7 @@ def incompatibilities(saved: dict, current: dict) -> list:
     """What Megatron-Core cannot convert from a checkpoint's content metadata (``saved``) to
     this run's (``current``), each with its fix; empty when it loads (TP, PP, VPP, CP and DP
     changes do: tensors are addressed in model space)."""
-    problems = []
+    problems = _dp_only_changes(saved, current)
     if saved.get("zero_stage", current["zero_stage"]) != current["zero_stage"]:
         problems.append(
             "Megatron-Core cannot convert optimizer state between the distributed optimizer "
@@ -200,6 +201,25 @@ def incompatibilities(saved: dict, current: dict) -> list:
     return problems
 
 
+def _dp_only_changes(saved: dict, current: dict) -> list:
+    """A dp_reshardable optimizer state loads only where nothing but DP changed."""
+    if saved.get("distrib_optim_sharding_type") != "dp_reshardable" \
+            or current.get("zero_stage") != 1:
+        return []
+    was, now = saved.get("layout", {}), current.get("layout", {})
+    changed = [k for k in ("tp", "pp", "vpp", "cp", "ep") if k in was and was[k] != now.get(k)]
+    if not changed:
+        return []
+    names = {"tp": "tensor", "pp": "pipeline", "vpp": "virtual_pipeline", "cp": "context",
+             "ep": "expert"}
+    fix = " ".join(f"parallelism.{names[k]}_parallel_size={was[k]}" for k in changed)
+    return [f"Its optimizer state was saved with engine.optimizer_checkpoint=dp_reshardable, "
+            f"which loads only where TP, PP, VPP, CP and EP are unchanged (DP may change). "
+            f"Resume with {fix}, or start a new run from its weights with "
+            "trainer.init_from=<that checkpoint> (fresh optimizer); save with "
+            "engine.optimizer_checkpoint=fully_reshardable to change layouts at resume."]
+
+
 def check_compatible(saved: dict, current: dict, source: Path) -> None:
     """Raise IncompatibleCheckpoint (exit 2) when the optimizer state in ``source`` (saved with
     ``saved``) cannot be loaded by this run's optimizer (``current``), naming both layouts and
@@ -211,6 +231,7 @@ def check_compatible(saved: dict, current: dict, source: Path) -> None:
             + " ".join(problems))
 
 
+
 class MegatronCheckpointIO:
     """Save/load a Megatron engine's chunks and optimizer with ``dist_checkpointing``.
 
@@ -219,8 +240,8 @@ class MegatronCheckpointIO:
     ``AsyncCallsQueue``; the fork is a snapshot, so training may change the weights meanwhile);
     :meth:`finish_background` writes the global metadata once every rank's write has finished."""
 
-    def __init__(self, chunks: list, optimizer):
-        self.chunks, self.optimizer = chunks, optimizer
+    def __init__(self, chunks: list, optimizer, sharding: str = DISTRIBUTED_SHARDING):
+        self.chunks, self.optimizer, self.sharding = chunks, optimizer, sharding
         self._queue = None
 
     def _prepare(self, step_dir: Path) -> tuple:
@@ -230,7 +251,7 @@ class MegatronCheckpointIO:
             target.mkdir(parents=True, exist_ok=True)
         collectives.barrier()
         sync_params(self.chunks)
-        metadata = content_metadata(self.optimizer)
+        metadata = content_metadata(self.optimizer, self.sharding)
         return target, _full_state(self.chunks, self.optimizer, metadata, is_loading=False), \
             metadata
 
@@ -258,6 +279,7 @@ class MegatronCheckpointIO:
         self._queue.maybe_finalize_async_calls(blocking=blocking)
         return self._queue.get_num_unfinalized_calls() == 0
 
+    @torch.no_grad()  # fp32 runs: the dp_reshardable load copies into the leaf parameters
     def read(self, step_dir: Path, with_optimizer: bool = True) -> None:
         """Load ``<step_dir>/megatron`` into this layout (the lr schedule is recomputed from the
         step, so there is none to load)."""

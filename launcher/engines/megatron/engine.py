@@ -183,7 +183,8 @@ class MegatronEngine:
         self._box: dict = {}
         self._grad_norm: Optional[float] = None
         _configure_schedule(chunks, optimizer, engine, self._box)
-        self.checkpoint_io = MegatronCheckpointIO(chunks, optimizer)
+        sharding = getattr(engine.optimizer_checkpoint, "value", engine.optimizer_checkpoint)
+        self.checkpoint_io = MegatronCheckpointIO(chunks, optimizer, sharding)
 
     def _prepare(self, batch: dict) -> dict:
         """Move to the device and keep this context-parallel rank's part of the sequence."""
