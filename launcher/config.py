@@ -95,6 +95,19 @@ class AttentionBackend(str, Enum):
     """Plain softmax(QK^T)V: scores (and their dropout mask) are stored for the backward pass."""
 
 
+class CrossEntropyFusion(str, Enum):
+    auto = "auto"
+    """On a GPU with bf16: Transformer Engine's fused cross-entropy where TE is importable, else
+    Megatron-Core's; off on CPU and for fp32/fp16."""
+    te = "te"
+    """Transformer Engine's parallel cross-entropy (GPU, bf16): the gradient is written into the
+    bf16 logits, no fp32 copy of them is kept."""
+    native = "native"
+    """Megatron-Core's fused cross-entropy (bf16 only: it returns bf16 logit gradients)."""
+    off = "off"
+    """Megatron-Core's unfused vocab-parallel cross-entropy (an fp32 copy of the logits)."""
+
+
 class LaunchMode(str, Enum):
     srun = "srun"
     """One srun task per GPU; every task maps Slurm's variables to its rank."""
@@ -270,6 +283,8 @@ class TrainerConfig:
     """What the backward pass recomputes instead of storing (see Recompute)."""
     attention_backend: AttentionBackend = AttentionBackend.auto
     """Attention kernel; decides whether attention scores are stored (see AttentionBackend)."""
+    cross_entropy_fusion: CrossEntropyFusion = CrossEntropyFusion.auto
+    """Fused loss kernel (see CrossEntropyFusion); te keeps no fp32 copy of the logits."""
     seed: int = 1234
     """Seed of weights init, dropout and data order."""
     layout_invariant_init: bool = True

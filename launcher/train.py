@@ -26,9 +26,9 @@ from launcher.plan import plan_or_exit
 
 
 def plan_for_attention_kernel(cfg, plan, world: int):
-    """(cfg, plan, note): re-planned with unfused attention when the plan counted flash attention
-    that this machine cannot run (no Transformer Engine); exit 2 when the explicitly asked-for
-    kernel is unavailable or the re-plan no longer fits."""
+    """(cfg, plan, note): re-planned with the kernels this machine runs when the plan counted
+    Transformer Engine's (flash attention, TE's fused loss) and TE is not importable; exit 2
+    when an explicitly asked-for kernel is unavailable or the re-plan no longer fits."""
     import dataclasses
 
     from launcher.engines.model import KernelUnavailable, runnable_attention
@@ -39,13 +39,14 @@ def plan_for_attention_kernel(cfg, plan, world: int):
     except KernelUnavailable as exc:
         print(f"train: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(CONFIG_ERROR_EXIT) from None
-    if note is None:
+    if trainer == cfg.trainer:
         return cfg, plan, None
     cfg = dataclasses.replace(cfg, trainer=trainer)
     try:
         return cfg, compute_plan(cfg, world), note
     except PlanError as exc:
-        print(f"train: {note}", file=sys.stderr)
+        if note:
+            print(f"train: {note}", file=sys.stderr)
         print_problems(exc)
         raise SystemExit(CONFIG_ERROR_EXIT) from None
 

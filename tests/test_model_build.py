@@ -307,7 +307,9 @@ def test_gpu_without_transformer_engine_replans_with_unfused_attention():
     scores = 16 * 32 * 2048 ** 2 * 2 * (4 + 2)  # layers x heads x s^2 x b x bytes per score
     grown = replanned.memory_per_gpu.activations - plan.memory_per_gpu.activations
     log_sum_exp = 16 * 2048 * 2 * 32 * 4  # what flash keeps instead (fp32 per row and head)
-    assert grown == scores - log_sum_exp
+    logits_fp32 = 2048 * 2 * 128_256 * 4  # Megatron-Core's loss instead of TE's keeps them
+    assert trainer.cross_entropy_fusion.value == "native"
+    assert grown == scores - log_sum_exp + logits_fp32
     for gpu, te in ((True, True), (False, False)):
         assert runnable_attention(cfg.trainer, planned_flash=True, gpu=gpu, te=te) == \
             (cfg.trainer, None)
@@ -323,3 +325,70 @@ def test_explicit_flash_without_transformer_engine_is_refused():
     cfg, _ = _plan_of("trainer.attention_backend=flash", "trainer.micro_batch_size=1")
     with pytest.raises(KernelUnavailable, match="trainer.attention_backend=unfused"):
         runnable_attention(cfg.trainer, planned_flash=True, gpu=True, te=False)
+
+
+def test_loss_fusion_follows_device_precision_and_transformer_engine():
+    """auto: TE's fused cross-entropy on a GPU in bf16 with TE, Megatron-Core's without, off on
+    CPU and for fp32 (the fused kernels return bf16 gradients); te without TE is refused."""
+    import dataclasses
+
+    from launcher.config import CrossEntropyFusion
+    from launcher.engines.model import KernelUnavailable, cross_entropy_fields
+
+    cfg, _ = _plan_of()
+    bf16 = cfg.trainer
+    fp32 = dataclasses.replace(bf16, precision=Precision.fp32)
+    fused = {"cross_entropy_loss_fusion": True}
+    assert cross_entropy_fields(bf16, gpu=True, te=True) == {**fused,
+                                                            "cross_entropy_fusion_impl": "te"}
+    assert cross_entropy_fields(bf16, gpu=True, te=False) == {
+        **fused, "cross_entropy_fusion_impl": "native"}
+    off = {"cross_entropy_loss_fusion": False}
+    assert cross_entropy_fields(bf16, gpu=False, te=False) == off
+    assert cross_entropy_fields(fp32, gpu=True, te=True) == off
+    te = dataclasses.replace(bf16, cross_entropy_fusion=CrossEntropyFusion.te)
+    with pytest.raises(KernelUnavailable, match="trainer.cross_entropy_fusion=native"):
+        cross_entropy_fields(te, gpu=True, te=False)
+
+
+def test_plan_keeps_no_fp32_logits_with_transformer_engines_loss():
+    """On a GPU in bf16 the plan counts TE's fused loss (auto): the last stage's activations
+    are smaller than with the loss unfused by exactly the fp32 logits of a micro-batch."""
+    _, auto = _plan_of("model.seq_length=2048", "trainer.micro_batch_size=2")
+    _, unfused = _plan_of("model.seq_length=2048", "trainer.micro_batch_size=2",
+                          "trainer.cross_entropy_fusion=off")
+    diff = unfused.memory_per_gpu.activations - auto.memory_per_gpu.activations
+    assert diff == 2048 * 2 * 128_256 * 4
+
+
+def test_fused_loss_with_fp32_is_a_config_error():
+    from launcher.compose import compose_config, to_object
+    from launcher.plan import PlanError, compute_plan
+
+    cfg = to_object(compose_config(["trainer.precision=fp32", "trainer.cross_entropy_fusion=native"]))
+    with pytest.raises(PlanError, match=r"cross_entropy_fusion=native needs trainer.precision=bf16"):
+        compute_plan(cfg)
+
+
+@in_process
+def test_megatron_cores_fused_loss_equals_the_unfused_one_in_bf16(megatron_tp1):
+    """trainer.cross_entropy_fusion=native through the model (bf16, CPU): the loss within 1e-3
+    and the logits' gradients (through the output layer) within bf16 rounding."""
+    import torch
+
+    from launcher.config import CrossEntropyFusion
+
+    model = small(vocab_size=512)
+    losses, grads = {}, {}
+    for choice in (CrossEntropyFusion.native, CrossEntropyFusion.off):
+        trainer = TrainerConfig(precision=Precision.bf16, cross_entropy_fusion=choice)
+        gpt = build(model, trainer=trainer)
+        assert gpt.config.cross_entropy_loss_fusion == (choice == CrossEntropyFusion.native)
+        ids, pos = batch(model.vocab_size, 32)
+        loss = gpt(ids, pos, None, labels=ids).float().mean()
+        loss.backward()
+        losses[choice] = loss.item()
+        grads[choice] = gpt.output_layer.weight.grad.float()
+    assert abs(losses[CrossEntropyFusion.native] - losses[CrossEntropyFusion.off]) < 1e-3
+    diff = (grads[CrossEntropyFusion.native] - grads[CrossEntropyFusion.off]).abs().max()
+    assert diff <= 0.02 * grads[CrossEntropyFusion.off].abs().max()

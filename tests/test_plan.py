@@ -245,9 +245,10 @@ def test_unfused_swiglu_keeps_one_more_ffn_per_token():
     extra = layer_activation_bytes(d, unfused) - layer_activation_bytes(d, fused)
     assert extra == 2 * 128 * model.ffn_hidden_size * 2
     gpu = plan_of("model=llama3_1b", "cluster=local_gpu", "trainer.attention_backend=flash",
-                  "trainer.micro_batch_size=1")
+                  "trainer.micro_batch_size=1", "trainer.cross_entropy_fusion=off")
     cpu = plan_of("model=llama3_1b", "cluster=local_gpu", "cluster.gpu=cpu",
-                  "trainer.attention_backend=flash", "trainer.micro_batch_size=1")
+                  "trainer.attention_backend=flash", "trainer.micro_batch_size=1",
+                  "trainer.cross_entropy_fusion=off")
     per_layer = extra * model.seq_length * cpu.micro_batch_size / (2 * 128)
     assert cpu.memory_per_gpu.activations - gpu.memory_per_gpu.activations == \
         pytest.approx(per_layer * model.num_layers)

@@ -21,6 +21,7 @@ from launcher.config import (
     Activation,
     Arch,
     AttentionBackend,
+    CrossEntropyFusion,
     ModelConfig,
     ParallelismConfig,
     Precision,
@@ -31,6 +32,7 @@ from launcher.plan.params import padded_vocab_size
 
 __all__ = [
     "KernelUnavailable",
+    "cross_entropy_fields",
     "build_gpt_model",
     "init_parallel_state",
     "padded_vocab_size",
@@ -70,6 +72,10 @@ def runnable_attention(trainer: TrainerConfig, *, planned_flash: bool, gpu: Opti
     """
     gpu = torch.cuda.is_available() if gpu is None else gpu
     te = use_transformer_engine() if te is None else te
+    cross_entropy_fields(trainer, gpu=gpu, te=te)  # te asked for without TE: refused here
+    if gpu and not te and trainer.cross_entropy_fusion == CrossEntropyFusion.auto:
+        # auto planned TE's loss (no fp32 logits); Megatron-Core's fused one keeps them
+        trainer = dataclasses.replace(trainer, cross_entropy_fusion=CrossEntropyFusion.native)
     if not (planned_flash and gpu and not te):
         return trainer, None
     if trainer.attention_backend == AttentionBackend.flash:
@@ -80,6 +86,29 @@ def runnable_attention(trainer: TrainerConfig, *, planned_flash: bool, gpu: Opti
             "plan was recomputed with trainer.attention_backend=unfused; install "
             "transformer-engine[pytorch] for flash attention")
     return dataclasses.replace(trainer, attention_backend=AttentionBackend.unfused), note
+
+
+def cross_entropy_fields(trainer: TrainerConfig, *, gpu: Optional[bool] = None,
+                         te: Optional[bool] = None) -> dict:
+    """TransformerConfig's loss-fusion fields for ``trainer.cross_entropy_fusion`` on this
+    process (``auto``: TE's on a GPU in bf16 when TE imports, else Megatron-Core's; off on CPU
+    and for fp32/fp16, because the fused kernels return bf16 gradients). ``te`` asked for
+    without Transformer Engine raises KernelUnavailable."""
+    gpu = torch.cuda.is_available() if gpu is None else gpu
+    te = use_transformer_engine() if te is None else te
+    choice = CrossEntropyFusion(trainer.cross_entropy_fusion)
+    if choice == CrossEntropyFusion.auto:
+        if not gpu or Precision(trainer.precision) != Precision.bf16:
+            choice = CrossEntropyFusion.off
+        else:
+            choice = CrossEntropyFusion.te if te else CrossEntropyFusion.native
+    if choice == CrossEntropyFusion.te and not te:
+        raise KernelUnavailable(
+            "trainer.cross_entropy_fusion=te needs Transformer Engine, which is not importable "
+            "here; install transformer-engine[pytorch] or set trainer.cross_entropy_fusion=native")
+    if choice == CrossEntropyFusion.off:
+        return {"cross_entropy_loss_fusion": False}
+    return {"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": choice.value}
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -229,6 +258,7 @@ def transformer_config(model: ModelConfig, parallelism: ParallelismConfig, train
         **_moe_fields(model, parallelism),
         **_parallel_fields(parallelism, dtype),
         **_recompute_fields(Recompute(trainer.activation_recompute)),
+        **cross_entropy_fields(trainer),
     )
 
 

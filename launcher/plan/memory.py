@@ -47,6 +47,7 @@ class ActivationSettings:
     hidden_dropout: bool
     attention_dropout: bool
     fused_glu: bool = True  # fused bias-SwiGLU (GPU): keeps its input only; unfused keeps 4 x ffn
+    logits_fp32: bool = True  # the loss keeps an fp32 copy of the logits (all but TE's fused CE)
 
 
 def unfused_score_bytes(a: ActivationSettings) -> int:
@@ -112,7 +113,7 @@ def stage_activation_bytes(d: Dims, a: ActivationSettings, *, layers: int, in_fl
                                                                  "recompute": Recompute.none}))
     if first:
         total += sb * d.hidden * a.elem_bytes / sp * in_flight  # embedding output
-    if last:  # final norm input, logits and their fp32 softmax for the micro-batch in flight
+    if last:  # final norm input, logits and (unless TE's fused loss) their fp32 softmax
         total += 2 * sb * d.hidden * a.elem_bytes / sp
-        total += sb * d.padded_vocab / a.tp * (a.elem_bytes + 4)
+        total += sb * d.padded_vocab / a.tp * (a.elem_bytes + (4 if a.logits_fp32 else 0))
     return total

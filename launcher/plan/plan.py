@@ -11,7 +11,7 @@ import math
 import sys
 from dataclasses import asdict, dataclass, field
 
-from launcher.config import AttentionBackend, Precision, TrainwrightConfig
+from launcher.config import AttentionBackend, CrossEntropyFusion, Precision, TrainwrightConfig
 from launcher.engines import spec
 from launcher.plan.dims import ParallelDims, cluster_world_size
 from launcher.plan.engine_choice import engine_notes
@@ -155,6 +155,15 @@ def _stage_views(dims: ParallelDims, num_layers: int) -> list[tuple[str, int, in
     return [("first", 0, layers[0])] + middle + [("last", dims.pp - 1, layers[-1])]
 
 
+def _te_loss(cfg: TrainwrightConfig, gpu: bool) -> bool:
+    """Whether the loss runs Transformer Engine's fused cross-entropy (no fp32 logits): asked
+    for, or ``auto`` on a GPU in bf16 (a GPU process without TE replans with ``native``:
+    :func:`launcher.engines.model.runnable_attention`)."""
+    choice = CrossEntropyFusion(cfg.trainer.cross_entropy_fusion)
+    auto = choice == CrossEntropyFusion.auto and gpu and cfg.trainer.precision == Precision.bf16
+    return choice == CrossEntropyFusion.te or auto
+
+
 def _memory(cfg: TrainwrightConfig, dims: ParallelDims, batch: _Batch, flash: bool,
             gpu_kernels: bool) -> MemoryPerGPU:
     """Memory per GPU; ``gpu_kernels``: the target is a GPU, where the model uses fused kernels."""
@@ -171,7 +180,7 @@ def _memory(cfg: TrainwrightConfig, dims: ParallelDims, batch: _Batch, flash: bo
         sequence_parallel=dims.sequence_parallel, recompute=cfg.trainer.activation_recompute,
         flash=flash, elem_bytes=4 if cfg.trainer.precision == Precision.fp32 else 2,
         hidden_dropout=m.hidden_dropout > 0, attention_dropout=m.attention_dropout > 0,
-        fused_glu=gpu_kernels)
+        fused_glu=gpu_kernels, logits_fp32=not _te_loss(cfg, gpu_kernels))
     best = None
     for name, index, layers in _stage_views(dims, m.num_layers):
         first, last = index == 0, index == dims.pp - 1

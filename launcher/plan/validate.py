@@ -72,7 +72,21 @@ def check_values(cfg: TrainwrightConfig) -> list[Problem]:
     if t.nan_policy not in NAN_POLICIES:
         problems.append(Problem(("trainer.nan_policy",), f"trainer.nan_policy={t.nan_policy!r} "
                                 f"is not one of {', '.join(NAN_POLICIES)}"))
-    return problems + _check_stop_signal(t.stop_signal) + _check_run_name(cfg.run.name)
+    return problems + _check_stop_signal(t.stop_signal) + _check_run_name(cfg.run.name) \
+        + _check_loss_fusion(t)
+
+
+def _check_loss_fusion(t) -> list[Problem]:
+    """Megatron-Core's fused cross-entropy kernels return bf16 logit gradients (megatron-core
+    0.16.1 ``fused_cross_entropy.calculate_gradients``): wrong for fp32 and fp16 training."""
+    choice = getattr(t.cross_entropy_fusion, "value", t.cross_entropy_fusion)
+    precision = getattr(t.precision, "value", t.precision)
+    if choice in ("te", "native") and precision != "bf16":
+        return [Problem(("trainer.cross_entropy_fusion", "trainer.precision"),
+                        f"trainer.cross_entropy_fusion={choice} needs trainer.precision=bf16 "
+                        f"(the fused kernels return bf16 logit gradients; this run is "
+                        f"{precision}); use trainer.cross_entropy_fusion=auto or off")]
+    return []
 
 
 def _check_stop_signal(name: str) -> list[Problem]:
