@@ -150,8 +150,9 @@ def test_two_ranks_share_the_gpu_memory():
     """Llama 3.2 1B on one H100 (79.6 GiB), micro-batch 2, ZeRO-1: one rank needs 51.2 GiB and
     fits; two ranks on the GPU each hold 2 + 4 bytes per parameter of weights and fp32 grads and
     half of the 12-byte optimizer state (DP=2) plus the same activations: 44.3 GiB, 88.5 GiB on
-    the GPU, which does not fit."""
-    common = ["model=llama3_1b", "cluster=local_gpu", "trainer.micro_batch_size=2"]
+    the GPU, which does not fit (with the unfused loss's fp32 logits)."""
+    common = ["model=llama3_1b", "cluster=local_gpu", "trainer.micro_batch_size=2",
+              "trainer.cross_entropy_fusion=off"]
     one = plan_of(*common).memory_per_gpu
     with pytest.raises(PlanError) as info:
         plan_of(*common, "cluster.ranks_per_gpu=2")
@@ -178,7 +179,7 @@ def test_two_ranks_share_the_gpu_memory():
 
 def test_shared_gpu_refusal_exits_2_and_table_shows_ranks(capsys):
     argv = ["model=llama3_1b", "cluster=local_gpu", "trainer.micro_batch_size=2",
-            "cluster.ranks_per_gpu=2"]
+            "cluster.ranks_per_gpu=2", "trainer.cross_entropy_fusion=off"]
     assert main(argv) == CONFIG_ERROR_EXIT
     captured = capsys.readouterr()
     assert "cluster.ranks_per_gpu=2 ranks share each H100" in captured.err
