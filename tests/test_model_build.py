@@ -349,6 +349,12 @@ def test_loss_fusion_follows_device_precision_and_transformer_engine():
     te = dataclasses.replace(bf16, cross_entropy_fusion=CrossEntropyFusion.te)
     with pytest.raises(KernelUnavailable, match="trainer.cross_entropy_fusion=native"):
         cross_entropy_fields(te, gpu=True, te=False)
+    # a GPU process without TE replans bf16's auto as native; fp32's auto stays (it runs off)
+    from launcher.engines.model import runnable_attention
+
+    replanned, _ = runnable_attention(bf16, planned_flash=False, gpu=True, te=False)
+    assert replanned.cross_entropy_fusion == CrossEntropyFusion.native
+    assert runnable_attention(fp32, planned_flash=False, gpu=True, te=False) == (fp32, None)
 
 
 def test_plan_keeps_no_fp32_logits_with_transformer_engines_loss():

@@ -28,6 +28,7 @@ from launcher.config import (
     Recompute,
     TrainerConfig,
 )
+from launcher.plan.memory import loss_kernel
 from launcher.plan.params import padded_vocab_size
 
 __all__ = [
@@ -73,9 +74,9 @@ def runnable_attention(trainer: TrainerConfig, *, planned_flash: bool, gpu: Opti
     gpu = torch.cuda.is_available() if gpu is None else gpu
     te = use_transformer_engine() if te is None else te
     cross_entropy_fields(trainer, gpu=gpu, te=te)  # te asked for without TE: refused here
-    if gpu and not te and trainer.cross_entropy_fusion == CrossEntropyFusion.auto:
-        # auto planned TE's loss (no fp32 logits); Megatron-Core's fused one keeps them
-        trainer = dataclasses.replace(trainer, cross_entropy_fusion=CrossEntropyFusion.native)
+    runs = _loss_kernel(trainer, gpu=gpu, te=te)
+    if runs != _loss_kernel(trainer, gpu=gpu, te=True):  # auto planned TE's loss (no fp32 logits)
+        trainer = dataclasses.replace(trainer, cross_entropy_fusion=CrossEntropyFusion(runs))
     if not (planned_flash and gpu and not te):
         return trainer, None
     if trainer.attention_backend == AttentionBackend.flash:
@@ -96,19 +97,18 @@ def cross_entropy_fields(trainer: TrainerConfig, *, gpu: Optional[bool] = None,
     without Transformer Engine raises KernelUnavailable."""
     gpu = torch.cuda.is_available() if gpu is None else gpu
     te = use_transformer_engine() if te is None else te
-    choice = CrossEntropyFusion(trainer.cross_entropy_fusion)
-    if choice == CrossEntropyFusion.auto:
-        if not gpu or Precision(trainer.precision) != Precision.bf16:
-            choice = CrossEntropyFusion.off
-        else:
-            choice = CrossEntropyFusion.te if te else CrossEntropyFusion.native
-    if choice == CrossEntropyFusion.te and not te:
+    choice = _loss_kernel(trainer, gpu=gpu, te=te)
+    if choice == "te" and not te:
         raise KernelUnavailable(
             "trainer.cross_entropy_fusion=te needs Transformer Engine, which is not importable "
             "here; install transformer-engine[pytorch] or set trainer.cross_entropy_fusion=native")
-    if choice == CrossEntropyFusion.off:
+    if choice == "off":
         return {"cross_entropy_loss_fusion": False}
-    return {"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": choice.value}
+    return {"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": choice}
+
+
+def _loss_kernel(trainer: TrainerConfig, *, gpu: bool, te: bool) -> str:
+    return loss_kernel(trainer.cross_entropy_fusion, precision=trainer.precision, gpu=gpu, te=te)
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:

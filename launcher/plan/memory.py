@@ -50,6 +50,18 @@ class ActivationSettings:
     logits_fp32: bool = True  # the loss keeps an fp32 copy of the logits (all but TE's fused CE)
 
 
+def loss_kernel(choice: str, *, precision: str, gpu: bool, te: bool) -> str:
+    """The cross-entropy kernel ``trainer.cross_entropy_fusion=choice`` runs: ``te``, ``native``
+    or ``off``. ``auto``: Transformer Engine's on a GPU in bf16 where TE imports (``te``),
+    Megatron-Core's fused one without it; off on CPU and for fp32/fp16, where Megatron-Core's
+    fused kernel would return bf16 logit gradients. Only ``te`` keeps no fp32 logits."""
+    if choice != "auto":
+        return getattr(choice, "value", choice)
+    if not gpu or precision != "bf16":
+        return "off"
+    return "te" if te else "native"
+
+
 def unfused_score_bytes(a: ActivationSettings) -> int:
     """Bytes unfused attention keeps per attention score (one query-key pair of one head).
 

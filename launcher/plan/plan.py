@@ -11,13 +11,13 @@ import math
 import sys
 from dataclasses import asdict, dataclass, field
 
-from launcher.config import AttentionBackend, CrossEntropyFusion, Precision, TrainwrightConfig
+from launcher.config import AttentionBackend, Precision, TrainwrightConfig
 from launcher.engines import spec
 from launcher.plan.dims import ParallelDims, cluster_world_size
 from launcher.plan.engine_choice import engine_notes
 from launcher.plan.flops import train_flops_per_token
 from launcher.plan.hardware import Device, resolve_device
-from launcher.plan.memory import (ActivationSettings, in_flight_microbatches,
+from launcher.plan.memory import (ActivationSettings, in_flight_microbatches, loss_kernel,
                                   stage_activation_bytes, state_bytes_per_param)
 from launcher.plan.params import (ParamCounts, StageParams, count_parameters, model_dims,
                                   stage_params)
@@ -155,15 +155,6 @@ def _stage_views(dims: ParallelDims, num_layers: int) -> list[tuple[str, int, in
     return [("first", 0, layers[0])] + middle + [("last", dims.pp - 1, layers[-1])]
 
 
-def _te_loss(cfg: TrainwrightConfig, gpu: bool) -> bool:
-    """Whether the loss runs Transformer Engine's fused cross-entropy (no fp32 logits): asked
-    for, or ``auto`` on a GPU in bf16 (a GPU process without TE replans with ``native``:
-    :func:`launcher.engines.model.runnable_attention`)."""
-    choice = CrossEntropyFusion(cfg.trainer.cross_entropy_fusion)
-    auto = choice == CrossEntropyFusion.auto and gpu and cfg.trainer.precision == Precision.bf16
-    return choice == CrossEntropyFusion.te or auto
-
-
 def _memory(cfg: TrainwrightConfig, dims: ParallelDims, batch: _Batch, flash: bool,
             gpu_kernels: bool) -> MemoryPerGPU:
     """Memory per GPU; ``gpu_kernels``: the target is a GPU, where the model uses fused kernels."""
@@ -180,7 +171,10 @@ def _memory(cfg: TrainwrightConfig, dims: ParallelDims, batch: _Batch, flash: bo
         sequence_parallel=dims.sequence_parallel, recompute=cfg.trainer.activation_recompute,
         flash=flash, elem_bytes=4 if cfg.trainer.precision == Precision.fp32 else 2,
         hidden_dropout=m.hidden_dropout > 0, attention_dropout=m.attention_dropout > 0,
-        fused_glu=gpu_kernels, logits_fp32=not _te_loss(cfg, gpu_kernels))
+        fused_glu=gpu_kernels,
+        # a GPU target is planned with TE; a process without it replans (runnable_attention)
+        logits_fp32=loss_kernel(cfg.trainer.cross_entropy_fusion, precision=cfg.trainer.precision,
+                                gpu=gpu_kernels, te=True) != "te")
     best = None
     for name, index, layers in _stage_views(dims, m.num_layers):
         first, last = index == 0, index == dims.pp - 1
@@ -277,6 +271,7 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: _
     middle = stage_params(m, dims, first=False, last=False) if dims.pp > 2 else stage
     most = max((stage, middle, last), key=lambda s: s.total)
     flops_token = train_flops_per_token(d)
+    causal_token = train_flops_per_token(d, causal=True)  # Megatron-LM's count
     step_tokens = batch.global_batch * m.seq_length
     peak = peak_flops(cfg, device) / 1e12
     flops_step = flops_token * step_tokens
@@ -306,9 +301,8 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: _
         warnings=tuple(schedule_warnings(cfg, batch.steps)
                        + [str(x) for x in check_interleaving(dims, batch.grad_accum)]),
         stage_layers=dims.stage_layers(m.num_layers), step_time_parts=breakdown.parts(),
-        dominant_cost=breakdown.dominant, mfu=mfu,
-        flops_per_token_causal=train_flops_per_token(d, causal=True),
-        mfu_causal=mfu * train_flops_per_token(d, causal=True) / flops_token)
+        dominant_cost=breakdown.dominant, mfu=mfu, flops_per_token_causal=causal_token,
+        mfu_causal=mfu * causal_token / flops_token)
     _check_fits(plan)
     return plan
 

@@ -77,8 +77,9 @@ def check_values(cfg: TrainwrightConfig) -> list[Problem]:
 
 
 def _check_loss_fusion(t) -> list[Problem]:
-    """Megatron-Core's fused cross-entropy kernels return bf16 logit gradients (megatron-core
-    0.16.1 ``fused_cross_entropy.calculate_gradients``): wrong for fp32 and fp16 training."""
+    """Megatron-Core's fused cross-entropy returns bf16 logit gradients (megatron-core 0.16.1
+    ``fused_cross_entropy.calculate_gradients``), wrong for fp32 and fp16 training; TE's is run
+    and planned here in bf16 only (not tried in other precisions)."""
     choice = getattr(t.cross_entropy_fusion, "value", t.cross_entropy_fusion)
     precision = getattr(t.precision, "value", t.precision)
     if choice in ("te", "native") and precision != "bf16":

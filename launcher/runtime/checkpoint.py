@@ -53,6 +53,7 @@ from launcher.atomic import atomic_symlink_or_pointer, atomic_write_json, atomic
 from launcher.compose import CONFIG_ERROR_EXIT
 from launcher.engines.base import CheckpointError
 from launcher.runtime import collectives, diskfull
+from launcher.runtime.metrics import NullMetricsLogger
 
 __all__ = ["CheckpointError", "CheckpointManager", "IncompatibleCheckpoint", "Resume",
            "complete_steps", "find_resume", "load", "prune", "read_meta", "step_name",
@@ -148,10 +149,6 @@ def _rate(nbytes: int, seconds: float) -> str:
     return f"{nbytes / 1e9:.2f} GB in {seconds:.1f} s ({nbytes / 1e9 / max(seconds, 1e-9):.2f} GB/s)"
 
 
-def _silent(kind: str, message: str, **fields) -> None:
-    """A report that goes nowhere (no logger given)."""
-
-
 class CheckpointManager:
     """The run's checkpoints: the atomic step-directory protocol around one engine's
     :class:`launcher.engines.base.CheckpointIO` (see the module docstring).
@@ -165,7 +162,8 @@ class CheckpointManager:
                  final_step: int = 0, record: Optional[dict] = None,
                  report: Optional[Callable] = None):
         self.dir, self.io = Path(checkpoints_dir), io
-        self.report = report or _silent  # metrics.log_event: one line per save and load
+        # metrics.log_event: one line per save and load (the no-op logger's without one)
+        self.report = report or NullMetricsLogger().log_event
         self.keep_last, self.async_save, self.final_step = keep_last, async_save, final_step
         self.record = dict(record or {})  # architecture, layout, training (runtime.resume)
         self._pending: Optional[_Pending] = None

@@ -231,7 +231,6 @@ def check_compatible(saved: dict, current: dict, source: Path) -> None:
             + " ".join(problems))
 
 
-
 class MegatronCheckpointIO:
     """Save/load a Megatron engine's chunks and optimizer with ``dist_checkpointing``.
 
