@@ -7,9 +7,13 @@ predicted at its assumed MFU (measured / predicted is the plan's error), and pea
 memory against the plan's memory per GPU (measured / planned).
 
     python bench/gpu_train.py [--steps 30] [--warmup 8] [--out results.json] NAME=OVERRIDES ...
+    python bench/gpu_train.py --preset speed [NAME=OVERRIDES ...]
 
 ``NAME=OVERRIDES`` is a run name and a comma-free, space-separated override list, e.g.
-``ds="engine=deepspeed model=llama3_1b cluster=local_gpu"``.
+``ds="engine=deepspeed model=llama3_1b cluster=local_gpu"``. ``--preset speed`` adds issue 15's
+runs (Llama 3.2 1B and eight Llama 3 8B-width layers, 8 x 4096 tokens a step, in bf16 and FP8,
+the 1B with and without the fused loss, and engine=deepspeed); runs named ``X_bf16`` and
+``X_fp8`` are printed as pairs with the measured and the planned FP8 / bf16 step ratio.
 """
 
 from __future__ import annotations
@@ -27,6 +31,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 FIXED = ["trainer.eval_interval=0", "trainer.save_interval=0", "logger=none",
          "trainer.log_interval=1", "optimizer.warmup_steps=5"]
+
+
+_H100 = "cluster=local_gpu engine=megatron parallelism.zero_stage=1 model.seq_length=4096 " \
+        "trainer.global_batch_size=8 "
+_1B = _H100 + "model=llama3_1b trainer.micro_batch_size=2"
+_8B_WIDTH = _H100 + "model=llama3_8b model.num_layers=8 trainer.micro_batch_size=1"
+PRESETS = {"speed": {
+    "1b_bf16": _1B,
+    "1b_fp8": _1B + " trainer.precision=fp8",
+    "1b_unfused_loss": _1B + " trainer.cross_entropy_fusion=off",
+    "1b_deepspeed": _1B.replace("engine=megatron", "engine=deepspeed"),
+    "8bw_bf16": _8B_WIDTH,
+    "8bw_fp8": _8B_WIDTH + " trainer.precision=fp8",
+}}
+"""Named run sets (``--preset``)."""
 
 
 def run(name: str, overrides: list, root: Path, steps: int) -> Path:
@@ -83,14 +102,32 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def fp8_ratios(results: dict) -> str:
+    """``X_fp8`` over ``X_bf16``: measured step ratio next to the plan's."""
+    lines = []
+    for name, r in results.items():
+        base = results.get(name[:-len("_fp8")] + "_bf16") if name.endswith("_fp8") else None
+        if base:
+            lines.append(f"{name[:-4]:14} fp8/bf16 step: measured "
+                         f"{r['step_time_s'] / base['step_time_s']:.3f}, plan "
+                         f"{r['plan_step_time_s'] / base['plan_step_time_s']:.3f}; last loss "
+                         f"{r['last_loss']:.3f} vs {base['last_loss']:.3f}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     ap.add_argument("--keep", type=Path, help="keep run directories and logs here")
-    ap.add_argument("runs", nargs="+", help="NAME='override override ...'")
+    ap.add_argument("--preset", choices=sorted(PRESETS), help="add a named set of runs")
+    ap.add_argument("runs", nargs="*", help="NAME='override override ...'")
     args = ap.parse_args()
+    if args.preset:
+        args.runs += [f"{k}={v}" for k, v in PRESETS[args.preset].items()]
+    if not args.runs:
+        ap.error("name at least one run or a --preset")
     results = {}
     with tempfile.TemporaryDirectory(prefix="gpu_train_") as tmp:
         root = args.keep or Path(tmp)
@@ -107,6 +144,7 @@ def main() -> int:
             if args.out:
                 args.out.write_text(json.dumps(results, indent=2))
     print(table(results))
+    print(fp8_ratios(results))
     return 0 if len(results) == len(args.runs) else 1
 
 

@@ -58,6 +58,43 @@ class Precision(str, Enum):
     bf16 = "bf16"
     fp16 = "fp16"
     fp32 = "fp32"
+    fp8 = "fp8"
+    """bf16 training whose transformer-layer matrix multiplications (QKV, projection, MLP,
+    experts) run in FP8 through Transformer Engine (recipe: trainer.fp8); embedding, output
+    layer, attention core, norms and loss stay bf16. Needs a GPU with FP8 and engine=megatron."""
+
+
+def compute_precision(precision) -> str:
+    """The dtype of weights and activations outside FP8 GEMMs: bf16 for fp8, else ``precision``."""
+    value = getattr(precision, "value", precision)
+    return "bf16" if value == "fp8" else value
+
+
+class Fp8Recipe(str, Enum):
+    """How Transformer Engine scales FP8 tensors (megatron-core 0.16 ``fp8_recipe``)."""
+
+    delayed = "delayed"
+    """One scale per tensor from the amax history of earlier steps (TE DelayedScaling)."""
+    tensorwise = "tensorwise"
+    """One scale per tensor from its current amax (TE Float8CurrentScaling, TE >= 2.2)."""
+    blockwise = "blockwise"
+    """Scales per 1x128 / 128x128 block (TE Float8BlockScaling, TE >= 2.3; Hopper)."""
+    mxfp8 = "mxfp8"
+    """Hardware block scaling, one scale per 32 values (TE MXFP8BlockScaling; Blackwell only)."""
+
+
+class Fp8Format(str, Enum):
+    hybrid = "hybrid"
+    """E4M3 for activations and weights, E5M2 (more range) for gradients."""
+    e4m3 = "e4m3"
+    """E4M3 everywhere."""
+
+
+class AmaxAlgo(str, Enum):
+    max = "max"
+    """The largest amax of the history window."""
+    most_recent = "most_recent"
+    """The latest amax."""
 
 
 class EngineName(str, Enum):
@@ -268,6 +305,27 @@ class OptimizerConfig:
 
 
 @dataclass
+class Fp8Config:
+    """FP8 settings, read only with trainer.precision=fp8 (group trainer, key fp8)."""
+
+    recipe: Fp8Recipe = Fp8Recipe.delayed
+    """Scaling recipe (see Fp8Recipe); mxfp8 needs Blackwell (cluster.gpu=B200)."""
+    format: Fp8Format = Fp8Format.hybrid
+    """FP8 encodings (see Fp8Format)."""
+    amax_history_len: int = 1024
+    """recipe=delayed: steps of amax history a scale is computed from (>= 1)."""
+    amax_compute_algo: AmaxAlgo = AmaxAlgo.max
+    """recipe=delayed: how the history becomes a scale (see AmaxAlgo)."""
+    param_gather: bool = False
+    """Keep the GEMM weights in FP8 and all-gather them in FP8 (half the bf16 bytes); needs
+    engine=megatron with the distributed optimizer (parallelism.zero_stage=1)."""
+    bf16_first_layers: int = 0
+    """Transformer layers at the start of the model kept in bf16 (not with recipe=delayed)."""
+    bf16_last_layers: int = 0
+    """Transformer layers at the end of the model kept in bf16 (not with recipe=delayed)."""
+
+
+@dataclass
 class TrainerConfig:
     micro_batch_size: int = 1
     """Sequences per micro-batch on each data-parallel replica."""
@@ -278,7 +336,10 @@ class TrainerConfig:
     train_steps: int = 0
     """Optimizer steps; 0 = derived from train_tokens. Set exactly one of the two."""
     precision: Precision = Precision.bf16
-    """Compute dtype of weights and activations (fp32 master weights under bf16/fp16)."""
+    """Compute dtype of weights and activations (fp32 master weights under bf16/fp16/fp8);
+    fp8: bf16 with FP8 matrix multiplications in the transformer layers (see Precision)."""
+    fp8: Fp8Config = field(default_factory=Fp8Config)
+    """FP8 recipe and scaling settings (used with precision=fp8 only)."""
     activation_recompute: Recompute = Recompute.none
     """What the backward pass recomputes instead of storing (see Recompute)."""
     attention_backend: AttentionBackend = AttentionBackend.auto

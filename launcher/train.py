@@ -28,7 +28,8 @@ from launcher.plan import plan_or_exit
 def plan_for_attention_kernel(cfg, plan, world: int):
     """(cfg, plan, note): re-planned with the kernels this machine runs when the plan counted
     Transformer Engine's (flash attention, TE's fused loss) and TE is not importable; exit 2
-    when an explicitly asked-for kernel is unavailable or the re-plan no longer fits."""
+    when an explicitly asked-for kernel is unavailable (FP8 included: no TE, an older GPU) or
+    the re-plan no longer fits."""
     import dataclasses
 
     from launcher.engines.model import KernelUnavailable, runnable_attention
@@ -264,6 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"train: cluster.nodes={cfg.cluster.nodes} needs a multi-node launcher (srun or "
               f"torchrun); this process only starts workers on one machine", file=sys.stderr)
         return CONFIG_ERROR_EXIT
+    plan_for_attention_kernel(cfg, plan, nprocs)  # kernels this machine lacks: exit 2 now
     del plan  # checked here; every worker recomputes it for its world size
     if not run_dir_free(cfg):
         return CONFIG_ERROR_EXIT

@@ -144,7 +144,7 @@ def test_all_problems_reported_at_once(capsys):
 
 @pytest.mark.parametrize("argv,fragment", [
     (["model.hidden_sizee=3"], "hidden_sizee"),
-    (["trainer.precision=fp8"], "precision"),
+    (["trainer.precision=fp4"], "precision"),
     (["experiment=nope"], "nope"),
 ])
 def test_compose_errors_exit_2_from_the_real_cli(argv, fragment):

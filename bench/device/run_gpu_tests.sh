@@ -3,7 +3,8 @@
 # in the repository. Sources bench/device/setup.sh (installs the packages carried in .whl/ into
 # /tmp/site once per machine and puts them on PYTHONPATH), prints the versions that matter, then
 # runs tests/test_gpu_layouts.py (every parallel layout through `python -m launcher.train`, two
-# ranks sharing one GPU) and tests/test_gpu_context_parallel.py. No -x: every layout reports.
+# ranks sharing one GPU), tests/test_gpu_context_parallel.py and tests/test_gpu_fp8.py (FP8 and
+# the fused loss). No -x: every layout reports.
 # The log goes to $OUT/gpu_tests.log ($OUT is the device machine's result folder; /tmp without).
 # TW_INSTALL_TE=1 first runs setup.sh's te_install (Transformer Engine from the parts in .te/;
 # builds its torch extension when no prebuilt one is carried, which takes several minutes).
@@ -51,7 +52,7 @@ print(f"hydra-core      {version('hydra-core')}, omegaconf {version('omegaconf')
       f"pytest-timeout {version('pytest-timeout')}")
 EOF
 
-TESTS=(tests/test_gpu_layouts.py tests/test_gpu_context_parallel.py)
+TESTS=(tests/test_gpu_layouts.py tests/test_gpu_context_parallel.py tests/test_gpu_fp8.py)
 for arg in "$@"; do
   [[ $arg == tests/* ]] && TESTS=()  # the caller named what to run
 done

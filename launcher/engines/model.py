@@ -19,14 +19,18 @@ import torch.nn.functional as F
 
 from launcher.config import (
     Activation,
+    AmaxAlgo,
     Arch,
     AttentionBackend,
     CrossEntropyFusion,
+    Fp8Format,
+    Fp8Recipe,
     ModelConfig,
     ParallelismConfig,
     Precision,
     Recompute,
     TrainerConfig,
+    compute_precision,
 )
 from launcher.plan.memory import loss_kernel
 from launcher.plan.params import padded_vocab_size
@@ -35,6 +39,7 @@ __all__ = [
     "KernelUnavailable",
     "cross_entropy_fields",
     "build_gpt_model",
+    "fp8_fields",
     "init_parallel_state",
     "padded_vocab_size",
     "runnable_attention",
@@ -73,6 +78,9 @@ def runnable_attention(trainer: TrainerConfig, *, planned_flash: bool, gpu: Opti
     """
     gpu = torch.cuda.is_available() if gpu is None else gpu
     te = use_transformer_engine() if te is None else te
+    fp8_problems = fp8_unavailable(trainer, gpu=gpu, te=te)
+    if fp8_problems:
+        raise KernelUnavailable("; and ".join(fp8_problems))
     cross_entropy_fields(trainer, gpu=gpu, te=te)  # te asked for without TE: refused here
     runs = _loss_kernel(trainer, gpu=gpu, te=te)
     if runs != _loss_kernel(trainer, gpu=gpu, te=True):  # auto planned TE's loss (no fp32 logits)
@@ -87,6 +95,39 @@ def runnable_attention(trainer: TrainerConfig, *, planned_flash: bool, gpu: Opti
             "plan was recomputed with trainer.attention_backend=unfused; install "
             "transformer-engine[pytorch] for flash attention")
     return dataclasses.replace(trainer, attention_backend=AttentionBackend.unfused), note
+
+
+FP8_CAPABILITY = (8, 9)
+"""CUDA compute capability of the first FP8 tensor cores (Ada; Hopper is 9.0)."""
+MXFP8_CAPABILITY = (10, 0)
+"""Blackwell: hardware-scaled MXFP8 blocks."""
+
+
+def fp8_unavailable(trainer: TrainerConfig, *, gpu: bool, te: bool,
+                    capability: Optional[tuple] = None) -> list:
+    """Why this process cannot run ``trainer.precision=fp8`` (empty when it can, or when the
+    precision is not fp8): no GPU, no Transformer Engine, a GPU older than the recipe needs
+    (``capability``: the GPU's (major, minor), read from CUDA when None)."""
+    if Precision(trainer.precision) != Precision.fp8:
+        return []
+    if not gpu:
+        return ["trainer.precision=fp8 needs a CUDA GPU with FP8 tensor cores and none is "
+                "visible here; set trainer.precision=bf16"]
+    out = []
+    if not te:
+        out.append("trainer.precision=fp8 runs its GEMMs through Transformer Engine, which is "
+                   "not importable here; install transformer-engine[pytorch] or set "
+                   "trainer.precision=bf16")
+    capability = capability or torch.cuda.get_device_capability()
+    recipe = Fp8Recipe(trainer.fp8.recipe)
+    need = MXFP8_CAPABILITY if recipe == Fp8Recipe.mxfp8 else FP8_CAPABILITY
+    if tuple(capability) < need:
+        cc = ".".join(map(str, capability))
+        out.append(f"trainer.fp8.recipe={recipe.value} needs compute capability "
+                   f"{'.'.join(map(str, need))}+ and this GPU has {cc} (does cluster.gpu name "
+                   "the GPU the job runs on?); use trainer.precision=bf16"
+                   + (" or recipe=tensorwise" if recipe == Fp8Recipe.mxfp8 else ""))
+    return out
 
 
 def cross_entropy_fields(trainer: TrainerConfig, *, gpu: Optional[bool] = None,
@@ -169,10 +210,12 @@ def _fusion_fields(model: ModelConfig, *, gpu: bool, te: bool) -> dict:
     )
 
 
-def _moe_fields(model: ModelConfig, parallelism: ParallelismConfig) -> dict:
-    """Mixture-of-experts settings; empty for a dense model."""
+def _moe_fields(model: ModelConfig, parallelism: ParallelismConfig, fp8: bool) -> dict:
+    """Mixture-of-experts settings; empty for a dense model. ``fp8``: each expert's tokens are
+    padded to TE's FP8 alignment, which only the alltoall dispatcher does."""
     if model.num_experts <= 0:
         return {}
+    alltoall = torch.cuda.is_available() and (parallelism.expert_parallel_size > 1 or fp8)
     return dict(
         num_moe_experts=model.num_experts,
         moe_router_topk=model.moe_router_topk,
@@ -182,10 +225,30 @@ def _moe_fields(model: ModelConfig, parallelism: ParallelismConfig) -> dict:
         moe_expert_capacity_factor=model.moe_capacity_factor or None,
         # The alltoall dispatcher creates a torch.cuda.Stream (token_dispatcher.py); without
         # CUDA the allgather dispatcher does expert parallelism instead.
-        moe_token_dispatcher_type="alltoall"
-        if parallelism.expert_parallel_size > 1 and torch.cuda.is_available() else "allgather",
+        moe_token_dispatcher_type="alltoall" if alltoall else "allgather",
         moe_grouped_gemm=False,
     )
+
+
+def fp8_fields(trainer: TrainerConfig, model: ModelConfig) -> dict:
+    """TransformerConfig's FP8 fields for ``trainer.precision=fp8`` (empty otherwise): TE's
+    format and recipe, the delayed recipe's amax history, FP8 weights (``param_gather``) and
+    the bf16 end layers; a MoE pads each expert's tokens to TE's alignment. Megatron-Core's
+    transformer block then enters TE's FP8 autocast itself (per layer, or around the block for
+    the delayed recipe; megatron-core 0.16 ``fp8_utils.get_fp8_context``)."""
+    if Precision(trainer.precision) != Precision.fp8:
+        return {}
+    f = trainer.fp8
+    fields = dict(
+        fp8=Fp8Format(f.format).value, fp8_recipe=Fp8Recipe(f.recipe).value,
+        fp8_amax_history_len=f.amax_history_len,
+        fp8_amax_compute_algo=AmaxAlgo(f.amax_compute_algo).value, fp8_param=f.param_gather,
+        first_last_layers_bf16=f.bf16_first_layers + f.bf16_last_layers > 0,
+        num_layers_at_start_in_bf16=f.bf16_first_layers,
+        num_layers_at_end_in_bf16=f.bf16_last_layers)
+    if model.num_experts > 0:
+        fields["moe_router_padding_for_quantization"] = True
+    return fields
 
 
 def _parallel_fields(parallelism: ParallelismConfig, dtype: torch.dtype) -> dict:
@@ -233,7 +296,7 @@ def transformer_config(model: ModelConfig, parallelism: ParallelismConfig, train
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.enums import AttnBackend
 
-    precision = Precision(trainer.precision)
+    precision = Precision(compute_precision(trainer.precision))  # fp8: bf16 outside FP8 GEMMs
     dtype = _DTYPES[precision]
     heads = model.num_attention_heads
     return TransformerConfig(
@@ -255,7 +318,8 @@ def transformer_config(model: ModelConfig, parallelism: ParallelismConfig, train
         if use_transformer_engine()
         else AttnBackend.local,
         **_arch_fields(model),
-        **_moe_fields(model, parallelism),
+        **_moe_fields(model, parallelism, fp8=trainer.precision == Precision.fp8),
+        **fp8_fields(trainer, model),
         **_parallel_fields(parallelism, dtype),
         **_recompute_fields(Recompute(trainer.activation_recompute)),
         **cross_entropy_fields(trainer),

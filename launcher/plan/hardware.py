@@ -34,6 +34,12 @@ class Device:
     """Achievable NCCL bus bandwidth per GPU between nodes (one InfiniBand NIC per GPU)."""
     link_latency_s: float = 0.0
     """Fixed cost of one collective or point-to-point transfer (launch + latency), seconds."""
+    peak_tflops_fp8: float = 0.0
+    """Dense FP8 tensor-core peak, TFLOP/s; 0 = no FP8 tensor cores (trainer.precision=fp8 is
+    refused)."""
+    mxfp8: bool = False
+    """The tensor cores scale FP8 blocks of 32 values in hardware (Blackwell), which
+    trainer.fp8.recipe=mxfp8 needs."""
 
 
 GB = 1e9
@@ -62,26 +68,30 @@ LATENCY_S = 20e-6
 
 
 def _gpu(name: str, memory: int, bf16: float, fp32: float, hbm_tb_s: float,
-         nvlink_gb_s: float, nic_gb_s: float) -> Device:
-    """A GPU from datasheet figures (HBM TB/s, NVLink GB/s per direction, NIC GB/s per GPU)."""
+         nvlink_gb_s: float, nic_gb_s: float, fp8: float = 0.0, mxfp8: bool = False) -> Device:
+    """A GPU from datasheet figures (HBM TB/s, NVLink GB/s per direction, NIC GB/s per GPU,
+    dense FP8 TFLOP/s or 0)."""
     return Device(name, memory, bf16, fp32, GEMM_EFFICIENCY, ATTENTION_EFFICIENCY,
                   hbm_tb_s * 1e12 * HBM_FRACTION, nvlink_gb_s * GB * NVLINK_FRACTION,
-                  nic_gb_s * GB * IB_FRACTION, LATENCY_S)
+                  nic_gb_s * GB * IB_FRACTION, LATENCY_S, fp8, mxfp8)
 
 
-# Peaks are the vendors' published dense figures; memory is the device total as CUDA reports it.
+# Peaks are the vendors' published dense figures (FP8: half the datasheets' "with sparsity"
+# figure); memory is the device total as CUDA reports it.
 DEVICES: dict[str, Device] = {
     # H100 SXM5 80 GB: 3.35 TB/s HBM3; NVLink 4, 900 GB/s bidirectional = 450 per direction;
     # DGX H100: eight ConnectX-7 400 Gb/s (50 GB/s) NICs, one per GPU (NVIDIA datasheets).
-    "H100": _gpu("H100", 85_520_809_984, 989.4, 494.7, 3.35, 450, 50),
+    # FP8: 3,958 TFLOP/s with sparsity = 1,979 dense (H100 SXM datasheet).
+    "H100": _gpu("H100", 85_520_809_984, 989.4, 494.7, 3.35, 450, 50, fp8=1978.9),
     # H200 SXM 141 GB: 4.8 TB/s HBM3e; NVLink 4 and ConnectX-7 as H100 (HGX H200 datasheet).
-    "H200": _gpu("H200", 150_754_820_096, 989.4, 494.7, 4.8, 450, 50),
+    "H200": _gpu("H200", 150_754_820_096, 989.4, 494.7, 4.8, 450, 50, fp8=1978.9),
     # A100 SXM4 80 GB: 2.039 TB/s HBM2e; NVLink 3, 600 GB/s bidirectional = 300 per direction;
-    # DGX A100: eight ConnectX-6 200 Gb/s (25 GB/s) NICs.
+    # DGX A100: eight ConnectX-6 200 Gb/s (25 GB/s) NICs. Ampere has no FP8 tensor cores.
     "A100": _gpu("A100", 85_198_045_184, 312.0, 156.0, 2.039, 300, 25),
     # B200 192 GB (HGX): 8 TB/s HBM3e; NVLink 5, 1.8 TB/s bidirectional = 900 per direction;
-    # DGX B200: eight ConnectX-7 400 Gb/s NICs.
-    "B200": _gpu("B200", 191_514_411_008, 2250.0, 1100.0, 8.0, 900, 50),
+    # DGX B200: eight ConnectX-7 400 Gb/s NICs. FP8/FP6: 9 PFLOP/s sparse = 4.5 dense (HGX B200);
+    # fifth-generation tensor cores scale MXFP8 blocks in hardware.
+    "B200": _gpu("B200", 191_514_411_008, 2250.0, 1100.0, 8.0, 900, 50, fp8=4500.0, mxfp8=True),
     # A few CPU cores (development): ~20 GB/s of DRAM bandwidth, gloo over loopback ~2 GB/s.
     "cpu": Device("cpu", 0, 0.2, 0.2, 0.5, 0.5, 20 * GB, 2 * GB, 1 * GB, 50e-6),
 }

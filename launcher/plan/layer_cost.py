@@ -8,7 +8,7 @@ context-parallel ring exchange and the expert all-to-alls. See that module for t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from launcher.plan.hardware import Device
 from launcher.plan.params import Dims
@@ -30,6 +30,19 @@ GRAD_ACCUM_BYTES_PER_PARAM = 10
 build the model with ``gradient_accumulation_fusion=False`` (launcher/engines/model.py)."""
 UNFUSED_SCORE_PASSES = 6
 """Unfused attention: times each score is written or read (scores, softmax, its backward)."""
+FP8_GEMM_EFFICIENCY = 0.70
+"""Fraction of the FP8 peak that large FP8 matmuls reach (1,385 of 1,979 TFLOP/s on an H100;
+cuBLAS FP8 GEMMs of 8K x 8K x 8K reach 1,300-1,500)."""
+FP8_HALF_RATE_FLOPS = 3.2e11
+"""FLOPs of the FP8 matmul that reaches half of FP8_GEMM_EFFICIENCY: FP8 kernels need larger
+tiles than bf16 ones, and TE adds amax and scaling kernels per GEMM, so small matmuls gain
+little or lose. Calibrated with FP8_GEMM_EFFICIENCY fixed on the two measurements of issue 15
+(one H100, Megatron-LM, TE 2.9, hybrid delayed scaling, 8 x 4096 tokens a step): Llama 3.2 1B
+FP8 771 ms vs bf16 728 (ratio 1.059; the plan says 1.037), eight Llama 3 8B layers 902 vs 1026
+(0.879; the plan says 0.895)."""
+FP8_CAST_BYTES = 4
+"""Bytes moved per element TE quantizes: read bf16 (2), write FP8 and its transpose (1 + 1);
+forward quantizes the input and the weight, backward the output gradient."""
 
 
 @dataclass(frozen=True)
@@ -53,15 +66,21 @@ class Workload:
     attention_rate: float
     hbm_rate: float
     """Bytes/s of memory-bound kernels."""
+    fp8: bool = False
+    """The layer's matmuls run in FP8 (trainer.precision=fp8, not a bf16 end layer)."""
+    fp8_rate: float = 0.0
+    """FLOP/s of large FP8 matmuls (FP8 peak x FP8_GEMM_EFFICIENCY / slowdown); 0 = no FP8."""
 
 
 def workload(d: Dims, *, micro_batch: int, tp: int, sp: bool, cp: int, ep: int, recompute: str,
              flash: bool, elem: int, peak_flops: float, dev: Device, slowdown: float) -> Workload:
-    """``slowdown``: compute time multiplier (ranks sharing a GPU, a slower engine)."""
+    """``slowdown``: compute time multiplier (ranks sharing a GPU, a slower engine). The
+    workload is bf16's; ``dataclasses.replace(w, fp8=True)`` is an FP8 layer's."""
     return Workload(d, micro_batch * d.seq // cp, tp, sp, cp, ep, recompute, flash, elem,
                     peak_flops * dev.gemm_efficiency / slowdown,
                     peak_flops * dev.attention_efficiency / slowdown,
-                    dev.hbm_bytes_per_s / slowdown)
+                    dev.hbm_bytes_per_s / slowdown,
+                    fp8_rate=dev.peak_tflops_fp8 * 1e12 * FP8_GEMM_EFFICIENCY / slowdown)
 
 
 def _passes(w: Workload) -> float:
@@ -84,7 +103,21 @@ def _attention_seconds(w: Workload) -> float:
 def gemm_seconds(w: Workload, m: float, k: float, n: float) -> float:
     """One (m x k) @ (k x n) matmul: its FLOPs at the matmul rate plus its operands and result
     through memory once (an additive roofline: small matmuls reach less of the peak)."""
+    if w.fp8:
+        return fp8_gemm_seconds(w, m, k, n)
     return 2.0 * m * k * n / w.gemm_rate + (m * k + k * n + m * n) * w.elem / w.hbm_rate
+
+
+def fp8_gemm_seconds(w: Workload, m: float, k: float, n: float) -> float:
+    """One FP8 matmul, as a forward pass's share of its three (forward, input gradient, weight
+    gradient): FLOPs at an FP8 rate that falls for small matmuls, FP8 operands and a bf16
+    result through memory, and a third of TE's quantization of the three passes (input and
+    weight forward, output gradient backward: FP8_CAST_BYTES per element)."""
+    flops = 2.0 * m * k * n
+    rate = w.fp8_rate * flops / (flops + FP8_HALF_RATE_FLOPS)
+    operands = (m * k + k * n) + m * n * w.elem
+    casts = FP8_CAST_BYTES * (m * k + k * n + m * n) / 3
+    return flops / rate + (operands + casts) / w.hbm_rate
 
 
 def _layer_gemms(w: Workload) -> float:
@@ -97,7 +130,7 @@ def _layer_gemms(w: Workload) -> float:
     if d.experts:  # each local expert gets tokens x top-k x EP / experts of them
         ffn, copies = d.expert_ffn, d.experts // w.ep
         rows = tokens * d.topk * w.ep / d.experts
-        out += gemm_seconds(w, tokens, d.hidden, d.experts)
+        out += gemm_seconds(replace(w, fp8=False), tokens, d.hidden, d.experts)  # router: bf16
     fc1 = (2 if d.gated else 1) * ffn / t
     out += copies * (gemm_seconds(w, rows, d.hidden, fc1) + gemm_seconds(w, rows, ffn / t,
                                                                         d.hidden))

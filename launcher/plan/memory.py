@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.config import Precision, Recompute
+from launcher.config import Precision, Recompute, compute_precision
 from launcher.engines import spec
 from launcher.engines.base import StateBytes
 from launcher.plan.dims import ParallelDims
@@ -57,7 +57,7 @@ def loss_kernel(choice: str, *, precision: str, gpu: bool, te: bool) -> str:
     fused kernel would return bf16 logit gradients. Only ``te`` keeps no fp32 logits."""
     if choice != "auto":
         return getattr(choice, "value", choice)
-    if not gpu or precision != "bf16":
+    if not gpu or compute_precision(precision) != "bf16":  # fp8: the loss is bf16
         return "off"
     return "te" if te else "native"
 

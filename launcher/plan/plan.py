@@ -13,14 +13,15 @@ from dataclasses import asdict, dataclass, field
 
 from launcher.config import AttentionBackend, Precision, TrainwrightConfig
 from launcher.engines import spec
+from launcher.plan import fp8
 from launcher.plan.dims import ParallelDims, cluster_world_size
 from launcher.plan.engine_choice import engine_notes
 from launcher.plan.flops import train_flops_per_token
 from launcher.plan.hardware import Device, resolve_device
 from launcher.plan.memory import (ActivationSettings, in_flight_microbatches, loss_kernel,
                                   stage_activation_bytes, state_bytes_per_param)
-from launcher.plan.params import (ParamCounts, StageParams, count_parameters, model_dims,
-                                  stage_params)
+from launcher.plan.params import (ParamCounts, StageParams, count_parameters, layer_params,
+                                  model_dims, stage_params)
 from launcher.plan.step_time import StepTime
 from launcher.plan.timing import peak_flops, predict_step
 from launcher.plan.validate import (Problem, check_batch, check_interleaving, check_positive,
@@ -113,6 +114,7 @@ class Plan:
     mfu: float = 0.0  # predicted model FLOPs utilisation of the whole step
     flops_per_token_causal: float = 0.0  # causal attention counted half (Megatron-LM's logs)
     mfu_causal: float = 0.0  # mfu by that count
+    fp8_layers: str = ""  # what runs FP8 GEMMs (trainer.precision=fp8), "" otherwise
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -169,19 +171,23 @@ def _memory(cfg: TrainwrightConfig, dims: ParallelDims, batch: _Batch, flash: bo
     acts = ActivationSettings(
         micro_batch=cfg.trainer.micro_batch_size, seq_local=m.seq_length // dims.cp, tp=dims.tp,
         sequence_parallel=dims.sequence_parallel, recompute=cfg.trainer.activation_recompute,
-        flash=flash, elem_bytes=4 if cfg.trainer.precision == Precision.fp32 else 2,
+        flash=flash, elem_bytes=4 if cfg.trainer.precision == Precision.fp32 else 2,  # fp8: bf16
         hidden_dropout=m.hidden_dropout > 0, attention_dropout=m.attention_dropout > 0,
         fused_glu=gpu_kernels,
         # a GPU target is planned with TE; a process without it replans (runnable_attention)
         logits_fp32=loss_kernel(cfg.trainer.cross_entropy_fusion, precision=cfg.trainer.precision,
                                 gpu=gpu_kernels, te=True) != "te")
     best = None
+    fp8_layers = fp8.stage_fp8_layers(cfg, dims.stage_layers(m.num_layers))
+    layer = layer_params(d, dims.tp, dims.ep)
+    gemms = 2 + 2 * (d.experts // dims.ep if d.experts else 1)
     for name, index, layers in _stage_views(dims, m.num_layers):
         first, last = index == 0, index == dims.pp - 1
         sp = stage_params(m, dims, first, last, layers)
         part = {k: getattr(dense_b, k) * sp.dense + getattr(expert_b, k) * sp.expert
                 for k in ("weights", "grads", "optimizer", "cpu")}
         part["weights"] += gathered * sp.largest_layer * acts.elem_bytes  # ZeRO-3 gathers
+        part["weights"] += fp8.extra_state_bytes(cfg, layer, fp8_layers[index], gemms)
         activations = stage_activation_bytes(
             d, acts, layers=layers, in_flight=in_flight_microbatches(dims, batch.grad_accum, index),
             first=first, last=last)
@@ -210,10 +216,13 @@ def compute_plan(cfg: TrainwrightConfig, world_size: int | None = None) -> Plan:
     """Check ``cfg`` and derive the plan; raise PlanError listing every problem."""
     c = cfg.cluster
     dims, problems = _layout(cfg, world_size or cluster_world_size(c))
+    device = None
     try:
         device = resolve_device(c.gpu, c.device_memory_gb, c.peak_tflops)
     except KeyError as exc:
         problems.append(Problem(("cluster.gpu",), str(exc.args[0])))
+    if dims is not None:
+        problems += fp8.problems(cfg, dims, device, model_dims(cfg.model, dims.tp))
     batch = None
     if dims is not None and dims.dp >= 1 and dims.world % dims.model_parallel == 0:
         batch_problems = check_batch(cfg, dims.dp)  # independent of the model-shape problems
@@ -302,7 +311,7 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: _
                        + [str(x) for x in check_interleaving(dims, batch.grad_accum)]),
         stage_layers=dims.stage_layers(m.num_layers), step_time_parts=breakdown.parts(),
         dominant_cost=breakdown.dominant, mfu=mfu, flops_per_token_causal=causal_token,
-        mfu_causal=mfu * causal_token / flops_token)
+        mfu_causal=mfu * causal_token / flops_token, fp8_layers=fp8.describe(cfg))
     _check_fits(plan)
     return plan
 
@@ -393,7 +402,8 @@ def estimate_layout(cfg: TrainwrightConfig, world: int, device: Device,
     """(estimate, []) for a layout the plan's checks accept, else (None, its problems). The
     layout-independent checks (values, positive sizes) are the caller's, once."""
     dims = ParallelDims.build(cfg.parallelism, world)
-    problems = check_static(cfg, dims)
+    problems = check_static(cfg, dims) + fp8.problems(cfg, dims, device,
+                                                      model_dims(cfg.model, dims.tp))
     if problems or dims.world % dims.model_parallel:
         return None, problems
     problems = check_batch(cfg, dims.dp)

@@ -129,6 +129,8 @@ def _time_rows(p: Plan) -> list[tuple[str, str, str]]:
         ("step time", f"{p.step_time_s:,.3f} s",
          f"{how}; peak {p.peak_tflops_per_gpu:,.0f} TFLOP/s per GPU"),
     ]
+    if p.fp8_layers:
+        rows.append(("FP8", "on", p.fp8_layers + "; MFU against the bf16 peak"))
     if not flat:
         rows += [(f"  {name.replace('_', ' ')}", f"{seconds:,.3f} s",
                   f"{seconds / p.step_time_s:.1%}, {_CAUSES[name]}"

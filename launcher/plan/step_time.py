@@ -25,7 +25,7 @@ Constants and sources: :mod:`launcher.plan.hardware` and below; docs/plan.md exp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from launcher.plan.dims import ParallelDims
 from launcher.plan.hardware import Device
@@ -139,10 +139,14 @@ class StageCost:
 
 
 def stage_cost(w: Workload, links: Links, *, layers: int, layer_params: int, first: bool,
-               last: bool) -> StageCost:
-    """One micro-batch through ``layers`` layers (+ the embedding / output layer and loss)."""
+               last: bool, fp8_layers: int = 0) -> StageCost:
+    """One micro-batch through ``layers`` layers, ``fp8_layers`` of them with FP8 matmuls (+
+    the embedding / output layer and loss, bf16)."""
     forward, backward = layer_compute(w, layer_params)
-    compute, fwd = layers * (forward + backward), layers * forward
+    compute, fwd = (layers - fp8_layers) * (forward + backward), (layers - fp8_layers) * forward
+    if fp8_layers:
+        forward, backward = layer_compute(replace(w, fp8=True), layer_params)
+        compute, fwd = compute + fp8_layers * (forward + backward), fwd + fp8_layers * forward
     if last:
         out = output_compute(w)
         compute, fwd = compute + out, fwd + out / 3

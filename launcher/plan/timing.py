@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from launcher.config import Precision, TrainwrightConfig
 from launcher.plan.dims import ParallelDims
+from launcher.plan.fp8 import stage_fp8_layers
 from launcher.plan.hardware import Device
 from launcher.plan.layer_cost import workload
 from launcher.plan.params import layer_params, model_dims
@@ -57,9 +58,10 @@ def predict_step(cfg: TrainwrightConfig, dims: ParallelDims, grad_accum: int, de
     links = group_links(dims, c.gpus_per_node, c.ranks_per_gpu, device)
     per_layer = layer_params(d, dims.tp, dims.ep).total
     layers = dims.stage_layers(m.num_layers)
+    fp8_layers = stage_fp8_layers(cfg, layers)
     views = sorted({0, min(1, dims.pp - 1), dims.pp - 1})
     costs = [stage_cost(w, links, layers=layers[i], layer_params=per_layer, first=i == 0,
-                        last=i == dims.pp - 1) for i in views]
+                        last=i == dims.pp - 1, fp8_layers=fp8_layers[i]) for i in views]
     pipe = pipeline_step(costs, dims, grad_accum)
     work = _dp_work(cfg, dims, stage_dense, stage_expert, elem)
     dp_s = data_parallel_seconds(work, links, grad_accum, pipe["backward_window"],

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import signal
 
-from launcher.config import ModelConfig, TrainwrightConfig
+from launcher.config import ModelConfig, TrainwrightConfig, compute_precision
 from launcher.engines import spec
 from launcher.plan.dims import ParallelDims
 from launcher.plan.problems import Problem, divisors, fmt_values
@@ -82,7 +82,7 @@ def _check_loss_fusion(t) -> list[Problem]:
     and planned here in bf16 only (not tried in other precisions)."""
     choice = getattr(t.cross_entropy_fusion, "value", t.cross_entropy_fusion)
     precision = getattr(t.precision, "value", t.precision)
-    if choice in ("te", "native") and precision != "bf16":
+    if choice in ("te", "native") and compute_precision(precision) != "bf16":
         return [Problem(("trainer.cross_entropy_fusion", "trainer.precision"),
                         f"trainer.cross_entropy_fusion={choice} needs trainer.precision=bf16 "
                         f"(the fused kernels return bf16 logit gradients; this run is "

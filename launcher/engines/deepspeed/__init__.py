@@ -57,6 +57,13 @@ class DeepSpeedSpec:
                 "trainer.async_save=true needs engine=megatron (Megatron-Core "
                 "dist-checkpointing); DeepSpeed saves synchronously: set "
                 "trainer.async_save=false or engine=megatron"))
+        if getattr(cfg.trainer.precision, "value", cfg.trainer.precision) == "fp8":
+            out.append(EngineProblem(
+                ("trainer.precision", "engine"),
+                "trainer.precision=fp8 needs engine=megatron (Megatron-Core's transformer block "
+                "enters Transformer Engine's FP8 autocast and reduces its scaling state; the "
+                "DeepSpeed path was not built or measured with FP8); use engine=megatron or "
+                "trainer.precision=bf16"))
         if p.offload_params and p.zero_stage != 3:
             out.append(EngineProblem(
                 ("parallelism.offload_params", "parallelism.zero_stage"),

@@ -49,6 +49,13 @@ class MegatronSpec:
                 ("parallelism.offload_optimizer", "parallelism.offload_params", "engine"),
                 "CPU offload (parallelism.offload_optimizer/offload_params) is a DeepSpeed "
                 "feature; use engine=deepspeed or set both to false"))
+        fp8 = getattr(cfg.trainer.precision, "value", cfg.trainer.precision) == "fp8"
+        if fp8 and cfg.trainer.fp8.param_gather and p.zero_stage != 1:
+            out.append(EngineProblem(
+                ("trainer.fp8.param_gather", "parallelism.zero_stage"),
+                "trainer.fp8.param_gather=true all-gathers FP8 weights from the distributed "
+                f"optimizer's shards, which needs parallelism.zero_stage=1 (got {p.zero_stage}); "
+                "set parallelism.zero_stage=1 or trainer.fp8.param_gather=false"))
         return out
 
     def state_bytes(self, *, precision, zero_stage: int, grad_fp32: bool,

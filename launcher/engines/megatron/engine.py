@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import torch
 
 from launcher.config import (EngineConfig, ModelConfig, OptimizerConfig, ParallelismConfig,
-                             Precision, TrainerConfig)
+                             Precision, TrainerConfig, compute_precision)
 from launcher.engines.base import NonFiniteLoss, StepResult
 from launcher.runtime import collectives
 from launcher.runtime.schedule import set_lr
@@ -57,8 +57,10 @@ def build_model_chunks(model: ModelConfig, parallelism: ParallelismConfig,
     return chunks
 
 
-def ddp_config(parallelism: ParallelismConfig, engine: EngineConfig):
-    """Megatron-Core DDP settings from ``engine.*`` and ``parallelism.zero_stage``."""
+def ddp_config(parallelism: ParallelismConfig, engine: EngineConfig,
+               fp8_param_gather: bool = False):
+    """Megatron-Core DDP settings from ``engine.*`` and ``parallelism.zero_stage``;
+    ``fp8_param_gather``: FP8 weights all-gathered in FP8 (trainer.fp8.param_gather)."""
     from megatron.core.distributed import DistributedDataParallelConfig
 
     distributed = parallelism.zero_stage == 1
@@ -68,6 +70,7 @@ def ddp_config(parallelism: ParallelismConfig, engine: EngineConfig):
         overlap_param_gather=engine.overlap_param_gather and distributed,
         use_distributed_optimizer=distributed,
         bucket_size=engine.reduce_bucket_size,
+        fp8_param_gather=fp8_param_gather and distributed,
         check_for_nan_in_grad=False)
 
 
@@ -75,7 +78,7 @@ def optimizer_config(optimizer: OptimizerConfig, trainer: TrainerConfig, distrib
     """Megatron-Core OptimizerConfig: AdamW, clipping, mixed precision and loss scaling."""
     from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
 
-    precision = Precision(trainer.precision)
+    precision = Precision(compute_precision(trainer.precision))  # fp8: bf16 outside FP8 GEMMs
     dtype = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}.get(
         precision, torch.float32)
     return MegatronOptimizerConfig(
@@ -89,12 +92,14 @@ def optimizer_config(optimizer: OptimizerConfig, trainer: TrainerConfig, distrib
 
 
 def _wrap_chunks(chunks: list, parallelism: ParallelismConfig, engine: EngineConfig,
-                 precision: Precision) -> list:
-    """Float16Module (bf16/fp16) then Megatron DDP around every chunk."""
+                 trainer: TrainerConfig) -> list:
+    """Float16Module (bf16/fp16/fp8) then Megatron DDP around every chunk."""
     from megatron.core.distributed import DistributedDataParallel
     from megatron.core.transformer.module import Float16Module
 
-    config = ddp_config(parallelism, engine)
+    precision = Precision(compute_precision(trainer.precision))
+    fp8_gather = trainer.precision == Precision.fp8 and trainer.fp8.param_gather
+    config = ddp_config(parallelism, engine, fp8_param_gather=fp8_gather)
     wrapped = []
     for index, chunk in enumerate(chunks):
         if precision in (Precision.bf16, Precision.fp16):
@@ -141,11 +146,10 @@ def build_megatron_engine(plan, *, model: ModelConfig, parallelism: ParallelismC
 
     from launcher.engines.common import initialize_weights
 
-    precision = Precision(trainer.precision)
     chunks = build_model_chunks(model, parallelism, trainer)
     initialize_weights(chunks, init_from=trainer.init_from, seed=trainer.seed,
                        layout_invariant=trainer.layout_invariant_init)
-    chunks = _wrap_chunks(chunks, parallelism, engine, precision)
+    chunks = _wrap_chunks(chunks, parallelism, engine, trainer)
     opt = get_megatron_optimizer(
         optimizer_config(optimizer, trainer, parallelism.zero_stage == 1), chunks)
     return MegatronEngine(chunks, opt, plan=plan, engine=engine, trainer=trainer,
