@@ -9,6 +9,7 @@ around, ``test_every_shim_is_still_needed`` fails for that shim, so it can be de
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from importlib import metadata
@@ -61,3 +62,22 @@ def test_disable_te_hides_transformer_engine(monkeypatch):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          timeout=300, check=True, env=env)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, False]
+
+
+def test_save_results_queue_warm_up_leaves_a_server_with_torch_loaded(tmp_path):
+    """The first save's queue server is started, and has imported torch, before any save; the
+    queue is left empty (a leftover item would be taken for a save's results)."""
+    code = ("import json\n"
+            "if __name__ == '__main__':\n"
+            "    from launcher.engines import compat\n"
+            "    from megatron.core.dist_checkpointing.strategies import filesystem_async as fa\n"
+            "    before = fa._results_queue is None\n"
+            "    compat.warm_save_results_queue().join()\n"
+            "    queue = fa._results_queue\n"
+            "    maps = open(f'/proc/{queue._manager._process.pid}/maps').read()\n"
+            "    print(json.dumps([before, 'libtorch' in maps, queue.qsize()]))\n")
+    script = tmp_path / "warm_queue_probe.py"
+    script.write_text(code)  # a file: the spawned server re-imports __main__ by path
+    out = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, True, 0]

@@ -177,6 +177,9 @@ class FakeIO:
     def __init__(self, size: int = 1000, read_error: BaseException = None):
         self.size, self.read_error = size, read_error
 
+    def warm_up(self) -> None:
+        pass
+
     def write(self, step_dir: Path, *, background: bool) -> bool:
         step_dir.mkdir(parents=True, exist_ok=True)
         torch.save({"w": torch.zeros(self.size // 4, dtype=torch.float32)},

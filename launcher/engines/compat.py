@@ -24,6 +24,7 @@ import contextlib
 import functools
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -247,6 +248,32 @@ def unshare_adam_steps(subs: list) -> None:
                 state["step"] = state["step"].clone()
 
 
+def warm_save_results_queue() -> threading.Thread:
+    """Start Megatron-Core's save-results queue in a thread; join it before the first save.
+
+    Megatron-Core 0.16.1 (``strategies/filesystem_async._get_write_results_queue``) hands every
+    save's write results back through a ``Manager().Queue()`` whose server it spawns at the first
+    save; that server imports torch when it unpickles the first results: 2.0 s measured on the
+    2-core machine, inside every run's first (often its only, final) save. The thread starts
+    the server and sends one torch object through it, so the import happens while training
+    goes on. A failure here is left for the save itself to meet and report."""
+
+    def warm() -> None:
+        with contextlib.suppress(Exception):
+            from megatron.core.dist_checkpointing.strategies import filesystem_async
+            from torch.distributed.checkpoint.metadata import MetadataIndex
+            from torch.distributed.checkpoint.storage import WriteResult
+
+            queue = filesystem_async._get_write_results_queue()
+            queue.put({-1: [WriteResult(index=MetadataIndex("warm-up"), size_in_bytes=0,
+                                        storage_data=None)]})
+            queue.get()
+
+    thread = threading.Thread(target=warm, name="save-results-queue-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
 def _hide_transformer_engine() -> None:
     """With TRAINWRIGHT_DISABLE_TE=1, make ``import transformer_engine`` fail in this process, so
     a GPU machine that has TE can run (and test) the paths taken where TE is not installed."""
@@ -288,8 +315,9 @@ def _enter_cpu_mode() -> None:
     _STATE["mode"].__enter__()
 
 
-def _around_each_load() -> bool:
-    """Not installed process-wide: the checkpoint IO wraps each load (keep_adam_step)."""
+def _applied_by_caller() -> bool:
+    """Not installed process-wide: the checkpoint IO applies it (keep_adam_step around each load,
+    warm_save_results_queue before the first save)."""
     return False
 
 
@@ -319,6 +347,16 @@ def _probe_cuda_calls() -> bool:
     from megatron.core.pipeline_parallel import schedules
 
     return 'device="cuda"' in inspect.getsource(schedules)
+
+
+def _probe_results_queue() -> bool:
+    """Save results still come back through a queue of a spawned Manager, created lazily."""
+    import inspect
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    source = inspect.getsource(filesystem_async._get_write_results_queue)
+    return filesystem_async._results_queue is None and "Manager()" in source
 
 
 def _probe_adam_step() -> bool:
@@ -359,9 +397,12 @@ SHIMS = (
     Shim("MoE router without TE", "megatron-core", "0.16.1", _without_te, _patch_moe_router,
          _probe_moe_router, "moe_utils.py RouterGatingLinearFunction reads te_general_gemm, "
          "defined only when Transformer Engine imports: NameError in every MoE forward"),
-    Shim("Adam step on fully_reshardable load", "megatron-core", "0.16.1", _around_each_load, None,
+    Shim("Adam step on fully_reshardable load", "megatron-core", "0.16.1", _applied_by_caller, None,
          _probe_adam_step, "keep_adam_step / unshare_adam_steps, around each "
          "distributed-optimizer load"),
+    Shim("save-results queue warm-up", "megatron-core", "0.16.1", _applied_by_caller, None,
+         _probe_results_queue, "warm_save_results_queue, started by MegatronCheckpointIO: the "
+         "first save's results queue server imports torch (2 s) on the save's critical path"),
 )
 """Every patch of a library internal (see the module docstring)."""
 

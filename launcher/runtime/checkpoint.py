@@ -168,6 +168,11 @@ class CheckpointManager:
         self.record = dict(record or {})  # architecture, layout, training (runtime.resume)
         self._pending: Optional[_Pending] = None
 
+    def warm_up(self) -> None:
+        """Let the engine's IO start what its first save needs (after any resume load, which
+        it would otherwise compete with for the CPU)."""
+        self.io.warm_up()
+
     @property
     def pending(self) -> bool:
         """Whether a background save is waiting for its writes."""

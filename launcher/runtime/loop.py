@@ -90,6 +90,7 @@ class TrainLoop:
     def run(self) -> int:
         """Train to plan.train_steps; returns 0, or REQUEUE_EXIT_CODE after a stop request."""
         self.state.window_start = time.perf_counter()  # throughput excludes start-up
+        self.checkpoints.warm_up()
         while self.state.step < self.plan.train_steps:
             self._one_step()
             if self.stop.agree():

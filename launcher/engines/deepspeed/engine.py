@@ -276,6 +276,9 @@ class DeepSpeedCheckpointIO:
     def __init__(self, ds_engine):
         self.ds = ds_engine
 
+    def warm_up(self) -> None:
+        """DeepSpeed's writes start nothing ahead."""
+
     def write(self, step_dir: Path, *, background: bool) -> bool:
         self.ds.save_checkpoint(str(step_dir.parent), tag=step_dir.name, save_latest=False)
         return False

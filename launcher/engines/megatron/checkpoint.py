@@ -242,6 +242,18 @@ class MegatronCheckpointIO:
     def __init__(self, chunks: list, optimizer, sharding: str = DISTRIBUTED_SHARDING):
         self.chunks, self.optimizer, self.sharding = chunks, optimizer, sharding
         self._queue = None
+        self._warming = None
+
+    def warm_up(self) -> None:
+        """Start Megatron-Core's save-results queue now (:func:`compat.warm_save_results_queue`:
+        about 2 s that the first save would otherwise wait for)."""
+        if self._warming is None:
+            self._warming = compat.warm_save_results_queue()
+
+    def _warmed(self) -> None:
+        """Before a write: the warm-up has finished (its queue item must not meet a save's)."""
+        if self._warming is not None:
+            self._warming.join()
 
     def _prepare(self, step_dir: Path) -> tuple:
         """(target directory, sharded state dict, content metadata) of a save (collective)."""
@@ -259,6 +271,7 @@ class MegatronCheckpointIO:
         from megatron.core import dist_checkpointing
         from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
+        self._warmed()
         target, state, metadata = self._prepare(step_dir)
         if not background:
             dist_checkpointing.save(state, str(target), content_metadata=metadata)
