@@ -4,10 +4,11 @@ Results come back in block and part order whatever the number of workers, which 
 the output byte-identical for 1 or N workers.
 
 * ``workers >= 2``: :class:`~data_prep.worker_pool.WorkerPool`; token ids arrive in spool files.
-* ``workers == 1``: this process does the work with two threads: a reader thread reads and parses
-  ahead (two parts at most) while the calling thread tokenizes with the tokenizer's own threads
-  (gigatoken's ``parallel=True``; the tokenizers release the GIL), so the cores of a one-process
-  run are all used.
+* ``workers == 1``: this process does the work in three stages, each a thread, joined by short
+  queues: a reader thread reads and parses, a tokenizer thread encodes with the tokenizer's own
+  threads (gigatoken's ``parallel=True``; the tokenizers release the GIL) and places EOD/BOS, and
+  the calling thread writes the shards. The encoder never waits for the shard writes (CRC-32,
+  copies into the file) nor the writes for the encoder, so the cores of a one-process run stay busy.
 """
 
 from __future__ import annotations
@@ -22,47 +23,76 @@ from data_prep.worker_pool import WorkerPool
 
 _DONE = object()
 PARSED_AHEAD = 2
+"""Parsed parts waiting for the tokenizer thread (workers=1)."""
+TOKENIZED_AHEAD = 1
+"""Tokenized parts waiting for the shard writer (workers=1)."""
+POLL_SECONDS = 0.1
+"""How often a blocked stage checks whether the run has stopped (seconds)."""
 
 
-def _put(parsed: queue.Queue, item, stop: threading.Event) -> bool:
-    """Put ``item`` unless the consumer has stopped; False when it has."""
+def _put(out: queue.Queue, item, stop: threading.Event) -> bool:
+    """Put ``item`` unless the run has stopped; False when it has."""
     while not stop.is_set():
         try:
-            parsed.put(item, timeout=0.1)
+            out.put(item, timeout=POLL_SECONDS)
             return True
         except queue.Full:
             continue
     return False
 
 
-def _parse_ahead(blocks: Iterable[Block], skips: Dict[int, int], parsed: queue.Queue,
-                 stop: threading.Event) -> None:
-    """Reader thread: read and parse parts ahead of the tokenizer."""
+def _drain(source: queue.Queue, stop: threading.Event) -> Iterator:
+    """The items of ``source`` up to _DONE; re-raises an exception a stage handed on."""
+    while not stop.is_set():
+        try:
+            item = source.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            continue
+        if item is _DONE:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+def _produce(items: Iterator, out: queue.Queue, stop: threading.Event) -> None:
+    """A stage thread: put every item in ``out``, then _DONE, or the exception that ended it."""
     try:
-        for block in blocks:
-            for number, part, last in block_parts(block, skips.get(block.index, 0)):
-                if not _put(parsed, (block, *parse_part(block, number, part, last)), stop):
-                    return
-        _put(parsed, _DONE, stop)
-    except BaseException as exc:  # handed to the consumer, which re-raises it
-        _put(parsed, exc, stop)
+        for item in items:
+            if not _put(out, item, stop):
+                return
+        _put(out, _DONE, stop)
+    except BaseException as exc:  # handed to the next stage, which re-raises it
+        _put(out, exc, stop)
+
+
+def _parsed(blocks: Iterable[Block], skips: Dict[int, int]) -> Iterator[tuple]:
+    for block in blocks:
+        for number, part, last in block_parts(block, skips.get(block.index, 0)):
+            yield (block, *parse_part(block, number, part, last))
+
+
+def _tokenized(parsed: queue.Queue, stop: threading.Event) -> Iterator[Tuple[Block, PartResult]]:
+    for block, result, texts in _drain(parsed, stop):
+        yield block, tokenize_into(result, texts)
 
 
 def _in_process(blocks: Iterable[Block], skips: Dict[int, int], init_args: tuple) -> Iterator[Tuple[Block, PartResult]]:
     init_worker(*init_args, parallel=True)
     parsed: queue.Queue = queue.Queue(maxsize=PARSED_AHEAD)
+    tokenized: queue.Queue = queue.Queue(maxsize=TOKENIZED_AHEAD)
     stop = threading.Event()
-    reader = threading.Thread(target=_parse_ahead, args=(blocks, skips, parsed, stop), daemon=True)
-    reader.start()
+    stages = [threading.Thread(target=_produce, args=(items, out, stop), daemon=True)
+              for items, out in ((_parsed(blocks, skips), parsed),
+                                 (_tokenized(parsed, stop), tokenized))]
+    for stage in stages:
+        stage.start()
     try:
-        while (item := parsed.get()) is not _DONE:
-            if isinstance(item, BaseException):
-                raise item
-            block, result, texts = item
-            yield block, tokenize_into(result, texts)
+        yield from _drain(tokenized, stop)
     finally:
         stop.set()
-        reader.join(timeout=5)
+        for stage in stages:
+            stage.join(timeout=5)
 
 
 def start_pool(workers: int) -> Optional[WorkerPool]:

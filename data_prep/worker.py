@@ -7,6 +7,7 @@ Workers are plain functions over module state set once by :func:`init_worker`.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -65,9 +66,31 @@ def warm_up() -> int:
     return os.getpid()
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+"""glibc mallopt() parameters (malloc.h)."""
+REUSED_ALLOCATION_BYTES = 32 * 1024 * 1024
+"""Allocations up to this size come from malloc's heap (glibc's largest mmap threshold)."""
+KEPT_FREE_BYTES = 256 * 1024 * 1024
+"""Freed heap memory malloc keeps for reuse instead of returning it to the system."""
+
+
+def keep_freed_memory() -> None:
+    """Let glibc's malloc reuse the memory of a part's buffers (read data, texts, token ids, a few
+    MB each) for the next part instead of unmapping it and faulting in fresh zeroed pages (less
+    than half the page faults of a one-process run); the peak memory is unchanged. No-op without
+    glibc."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(M_MMAP_THRESHOLD, REUSED_ALLOCATION_BYTES)
+        libc.mallopt(M_TRIM_THRESHOLD, KEPT_FREE_BYTES)
+    except (AttributeError, OSError):
+        pass
+
+
 def init_worker(info: TokenizerInfo, settings: dict, parallel: bool = False) -> None:
     """Build this process's encoder; ``settings`` holds text_key, append_eod, prepend_bos,
     examples_per_reason, strict and part_bytes; ``parallel`` lets gigatoken use every core."""
+    keep_freed_memory()
     _STATE.clear()
     _STATE.update(settings)
     _STATE["encoder"] = build_encoder(info, parallel=parallel)

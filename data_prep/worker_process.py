@@ -8,6 +8,7 @@ message; an exception is sent as ``("error", block index, exception)``.
 
 from __future__ import annotations
 
+import gc
 import pickle
 import resource
 import signal
@@ -48,6 +49,7 @@ def worker_main(conn) -> None:
     from data_prep.worker import init_worker, warm_up
 
     warm_up()
+    gc.freeze()  # the imports made no garbage: later collections, and the one at exit, skip them
     spool, index = "", -1
     try:
         while (message := conn.recv()) is not None:
