@@ -18,6 +18,13 @@ from launcher.plan.problems import Problem, divisors, fmt_values
 from launcher.plan.stages import StageSplit, stage_layers
 
 
+MODEL_PARALLEL_SIZES = (("tp", "tensor_parallel_size", "TP"), ("pp", "pipeline_parallel_size", "PP"),
+                        ("vpp", "virtual_pipeline_parallel_size", "VPP"),
+                        ("cp", "context_parallel_size", "CP"), ("ep", "expert_parallel_size", "EP"))
+"""(short name in checkpoint layout records, ParallelismConfig field, label) of every
+model-parallel size, the one table messages about layouts read."""
+
+
 def cluster_world_size(cluster: ClusterConfig) -> int:
     """Training processes the cluster starts: nodes x gpus_per_node x ranks_per_gpu."""
     return cluster.nodes * cluster.gpus_per_node * cluster.ranks_per_gpu

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from launcher.config import ModelConfig
+from launcher.plan.dims import MODEL_PARALLEL_SIZES
 from launcher.runtime import collectives
 from launcher.runtime.checkpoint import IncompatibleCheckpoint, Resume, read_meta
 
@@ -212,9 +213,8 @@ def already_trained(resume: Optional[Resume], plan, metrics) -> bool:
 
 
 def _describe_layout(record: Mapping) -> str:
-    short = {"tensor_parallel_size": "TP", "pipeline_parallel_size": "PP",
-             "virtual_pipeline_parallel_size": "VPP", "context_parallel_size": "CP",
-             "expert_parallel_size": "EP", "data_parallel_size": "DP", "zero_stage": "ZeRO"}
+    short = {field: label for _, field, label in MODEL_PARALLEL_SIZES}
+    short.update(data_parallel_size="DP", zero_stage="ZeRO")
     text = " ".join(f"{name}={record.get(key)}" for key, name in short.items())
     stages = record.get("stage_layers") or []
     return text + (f" stages={list(stages)}" if len(set(stages)) > 1 else "")

@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 from launcher.engines import compat
+from launcher.plan.dims import MODEL_PARALLEL_SIZES
 from launcher.runtime import collectives
 from launcher.runtime.checkpoint import IncompatibleCheckpoint
 
@@ -207,12 +208,11 @@ def _dp_only_changes(saved: dict, current: dict) -> list:
             or current.get("zero_stage") != 1:
         return []
     was, now = saved.get("layout", {}), current.get("layout", {})
-    changed = [k for k in ("tp", "pp", "vpp", "cp", "ep") if k in was and was[k] != now.get(k)]
+    changed = [(short, field) for short, field, _ in MODEL_PARALLEL_SIZES
+               if short in was and was[short] != now.get(short)]
     if not changed:
         return []
-    names = {"tp": "tensor", "pp": "pipeline", "vpp": "virtual_pipeline", "cp": "context",
-             "ep": "expert"}
-    fix = " ".join(f"parallelism.{names[k]}_parallel_size={was[k]}" for k in changed)
+    fix = " ".join(f"parallelism.{field}={was[short]}" for short, field in changed)
     return [f"Its optimizer state was saved with engine.optimizer_checkpoint=dp_reshardable, "
             f"which loads only where TP, PP, VPP, CP and EP are unchanged (DP may change). "
             f"Resume with {fix}, or start a new run from its weights with "
