@@ -193,3 +193,15 @@ def test_plan_report_names_the_fp8_layers():
     assert proc.returncode == 0, proc.stderr
     out = " ".join(proc.stdout.split())
     assert "FP8" in out and "layers 1-8 of 8 (delayed, hybrid)" in out
+
+
+def test_fp8_weights_are_gathered_in_fp8_by_the_distributed_optimizer_only():
+    from launcher.engines.megatron.engine import ddp_config, optimizer_config
+
+    cfg = cfg_of("engine=megatron", "parallelism.zero_stage=1", "trainer.precision=fp8",
+                 "trainer.fp8.param_gather=true")
+    assert ddp_config(cfg.parallelism, cfg.engine, fp8_param_gather=True).fp8_param_gather
+    plain = cfg_of("engine=megatron", "parallelism.zero_stage=0").parallelism
+    assert not ddp_config(plain, cfg.engine, fp8_param_gather=True).fp8_param_gather
+    opt = optimizer_config(cfg.optimizer, cfg.trainer, distributed=True)
+    assert opt.bf16 and not opt.fp16  # fp8 keeps bf16 weights and fp32 masters
