@@ -412,7 +412,8 @@ class ClusterConfig:
     device_memory_gb: float = 0.0
     """Usable memory per accelerator (GB, 1e9 bytes); 0 = the model's catalogue value."""
     peak_tflops: float = 0.0
-    """Dense peak TFLOP/s per accelerator at the training precision; 0 = catalogue value."""
+    """Dense peak TFLOP/s per accelerator at the training precision (bf16 for trainer.precision=
+    fp8, whose FP8 matmul peak stays the catalogue's); 0 = catalogue value."""
     partition: str = ""
     """Slurm partition; empty = the cluster's default."""
     account: str = ""
