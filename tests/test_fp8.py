@@ -157,6 +157,11 @@ def test_bf16_end_layers_bounds_and_stage_counts():
     assert stage_fp8_layers(cfg, (2, 2)) == [1, 0] and stage_fp8_layers(cfg, (4,)) == [1]
 
 
+def test_megatron_fp8_plan_says_deepspeed_would_not_run_it():
+    notes = plan_of(*EIGHT_B_WIDTH, "trainer.precision=fp8").engine_notes
+    assert "engine=deepspeed would not work: trainer.precision=fp8" in " ".join(notes)
+
+
 def test_param_gather_needs_the_distributed_optimizer():
     text = problems_of("model=tiny", "cluster=local_gpu", "engine=megatron",
                        "parallelism.zero_stage=0", "trainer.precision=fp8",

@@ -16,7 +16,9 @@ class DeepSpeedSpec:
 
     def summary(self, cfg) -> str:
         return (f"engine=deepspeed: ZeRO stage {cfg.parallelism.zero_stage} around the "
-                "Megatron-Core GPTModel")
+                "Megatron-Core GPTModel; measured 1.22x the step of engine=megatron on one H100 "
+                "(Llama 3.2 1B: backward 390 vs 202 ms, optimizer 52 vs 26 ms, docs/gpu.md), "
+                "which the step time here includes")
 
     def cannot_run(self, cfg) -> list:
         p = cfg.parallelism
@@ -36,6 +38,9 @@ class DeepSpeedSpec:
         if p.expert_parallel_size > 1:
             out.append(f"expert_parallel_size={p.expert_parallel_size}: expert gradients reduce "
                        "over the expert-data-parallel group, which only Megatron-Core's DDP knows")
+        if getattr(cfg.trainer.precision, "value", cfg.trainer.precision) == "fp8":
+            out.append("trainer.precision=fp8: Transformer Engine's FP8 autocast and scaling "
+                       "state are wired into engine=megatron only")
         return out
 
     def problems(self, cfg) -> list:
