@@ -66,18 +66,26 @@ def test_disable_te_hides_transformer_engine(monkeypatch):
 
 def test_save_results_queue_warm_up_leaves_a_server_with_torch_loaded(tmp_path):
     """The first save's queue server is started, and has imported torch, before any save; the
-    queue is left empty (a leftover item would be taken for a save's results)."""
-    code = ("import json\n"
+    queue is left empty (a leftover item would be taken for a save's results); stop signals sent
+    to the server (as to a whole process group) leave it serving."""
+    code = ("import json, os, signal, time\n"
             "if __name__ == '__main__':\n"
             "    from launcher.engines import compat\n"
             "    from megatron.core.dist_checkpointing.strategies import filesystem_async as fa\n"
             "    before = fa._results_queue is None\n"
             "    compat.warm_save_results_queue().join()\n"
-            "    queue = fa._results_queue\n"
-            "    maps = open(f'/proc/{queue._manager._process.pid}/maps').read()\n"
-            "    print(json.dumps([before, 'libtorch' in maps, queue.qsize()]))\n")
+            "    queue = fa._get_write_results_queue()\n"
+            "    pid = queue._manager._process.pid\n"
+            "    maps = open(f'/proc/{pid}/maps').read()\n"
+            "    empty = queue.qsize()\n"
+            "    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):\n"
+            "        os.kill(pid, sig)\n"
+            "    time.sleep(0.5)\n"
+            "    queue.put('after the signals')\n"
+            "    print(json.dumps([before, 'libtorch' in maps, empty, queue.get()]))\n")
     script = tmp_path / "warm_queue_probe.py"
     script.write_text(code)  # a file: the spawned server re-imports __main__ by path
     out = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, True, 0]
+                         timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, True, 0, "after the signals"]

@@ -5,7 +5,8 @@ Slurm (``proctrack/cgroup``, time limits), Kubernetes and a terminal's Ctrl-C si
 process group, loader workers included; ``scancel --signal``/``kill <pid>`` reach the launcher
 only. Every delivery must end the same way: every rank saves the same step, the loader workers
 do not die of the signal, and the job exits 75 ("saved, requeue me"). (Delivery to one rank is
-``tests/test_train_signal.py``.)
+``tests/test_train_signal.py``.) The deliveries run engine=deepspeed (the default), and SIGTERM to
+the group also engine=megatron, whose checkpoint writes go through helper processes.
 
 Before the fix: USR1 to the group killed the loader workers (exit 1, no checkpoint), TERM to the
 group exited 143 with no checkpoint, USR1 to the launcher was ignored (the run went on to its
@@ -24,22 +25,29 @@ from launcher.runtime.signals import REQUEUE_EXIT_CODE
 from tests.test_train_signal import STEPS, launch, logged_steps, wait_for
 from tests.test_train_loop import steps_of
 
-DELIVERIES = {
-    "usr1_to_group": (signal.SIGUSR1, "group"),
-    "term_to_group": (signal.SIGTERM, "group"),
-    "int_to_group": (signal.SIGINT, "group"),
-    "usr1_to_launcher": (signal.SIGUSR1, "launcher"),
-    "term_to_launcher": (signal.SIGTERM, "launcher"),
+MEGATRON_SAVED_BEFORE = ("engine=megatron", "parallelism.zero_stage=1",
+                         "trainer.save_interval=2", "trainer.keep_last=1")
+"""engine=megatron saves through Megatron-Core's writer processes and its save-results queue,
+a server process in the same group that a first save (here step 2's) has started: before its
+fix, SIGTERM to the group killed that server and the save the signal asked for failed
+(ConnectionRefusedError, exit 1). keep_last=1: only the stop's checkpoint is left."""
+DELIVERIES = {  # signal, to whom, overrides, steps logged before the signal
+    "usr1_to_group": (signal.SIGUSR1, "group", (), 2),
+    "term_to_group": (signal.SIGTERM, "group", (), 2),
+    "int_to_group": (signal.SIGINT, "group", (), 2),
+    "usr1_to_launcher": (signal.SIGUSR1, "launcher", (), 2),
+    "term_to_launcher": (signal.SIGTERM, "launcher", (), 2),
+    "term_to_group_megatron_after_a_save": (signal.SIGTERM, "group", MEGATRON_SAVED_BEFORE, 3),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(DELIVERIES))
 def test_stop_signal_saves_one_step_on_every_rank_and_exits_75(tmp_path, name):
-    sig, target = DELIVERIES[name]
+    sig, target, overrides, ready = DELIVERIES[name]
     run_dir, log = tmp_path / name, tmp_path / f"{name}.log"
-    proc = launch(tmp_path, name, log, "data.num_workers=2")
-    wait_for(proc, log, lambda: logged_steps(run_dir) >= 2)
+    proc = launch(tmp_path, name, log, "data.num_workers=2", *overrides)
+    wait_for(proc, log, lambda: logged_steps(run_dir) >= ready)
     if target == "group":
         os.killpg(proc.pid, sig)  # the launcher leads its own session: pgid == its pid
     else:

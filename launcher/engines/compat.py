@@ -248,23 +248,55 @@ def unshare_adam_steps(subs: list) -> None:
                 state["step"] = state["step"].clone()
 
 
+STOP_SIGNALS_OF_SERVERS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
+"""Signals the save-results queue's server ignores (see :func:`warm_save_results_queue`)."""
+
+
+def ignore_stop_signals() -> None:
+    """Initializer of the save-results queue's server process: a stop signal sent to the whole
+    process group is for the training processes, which then save through this server; it ends
+    when they shut it down (or with SIGKILL, like the rest of the group)."""
+    import signal
+
+    for name in STOP_SIGNALS_OF_SERVERS:
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
+def _start_results_queue():
+    """Megatron-Core's save-results queue, created here with a server that survives stop
+    signals (its own ``_get_write_results_queue`` spawns one that SIGTERM or SIGUSR1 to the
+    process group kills, after which the save that the signal asked for fails with
+    ConnectionRefusedError)."""
+    import multiprocessing
+    from multiprocessing.managers import SyncManager
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
+        manager.start(initializer=ignore_stop_signals)
+        filesystem_async._results_queue = manager.Queue()  # the proxy keeps the manager alive
+    return filesystem_async._results_queue
+
+
 def warm_save_results_queue() -> threading.Thread:
     """Start Megatron-Core's save-results queue in a thread; join it before the first save.
 
     Megatron-Core 0.16.1 (``strategies/filesystem_async._get_write_results_queue``) hands every
     save's write results back through a ``Manager().Queue()`` whose server it spawns at the first
-    save; that server imports torch when it unpickles the first results: 2.0 s measured on the
-    2-core machine, inside every run's first (often its only, final) save. The thread starts
-    the server and sends one torch object through it, so the import happens while training
-    goes on. A failure here is left for the save itself to meet and report."""
+    save. Two problems, both fixed by creating that queue here (:func:`_start_results_queue`):
+    the server imports torch when it unpickles the first results (2.0 s measured on the 2-core
+    machine, inside every run's first, often only, save), and a stop signal sent to the process
+    group kills it, so the save on a stop request failed once any save had started the server.
+    The thread starts the server and sends one torch object through it, so the import happens
+    while training goes on. A failure here is left for the save itself to meet and report."""
 
     def warm() -> None:
         with contextlib.suppress(Exception):
-            from megatron.core.dist_checkpointing.strategies import filesystem_async
             from torch.distributed.checkpoint.metadata import MetadataIndex
             from torch.distributed.checkpoint.storage import WriteResult
 
-            queue = filesystem_async._get_write_results_queue()
+            queue = _start_results_queue()
             queue.put({-1: [WriteResult(index=MetadataIndex("warm-up"), size_in_bytes=0,
                                         storage_data=None)]})
             queue.get()
@@ -350,13 +382,15 @@ def _probe_cuda_calls() -> bool:
 
 
 def _probe_results_queue() -> bool:
-    """Save results still come back through a queue of a spawned Manager, created lazily."""
+    """Save results still come back through a queue of a spawned Manager, created lazily,
+    whose server keeps the default signal handlers."""
     import inspect
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     source = inspect.getsource(filesystem_async._get_write_results_queue)
-    return filesystem_async._results_queue is None and "Manager()" in source
+    return filesystem_async._results_queue is None and "Manager()" in source \
+        and "initializer" not in source
 
 
 def _probe_adam_step() -> bool:
@@ -402,7 +436,8 @@ SHIMS = (
          "distributed-optimizer load"),
     Shim("save-results queue warm-up", "megatron-core", "0.16.1", _applied_by_caller, None,
          _probe_results_queue, "warm_save_results_queue, started by MegatronCheckpointIO: the "
-         "first save's results queue server imports torch (2 s) on the save's critical path"),
+         "first save's results queue server imports torch (2 s) on the save's critical path, "
+         "and dies of a stop signal sent to the process group"),
 )
 """Every patch of a library internal (see the module docstring)."""
 
