@@ -64,10 +64,14 @@ class Precision(str, Enum):
     layer, attention core, norms and loss stay bf16. Needs a GPU with FP8 and engine=megatron."""
 
 
+def is_fp8(precision) -> bool:
+    """Whether ``precision`` (a Precision or its string) is fp8."""
+    return getattr(precision, "value", precision) == "fp8"
+
+
 def compute_precision(precision) -> str:
     """The dtype of weights and activations outside FP8 GEMMs: bf16 for fp8, else ``precision``."""
-    value = getattr(precision, "value", precision)
-    return "bf16" if value == "fp8" else value
+    return "bf16" if is_fp8(precision) else getattr(precision, "value", precision)
 
 
 class Fp8Recipe(str, Enum):

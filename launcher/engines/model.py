@@ -31,6 +31,7 @@ from launcher.config import (
     Recompute,
     TrainerConfig,
     compute_precision,
+    is_fp8,
 )
 from launcher.plan.memory import loss_kernel
 from launcher.plan.params import padded_vocab_size
@@ -108,7 +109,7 @@ def fp8_unavailable(trainer: TrainerConfig, *, gpu: bool, te: bool,
     """Why this process cannot run ``trainer.precision=fp8`` (empty when it can, or when the
     precision is not fp8): no GPU, no Transformer Engine, a GPU older than the recipe needs
     (``capability``: the GPU's (major, minor), read from CUDA when None)."""
-    if Precision(trainer.precision) != Precision.fp8:
+    if not is_fp8(trainer.precision):
         return []
     if not gpu:
         return ["trainer.precision=fp8 needs a CUDA GPU with FP8 tensor cores and none is "
@@ -236,7 +237,7 @@ def fp8_fields(trainer: TrainerConfig, model: ModelConfig) -> dict:
     the bf16 end layers; a MoE pads each expert's tokens to TE's alignment. Megatron-Core's
     transformer block then enters TE's FP8 autocast itself (per layer, or around the block for
     the delayed recipe; megatron-core 0.16 ``fp8_utils.get_fp8_context``)."""
-    if Precision(trainer.precision) != Precision.fp8:
+    if not is_fp8(trainer.precision):
         return {}
     f = trainer.fp8
     fields = dict(
@@ -318,7 +319,7 @@ def transformer_config(model: ModelConfig, parallelism: ParallelismConfig, train
         if use_transformer_engine()
         else AttnBackend.local,
         **_arch_fields(model),
-        **_moe_fields(model, parallelism, fp8=trainer.precision == Precision.fp8),
+        **_moe_fields(model, parallelism, fp8=is_fp8(trainer.precision)),
         **fp8_fields(trainer, model),
         **_parallel_fields(parallelism, dtype),
         **_recompute_fields(Recompute(trainer.activation_recompute)),

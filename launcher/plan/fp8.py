@@ -10,10 +10,10 @@ model in bf16 (Megatron-Core's ``first_last_layers_bf16``).
 
 from __future__ import annotations
 
-from launcher.config import TrainwrightConfig
+from launcher.config import TrainwrightConfig, is_fp8
 from launcher.plan.dims import ParallelDims
 from launcher.plan.hardware import DEVICES, Device
-from launcher.plan.params import Dims, LayerParams
+from launcher.plan.params import Dims, layer_params, model_dims
 from launcher.plan.problems import Problem
 
 ALIGN = {"mxfp8": 32}
@@ -34,7 +34,7 @@ output, backward output gradient and input gradient (TE's ``fp8_meta``)."""
 
 
 def fp8_on(cfg: TrainwrightConfig) -> bool:
-    return getattr(cfg.trainer.precision, "value", cfg.trainer.precision) == "fp8"
+    return is_fp8(cfg.trainer.precision)
 
 
 def _value(enum_or_str) -> str:
@@ -53,6 +53,8 @@ def layers_in_fp8(cfg: TrainwrightConfig) -> list[bool]:
 def stage_fp8_layers(cfg: TrainwrightConfig, stage_layers) -> list[int]:
     """FP8 layers of every pipeline stage (``stage_layers``: layers per stage, first to last;
     virtual stages ignored, which moves bf16 end layers between stages at most)."""
+    if not fp8_on(cfg):
+        return [0] * len(stage_layers)
     flags, out, start = layers_in_fp8(cfg), [], 0
     for count in stage_layers:
         out.append(sum(flags[start:start + count]))
@@ -72,29 +74,30 @@ def describe(cfg: TrainwrightConfig) -> str:
             "bf16: embedding, output layer, attention core, norms, loss")
 
 
-def extra_state_bytes(cfg: TrainwrightConfig, layer: LayerParams, fp8_layers: int,
-                      gemms_per_layer: int) -> float:
+def extra_state_bytes(cfg: TrainwrightConfig, d: Dims, dims: ParallelDims,
+                      fp8_layers: int) -> float:
     """Bytes TE keeps on one GPU for ``fp8_layers`` FP8 layers: weight copies (see
-    WEIGHT_COPY_BYTES) and the scaling state (amax history of the delayed recipe)."""
+    WEIGHT_COPY_BYTES) and the scaling state (amax history of the delayed recipe) of each
+    linear layer (QKV and projection, and two per local expert or the dense MLP)."""
     if not fp8_layers:
         return 0.0
-    f = cfg.trainer.fp8
+    f, layer = cfg.trainer.fp8, layer_params(d, dims.tp, dims.ep)
     copies = 0 if f.param_gather else WEIGHT_COPY_BYTES * (layer.attention + layer.mlp
                                                            + layer.experts)
+    gemms = 2 + 2 * (d.experts // dims.ep if d.experts else 1)
     history = f.amax_history_len if _value(f.recipe) == "delayed" else 1
-    scaling = gemms_per_layer * SCALING_VALUES_PER_GEMM * max(history, 1) * 4
+    scaling = gemms * SCALING_VALUES_PER_GEMM * max(history, 1) * 4
     return fp8_layers * (copies + scaling)
 
 
-def problems(cfg: TrainwrightConfig, dims: ParallelDims, device: Device | None,
-             d: Dims) -> list[Problem]:
+def problems(cfg: TrainwrightConfig, dims: ParallelDims, device: Device | None) -> list[Problem]:
     """Every reason this machine and config cannot train in FP8, each with its fix."""
     if not fp8_on(cfg):
         return []
     out = _setting_problems(cfg, dims)
     if device is not None:
         out += _device_problems(cfg, device)
-    return out + _shape_problems(cfg, dims, d)
+    return out + _shape_problems(cfg, dims, model_dims(cfg.model, dims.tp))
 
 
 def _device_problems(cfg: TrainwrightConfig, device: Device) -> list[Problem]:

@@ -20,8 +20,8 @@ from launcher.plan.flops import train_flops_per_token
 from launcher.plan.hardware import Device, resolve_device
 from launcher.plan.memory import (ActivationSettings, in_flight_microbatches, loss_kernel,
                                   stage_activation_bytes, state_bytes_per_param)
-from launcher.plan.params import (ParamCounts, StageParams, count_parameters, layer_params,
-                                  model_dims, stage_params)
+from launcher.plan.params import (ParamCounts, StageParams, count_parameters, model_dims,
+                                  stage_params)
 from launcher.plan.step_time import StepTime
 from launcher.plan.timing import peak_flops, predict_step
 from launcher.plan.validate import (Problem, check_batch, check_interleaving, check_positive,
@@ -179,15 +179,13 @@ def _memory(cfg: TrainwrightConfig, dims: ParallelDims, batch: _Batch, flash: bo
                                 gpu=gpu_kernels, te=True) != "te")
     best = None
     fp8_layers = fp8.stage_fp8_layers(cfg, dims.stage_layers(m.num_layers))
-    layer = layer_params(d, dims.tp, dims.ep)
-    gemms = 2 + 2 * (d.experts // dims.ep if d.experts else 1)
     for name, index, layers in _stage_views(dims, m.num_layers):
         first, last = index == 0, index == dims.pp - 1
         sp = stage_params(m, dims, first, last, layers)
         part = {k: getattr(dense_b, k) * sp.dense + getattr(expert_b, k) * sp.expert
                 for k in ("weights", "grads", "optimizer", "cpu")}
         part["weights"] += gathered * sp.largest_layer * acts.elem_bytes  # ZeRO-3 gathers
-        part["weights"] += fp8.extra_state_bytes(cfg, layer, fp8_layers[index], gemms)
+        part["weights"] += fp8.extra_state_bytes(cfg, d, dims, fp8_layers[index])
         activations = stage_activation_bytes(
             d, acts, layers=layers, in_flight=in_flight_microbatches(dims, batch.grad_accum, index),
             first=first, last=last)
@@ -222,7 +220,7 @@ def compute_plan(cfg: TrainwrightConfig, world_size: int | None = None) -> Plan:
     except KeyError as exc:
         problems.append(Problem(("cluster.gpu",), str(exc.args[0])))
     if dims is not None:
-        problems += fp8.problems(cfg, dims, device, model_dims(cfg.model, dims.tp))
+        problems += fp8.problems(cfg, dims, device)
     batch = None
     if dims is not None and dims.dp >= 1 and dims.world % dims.model_parallel == 0:
         batch_problems = check_batch(cfg, dims.dp)  # independent of the model-shape problems
@@ -402,8 +400,7 @@ def estimate_layout(cfg: TrainwrightConfig, world: int, device: Device,
     """(estimate, []) for a layout the plan's checks accept, else (None, its problems). The
     layout-independent checks (values, positive sizes) are the caller's, once."""
     dims = ParallelDims.build(cfg.parallelism, world)
-    problems = check_static(cfg, dims) + fp8.problems(cfg, dims, device,
-                                                      model_dims(cfg.model, dims.tp))
+    problems = check_static(cfg, dims) + fp8.problems(cfg, dims, device)
     if problems or dims.world % dims.model_parallel:
         return None, problems
     problems = check_batch(cfg, dims.dp)

@@ -7,6 +7,7 @@ timed step, the checkpoint IO).
 
 from __future__ import annotations
 
+from launcher.config import is_fp8
 from launcher.engines.base import EngineProblem, StateBytes, mixed_precision_bytes
 
 class DeepSpeedSpec:
@@ -38,7 +39,7 @@ class DeepSpeedSpec:
         if p.expert_parallel_size > 1:
             out.append(f"expert_parallel_size={p.expert_parallel_size}: expert gradients reduce "
                        "over the expert-data-parallel group, which only Megatron-Core's DDP knows")
-        if getattr(cfg.trainer.precision, "value", cfg.trainer.precision) == "fp8":
+        if is_fp8(cfg.trainer.precision):
             out.append("trainer.precision=fp8: Transformer Engine's FP8 autocast and scaling "
                        "state are wired into engine=megatron only")
         return out
@@ -62,7 +63,7 @@ class DeepSpeedSpec:
                 "trainer.async_save=true needs engine=megatron (Megatron-Core "
                 "dist-checkpointing); DeepSpeed saves synchronously: set "
                 "trainer.async_save=false or engine=megatron"))
-        if getattr(cfg.trainer.precision, "value", cfg.trainer.precision) == "fp8":
+        if is_fp8(cfg.trainer.precision):
             out.append(EngineProblem(
                 ("trainer.precision", "engine"),
                 "trainer.precision=fp8 needs engine=megatron (Megatron-Core's transformer block "

@@ -7,6 +7,7 @@ This ``__init__`` is the torch-free :class:`launcher.engines.base.EngineSpec` th
 
 from __future__ import annotations
 
+from launcher.config import is_fp8
 from launcher.engines.base import EngineProblem, StateBytes, mixed_precision_bytes
 
 
@@ -49,8 +50,7 @@ class MegatronSpec:
                 ("parallelism.offload_optimizer", "parallelism.offload_params", "engine"),
                 "CPU offload (parallelism.offload_optimizer/offload_params) is a DeepSpeed "
                 "feature; use engine=deepspeed or set both to false"))
-        fp8 = getattr(cfg.trainer.precision, "value", cfg.trainer.precision) == "fp8"
-        if fp8 and cfg.trainer.fp8.param_gather and p.zero_stage != 1:
+        if is_fp8(cfg.trainer.precision) and cfg.trainer.fp8.param_gather and p.zero_stage != 1:
             out.append(EngineProblem(
                 ("trainer.fp8.param_gather", "parallelism.zero_stage"),
                 "trainer.fp8.param_gather=true all-gathers FP8 weights from the distributed "

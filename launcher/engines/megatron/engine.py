@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import torch
 
 from launcher.config import (EngineConfig, ModelConfig, OptimizerConfig, ParallelismConfig,
-                             Precision, TrainerConfig, compute_precision)
+                             Precision, TrainerConfig, compute_precision, is_fp8)
 from launcher.engines.base import NonFiniteLoss, StepResult
 from launcher.runtime import collectives
 from launcher.runtime.schedule import set_lr
@@ -98,7 +98,7 @@ def _wrap_chunks(chunks: list, parallelism: ParallelismConfig, engine: EngineCon
     from megatron.core.transformer.module import Float16Module
 
     precision = Precision(compute_precision(trainer.precision))
-    fp8_gather = trainer.precision == Precision.fp8 and trainer.fp8.param_gather
+    fp8_gather = is_fp8(trainer.precision) and trainer.fp8.param_gather
     config = ddp_config(parallelism, engine, fp8_param_gather=fp8_gather)
     wrapped = []
     for index, chunk in enumerate(chunks):
