@@ -18,7 +18,8 @@ import threading
 from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 from data_prep.blocks import Block
-from data_prep.worker import PartResult, block_parts, init_worker, parse_part, tokenize_into
+from data_prep.tokenizer_spec import build_encoder
+from data_prep.worker import PartResult, block_parts, init_worker, parse_part, tokenize_into, warm_up
 from data_prep.worker_pool import WorkerPool
 
 _DONE = object()
@@ -95,10 +96,15 @@ def _in_process(blocks: Iterable[Block], skips: Dict[int, int], init_args: tuple
             stage.join(timeout=5)
 
 
-def start_pool(workers: int) -> Optional[WorkerPool]:
-    """Start ``workers`` processes now, importing their libraries while the caller goes on;
-    None for ``workers <= 1`` (work then happens in the calling process)."""
-    return WorkerPool(workers) if workers > 1 else None
+def start_pool(workers: int, info) -> Optional[WorkerPool]:
+    """None for ``workers <= 1`` (work then happens in the calling process); else ``workers``
+    processes, started once this process has imported what encoding needs and loaded the
+    encoder, so that forked workers inherit both (:func:`data_prep.worker_pool.start_method`)."""
+    if workers <= 1:
+        return None
+    warm_up()
+    build_encoder(info, parallel=False)
+    return WorkerPool(workers)
 
 
 def ordered_results(blocks: Iterable[Block], skips: Dict[int, int], pool: Optional[WorkerPool],

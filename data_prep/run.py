@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import resource
 import sys
 import threading
 import time
@@ -23,6 +22,7 @@ from data_prep.plan import RunPlan, fingerprint, make_plan
 from data_prep.progress import RunProgress
 from data_prep.spool import remove_spool, reset_spool, spool_dir
 from data_prep.stats import Stats
+from data_prep.worker_process import peak_rss_bytes
 
 RSS_BOUND_BASE, RSS_BOUND_PER_WORKER = 2 * 1024**3, 512 * 1024**2
 """The promised bound on the peak resident memory of a run's processes together."""
@@ -43,7 +43,7 @@ class InputHasher(threading.Thread):
 def memory_use(plan: RunPlan, pool) -> dict:
     """Peak resident memory of this process and of every worker (each process's own peak; their
     sum bounds the peak of the process tree), and the bound data_prep promises."""
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    own = peak_rss_bytes()
     workers = sorted(pool.peak_rss.values()) if pool is not None else []
     return {"peak_rss_bytes": own + sum(workers), "main_process_peak_rss_bytes": own,
             "worker_peak_rss_bytes": workers,
@@ -125,16 +125,17 @@ def execute(cfg) -> dict:
     """Run (or resume) and return the final manifest; raises DataPrepError subclasses. The output
     part is locked (data_prep.output_lock) from before the first write until the end."""
     started = time.perf_counter()
-    pools, lock, finished = [], None, False
+    pool, lock, finished = None, None, False
     try:
-        plan = make_plan(cfg, before_tokenizer=lambda workers: pools.append(start_pool(workers)))
+        plan = make_plan(cfg)
+        pool = start_pool(plan.workers, plan.info)  # before any thread of this process starts
         lock = lock_output(plan)
-        manifest = _execute_plan(cfg, plan, pools[0], started)
+        manifest = _execute_plan(cfg, plan, pool, started)
         finished = True
         return manifest
     finally:
-        if pools and pools[0] is not None:
-            pools[0].close(wait_for_exit=finished)
+        if pool is not None:
+            pool.close(wait_for_exit=finished)
         if lock is not None:
             lock.release()
 

@@ -18,6 +18,17 @@ from data_prep.errors import WorkerError
 
 
 def peak_rss_bytes() -> int:
+    """Peak resident memory of this process (bytes): VmHWM, the high-water mark of its current
+    address space. ``ru_maxrss`` is not used where /proc has VmHWM: Linux carries it over
+    ``exec``, so a ``python -m data_prep`` started by a large process (a test runner, a notebook)
+    reported that process's peak as its own."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -44,7 +55,9 @@ def _run_block(conn, block, skip: int, spool: str) -> None:
 
 
 def worker_main(conn) -> None:
-    """Entry point of a spawned worker (Ctrl-C is the main process's to handle)."""
+    """Entry point of a worker process (Ctrl-C is the main process's to handle; SIGTERM ends a
+    forked worker as it ends a spawned one, not through the main process's handler)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from data_prep.worker import init_worker, warm_up
 

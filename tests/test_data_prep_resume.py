@@ -119,8 +119,7 @@ def test_a_dead_worker_fails_the_run(corpus, tmp_path):
     deadline = time.time() + 30
     workers = []
     while time.time() < deadline and not workers and proc.poll() is None:
-        workers = [c for c in psutil.Process(proc.pid).children(recursive=True)
-                   if "spawn_main" in " ".join(c.cmdline())]
+        workers = psutil.Process(proc.pid).children()  # the workers (forked or spawned)
         time.sleep(0.01)
     assert workers, "no worker process seen"
     workers[0].kill()

@@ -175,7 +175,7 @@ def test_a_worker_killed_by_a_signal_fails_the_run_cleanly(long_run, tmp_path):
     out = tmp_path / "out"
     proc = _start(spec, out, 2, args)
     assert _wait_for(out, proc, _at_least(3)), "the run ended before a worker could be killed"
-    workers = [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+    workers = psutil.Process(proc.pid).children()  # the workers (forked or spawned)
     assert len(workers) == 2
     workers[0].send_signal(signal.SIGKILL)
     _, stderr = proc.communicate(timeout=60)
@@ -274,3 +274,48 @@ def test_a_worker_dead_before_it_starts_is_a_worker_error():
             pool.init(None, {}, "unused")
     finally:
         pool.close(wait_for_exit=False)
+
+
+def _signal_bits(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1], 16) for line in status if line.startswith(field + ":"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+def test_a_forked_worker_dies_of_sigterm_like_a_spawned_one():
+    """Workers are forked from the main process, whose SIGTERM handler raises KeyboardInterrupt;
+    a worker must not inherit it (Slurm's scancel signals every process of the job: a worker that
+    caught it would report an error instead of dying as spawned workers do)."""
+    from data_prep.worker_pool import WorkerPool, start_method
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        pool = WorkerPool(1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    try:
+        worker = pool.processes[0]
+        deadline = time.time() + 30  # the worker ignores SIGINT once its SIGTERM is reset
+        while not _signal_bits(worker.pid, "SigIgn") & (1 << (signal.SIGINT - 1)) and time.time() < deadline:
+            time.sleep(0.01)
+        os.kill(worker.pid, signal.SIGTERM)
+        worker.join(timeout=30)
+        assert worker.exitcode == -signal.SIGTERM, (start_method(), worker.exitcode)
+    finally:
+        pool.close(wait_for_exit=False)
+
+
+def test_the_main_process_peak_is_its_own_not_its_launchers(tmp_path):
+    """Linux carries ``ru_maxrss`` over exec: a data_prep started by a process of 600 MB (a test
+    runner, a notebook) reported 600 MB as its own peak, and the test of memory above passed or
+    failed with whatever the test runner held."""
+    ballast = b"\x01" * (600 * 1024**2)  # resident in this process when it starts data_prep
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(_lines(20, 9)))
+    out = tmp_path / "out"
+    prepare(f"input={path}", f"output={out}", "workers=1", *BYTE_ARGS)
+    memory = load(out / "manifest.json")["memory"]
+    assert len(ballast) and memory["main_process_peak_rss_bytes"] < 400 * 1024**2, memory
