@@ -15,7 +15,8 @@ from data_prep.assembler import ShardAssembler, total_stats
 from data_prep.blocks import iter_blocks
 from data_prep.data_config import data_config, write_data_config
 from data_prep.errors import BadDataError, no_documents_error
-from data_prep.manifest import file_sha256, kept_shards, load_manifest, resume_position, write_manifest
+from data_prep.input_hasher import InputHasher
+from data_prep.manifest import kept_shards, load_manifest, resume_position, write_manifest
 from data_prep.output_lock import OutputLock, lock_name
 from data_prep.pipeline import ordered_results, start_pool
 from data_prep.plan import RunPlan, fingerprint, make_plan
@@ -26,18 +27,6 @@ from data_prep.worker_process import peak_rss_bytes
 
 RSS_BOUND_BASE, RSS_BOUND_PER_WORKER = 2 * 1024**3, 512 * 1024**2
 """The promised bound on the peak resident memory of a run's processes together."""
-
-
-class InputHasher(threading.Thread):
-    """sha256 of every input file, computed beside the run (hashlib releases the GIL)."""
-
-    def __init__(self, paths: List[str]) -> None:
-        super().__init__(daemon=True)
-        self.paths, self.digests = paths, {}
-
-    def run(self) -> None:
-        for path in self.paths:
-            self.digests[path] = file_sha256(path)
 
 
 def memory_use(plan: RunPlan, pool) -> dict:
@@ -125,37 +114,38 @@ def execute(cfg) -> dict:
     """Run (or resume) and return the final manifest; raises DataPrepError subclasses. The output
     part is locked (data_prep.output_lock) from before the first write until the end."""
     started = time.perf_counter()
-    pool, lock, finished = None, None, False
+    pool, lock, finished, hashers = None, None, False, []
     try:
-        plan = make_plan(cfg)
+        plan = make_plan(cfg, on_inputs=lambda files: hashers.append(
+            InputHasher([f.path for f in files]).start()))
         pool = start_pool(plan.workers, plan.info)  # before any thread of this process starts
         lock = lock_output(plan)
-        manifest = _execute_plan(cfg, plan, pool, started)
+        manifest = _execute_plan(cfg, plan, pool, hashers[0], started)
         finished = True
         return manifest
     finally:
+        for hasher in hashers:
+            hasher.stop()
         if pool is not None:
             pool.close(wait_for_exit=finished)
         if lock is not None:
             lock.release()
 
 
-def _execute_plan(cfg, plan: RunPlan, pool, started: float) -> dict:
+def _execute_plan(cfg, plan: RunPlan, pool, hasher: InputHasher, started: float) -> dict:
     os.makedirs(plan.out_dir, exist_ok=True)
     previous = load_manifest(plan.manifest_path)
     kept = kept_shards(plan.out_dir, plan.stem, previous, fingerprint(plan, cfg), cfg.overwrite)
     if previous and previous.get("complete") and len(kept) == len(previous.get("shards", [])):
         finish_outputs(plan, cfg, previous)
         return previous
-    hasher = InputHasher([f.path for f in plan.files])
-    hasher.start()
     kept_bytes = sum(Stats.from_dict(e["stats"]).input_bytes for e in kept)
     with RunProgress(sum(f.size for f in plan.files), kept_bytes, cfg.progress) as progress:
         entries, trailing = _tokenize_all(plan, cfg, kept, progress, started, pool)
-    hasher.join()
+    digests = hasher.result()
     if not entries and plan.num_tasks == 1:  # a shard is only started by a document
         raise no_documents_error([f.path for f in plan.files], trailing.counts)
     manifest = build_manifest(plan, cfg, entries, trailing, True, time.perf_counter() - started,
-                              hasher.digests, memory_use(plan, pool))
+                              digests, memory_use(plan, pool))
     finish_outputs(plan, cfg, manifest)
     return manifest

@@ -10,7 +10,7 @@ import time
 
 import psutil
 import pytest
-from data_prep_fixtures import PYTHON, REPO, load, prepare, shard_bytes, stdlib_documents, write_jsonl
+from data_prep_fixtures import PYTHON, REPO, load, prepare, shard_bytes, stdlib_documents, worker_processes, write_jsonl
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("data_prep_resume")]
@@ -119,7 +119,7 @@ def test_a_dead_worker_fails_the_run(corpus, tmp_path):
     deadline = time.time() + 30
     workers = []
     while time.time() < deadline and not workers and proc.poll() is None:
-        workers = psutil.Process(proc.pid).children()  # the workers (forked or spawned)
+        workers = worker_processes(proc.pid)
         time.sleep(0.01)
     assert workers, "no worker process seen"
     workers[0].kill()

@@ -18,7 +18,7 @@ import numpy as np
 import psutil
 import pytest
 import zstandard
-from data_prep_fixtures import PYTHON, REPO, load, prepare, read_documents, shard_bytes, stdlib_documents
+from data_prep_fixtures import PYTHON, REPO, load, prepare, read_documents, shard_bytes, stdlib_documents, worker_processes
 
 from data_prep.crc import crc32_combine
 from data_prep.manifest import shard_problem
@@ -175,7 +175,7 @@ def test_a_worker_killed_by_a_signal_fails_the_run_cleanly(long_run, tmp_path):
     out = tmp_path / "out"
     proc = _start(spec, out, 2, args)
     assert _wait_for(out, proc, _at_least(3)), "the run ended before a worker could be killed"
-    workers = psutil.Process(proc.pid).children()  # the workers (forked or spawned)
+    workers = worker_processes(proc.pid)
     assert len(workers) == 2
     workers[0].send_signal(signal.SIGKILL)
     _, stderr = proc.communicate(timeout=60)
@@ -319,3 +319,27 @@ def test_the_main_process_peak_is_its_own_not_its_launchers(tmp_path):
     prepare(f"input={path}", f"output={out}", "workers=1", *BYTE_ARGS)
     memory = load(out / "manifest.json")["memory"]
     assert len(ballast) and memory["main_process_peak_rss_bytes"] < 400 * 1024**2, memory
+
+
+def test_the_input_hasher_process_gives_each_file_its_sha256_or_a_clear_error(tmp_path):
+    import hashlib
+
+    from data_prep.errors import WorkerError
+    from data_prep.input_hasher import InputHasher
+
+    paths = []
+    for size in (0, 5, (1 << 22) + 17):  # empty, small, over one read chunk
+        path = tmp_path / f"f{size}"
+        path.write_bytes(random.Random(size).randbytes(size))
+        paths.append(str(path))
+    hasher = InputHasher(paths).start()
+    assert hasher.result() == {p: hashlib.sha256(open(p, "rb").read()).hexdigest() for p in paths}
+    hasher.stop()
+    InputHasher(paths).stop()  # never started: nothing to end
+    with pytest.raises(WorkerError, match="hashing the inputs failed: FileNotFoundError"):
+        InputHasher([str(tmp_path / "gone")]).start().result()
+    killed = InputHasher(paths * 200)
+    killed.start()
+    os.kill(killed._process.pid, signal.SIGKILL)
+    with pytest.raises(WorkerError, match="process hashing the inputs died"):
+        killed.result()

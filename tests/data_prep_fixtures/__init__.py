@@ -117,3 +117,20 @@ def load(path: pathlib.Path) -> Dict:
 def shard_bytes(out_dir: pathlib.Path) -> Dict[str, bytes]:
     """File name -> contents of every .bin/.idx in ``out_dir``."""
     return {p.name: p.read_bytes() for p in sorted(out_dir.iterdir()) if p.suffix in (".bin", ".idx")}
+
+
+def worker_processes(pid: int) -> list:
+    """The worker processes of the data_prep run ``pid`` (psutil processes), found by the name
+    they give themselves (data_prep.worker_process.WORKER_NAME)."""
+    import psutil
+
+    from data_prep.worker_process import WORKER_NAME
+
+    found = []
+    for child in psutil.Process(pid).children():
+        try:
+            if child.name() == WORKER_NAME:
+                found.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return found
