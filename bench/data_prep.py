@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import pathlib
 import shutil
+import statistics
 import subprocess
 import sys
 import sysconfig
@@ -248,6 +249,25 @@ def report(work: pathlib.Path, args) -> None:
     for name, runs in rows.items():
         if "data_prep" in name:
             print(f"{name}: runs " + ", ".join(f"{r['seconds']:.2f}" for r in runs) + " s")
+    paired_shares(rows)
+
+
+def _spread(values: list) -> str:
+    return f"median {statistics.median(values):.1%} (min {min(values):.1%}, max {max(values):.1%})"
+
+
+def paired_shares(rows: dict) -> None:
+    """Each row against the limit and against workers=1 measured in the same round: on a shared
+    machine whose speed drifts, ratios of neighbours vary far less than best-of times."""
+    limits, singles = rows["bare gigatoken (limit)"], rows["data_prep workers=1"]
+    print("paired by round (each run against the bare limit and workers=1 of its own round):")
+    for name, runs in rows.items():
+        if not name.startswith(("data_prep", "previous")) or len(runs) != len(limits):
+            continue
+        shares = [limit["seconds"] / run["seconds"] for run, limit in zip(runs, limits)]
+        speedups = [single["seconds"] / run["seconds"] for run, single in zip(runs, singles)]
+        print(f"  {name:38} vs limit {_spread(shares)}; vs w=1 median "
+              f"{statistics.median(speedups):.2f}x (min {min(speedups):.2f}x, max {max(speedups):.2f}x)")
 
 
 if __name__ == "__main__":
