@@ -17,13 +17,15 @@ LINE_FORMATS = ("jsonl", "text_lines")
 class ShardAssembler:
     """Appends results to the open shard and commits it once it reaches the size limit.
 
-    ``on_commit(entries)`` runs after every commit (it rewrites the manifest). Shards close only
+    ``on_commit(entries)`` runs after every commit (it rewrites the manifest). ``placer`` (the
+    worker pool) writes the ids of parts that arrive without them (:mod:`data_prep.held_parts`). Shards close only
     at part boundaries (a block is one part unless it is a large compressed one), so a resumed run
     restarts at the part after the last committed shard.
     """
 
     def __init__(self, out_dir: str, stem: str, dtype, limits: tuple, examples: int,
-                 kept: List[dict], resume: tuple, on_commit: Callable[[List[dict]], None]) -> None:
+                 kept: List[dict], resume: tuple, on_commit: Callable[[List[dict]], None],
+                 placer=None) -> None:
         self.out_dir, self.stem, self.dtype = out_dir, stem, dtype
         self.shard_tokens, self.shard_bytes = limits
         self.examples_limit = examples
@@ -32,6 +34,7 @@ class ShardAssembler:
         self.lines: Dict[int, int] = {last_file: last_lines} if last_file >= 0 else {}
         self.last_file = last_file
         self.on_commit = on_commit
+        self.placer = placer
         self.writer: Optional[ShardWriter] = None
         self.shard_stats = Stats()
         self.first_block = self.next_block
@@ -58,9 +61,11 @@ class ShardAssembler:
         if len(result.lengths):
             if self.writer is None:
                 prefix = f"{self.stem}_{len(self.entries):05d}"
-                self.writer = ShardWriter(self.out_dir, prefix, self.dtype)
+                settle = self.placer.settle if self.placer is not None else (lambda path: None)
+                self.writer = ShardWriter(self.out_dir, prefix, self.dtype, settle)
             if result.tokens is None:
-                self.writer.add_file(result.spool, result.token_count, result.crc32, result.lengths)
+                self.writer.add_placed(result.token_count, result.crc32, result.lengths,
+                                       lambda path, offset: self.placer.place(result, path, offset))
             else:
                 self.writer.add(result.tokens, result.lengths)
         self.shard_stats.merge(stats, self.examples_limit)

@@ -3,7 +3,8 @@
 Results come back in block and part order whatever the number of workers, which is what makes
 the output byte-identical for 1 or N workers.
 
-* ``workers >= 2``: :class:`~data_prep.worker_pool.WorkerPool`; token ids arrive in spool files.
+* ``workers >= 2``: :class:`~data_prep.worker_pool.WorkerPool`; the workers write the token ids
+  into the shards themselves, where the shard writer places them (:mod:`data_prep.held_parts`).
 * ``workers == 1``: this process does the work in three stages, each a thread, joined by short
   queues: a reader thread reads and parses, a tokenizer thread encodes with the tokenizer's own
   threads (gigatoken's ``parallel=True``; the tokenizers release the GIL) and places EOD/BOS, and
@@ -108,10 +109,10 @@ def start_pool(workers: int, info) -> Optional[WorkerPool]:
 
 
 def ordered_results(blocks: Iterable[Block], skips: Dict[int, int], pool: Optional[WorkerPool],
-                    init_args: tuple, spool: str) -> Iterator[Tuple[Block, PartResult]]:
+                    init_args: tuple) -> Iterator[Tuple[Block, PartResult]]:
     """(block, part) pairs in order; without a pool the work happens in this process.
     ``skips``: block index -> parts to skip (a resumed run); ``init_args``: (info, settings)."""
     if pool is None:
         return _in_process(blocks, skips, init_args)
-    pool.init(*init_args, spool)
+    pool.init(*init_args)
     return pool.ordered_parts(blocks, skips)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import threading
 import time
@@ -21,7 +22,6 @@ from data_prep.output_lock import OutputLock, lock_name
 from data_prep.pipeline import ordered_results, start_pool
 from data_prep.plan import RunPlan, fingerprint, make_plan
 from data_prep.progress import RunProgress
-from data_prep.spool import remove_spool, reset_spool, spool_dir
 from data_prep.stats import Stats
 from data_prep.worker_process import peak_rss_bytes
 
@@ -81,23 +81,25 @@ def _tokenize_all(plan: RunPlan, cfg, kept: List[dict], progress: RunProgress, s
 
     resume = resume_position(kept)
     assembler = ShardAssembler(plan.out_dir, plan.stem, plan.dtype, (cfg.shard_tokens, cfg.shard_bytes),
-                               cfg.examples_per_reason, kept, resume, on_commit)
+                               cfg.examples_per_reason, kept, resume, on_commit, placer=pool)
     blocks = (b for b in iter_blocks(plan.files, cfg.text_key, str(getattr(cfg.text_unit, "value", cfg.text_unit)),
                                      cfg.block_bytes) if b.index >= resume[0])
-    spool = spool_dir(plan.out_dir, plan.stem)
-    if pool is not None:
-        reset_spool(spool)
+    remove_legacy_spool(plan.out_dir, plan.stem)
     try:
         for block, result in ordered_results(blocks, {resume[0]: resume[1]}, pool,
-                                             (plan.info, plan.settings), spool):
+                                             (plan.info, plan.settings)):
             progress.advance(assembler.consume(block, result))
         trailing = assembler.finish()
     except BaseException:
         assembler.abort()
         raise
-    finally:
-        remove_spool(spool)
     return assembler.entries, trailing
+
+
+def remove_legacy_spool(out_dir: str, stem: str) -> None:
+    """Drop the token spool directory that data_prep versions before direct writes used; a run of
+    one of them killed on this output left it behind."""
+    shutil.rmtree(os.path.join(out_dir, f".data_prep-spool-{stem}"), ignore_errors=True)
 
 
 def lock_output(plan: RunPlan) -> OutputLock:

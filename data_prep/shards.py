@@ -11,12 +11,11 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 import numpy as np
 
 from data_prep.crc import crc32_combine
-from data_prep.spool import append_file
 from launcher.atomic import fsync_dir
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
@@ -40,14 +39,17 @@ def index_bytes(lengths: np.ndarray, dtype) -> bytes:
 
 
 class ShardWriter:
-    """One shard being written: ids stream to ``<prefix>.bin.tmp`` (from memory, or from a worker's
-    spool file without passing through this process); lengths stay in memory."""
+    """One shard being written: ids go to ``<prefix>.bin.tmp``, written by this process (from
+    memory) or by the worker process that made them, at the offset :meth:`add_placed` gives it;
+    lengths stay in memory. ``settle(path)`` waits until the workers' writes to ``path`` are done."""
 
-    def __init__(self, out_dir: str, prefix: str, dtype) -> None:
+    def __init__(self, out_dir: str, prefix: str, dtype, settle: Callable[[str], None] = lambda path: None) -> None:
         self.out_dir, self.prefix, self.dtype = out_dir, prefix, np.dtype(dtype)
         self.bin_path = os.path.join(out_dir, prefix + ".bin")
         self.idx_path = os.path.join(out_dir, prefix + ".idx")
-        self._handle = open(self.bin_path + TMP_SUFFIX, "wb", buffering=0)
+        self.tmp_path = self.bin_path + TMP_SUFFIX
+        self._handle = open(self.tmp_path, "wb", buffering=0)
+        self._settle = settle
         self._crc = 0
         self._lengths: List[np.ndarray] = []
         self.tokens = 0
@@ -64,11 +66,13 @@ class ShardWriter:
             data = data[self._handle.write(data):]
         self._counted(len(tokens), lengths)
 
-    def add_file(self, path: str, token_count: int, crc32: int, lengths: np.ndarray) -> None:
-        """Append the ids in ``path`` (``token_count`` of them, CRC-32 ``crc32``) and delete it."""
+    def add_placed(self, token_count: int, crc32: int, lengths: np.ndarray,
+                   place: Callable[[str, int], None]) -> None:
+        """Count ids (``token_count``, CRC-32 ``crc32``) that ``place(path, offset)`` has another
+        process write at the shard's current end."""
         nbytes = token_count * self.dtype.itemsize
-        append_file(path, nbytes, self._handle.fileno())
-        os.unlink(path)
+        if nbytes:
+            place(self.tmp_path, self.bin_bytes)
         self._crc = crc32_combine(self._crc, crc32, nbytes)
         self._counted(token_count, lengths)
 
@@ -79,6 +83,7 @@ class ShardWriter:
 
     def commit(self) -> Dict[str, object]:
         """Make the shard final; returns its manifest fields (sizes and CRC-32 of both files)."""
+        self._settle(self.tmp_path)
         os.fsync(self._handle.fileno())
         self._handle.close()
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int32)

@@ -46,13 +46,11 @@ class PartResult:
     input_bytes: int = 0
     text_bytes: int = 0
     tokens: Optional[np.ndarray] = None
-    """All ids of the part's documents in the shard dtype (main process), or None when they were
-    written to ``spool`` (worker process)."""
-    spool: str = ""
-    """File holding the ids (worker process); the shard writer moves them into the shard."""
+    """All ids of the part's documents in the shard dtype (main process), or None when the worker
+    process that made them holds them until it writes them into the shard (data_prep.held_parts)."""
     token_count: int = 0
     crc32: int = 0
-    """CRC-32 of the spool file's bytes."""
+    """CRC-32 of the ids' bytes (worker process)."""
     peak_rss: int = 0
     """Peak resident memory of the process that made this part (bytes)."""
 

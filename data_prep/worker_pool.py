@@ -1,9 +1,10 @@
 """Worker processes that read, parse and tokenize blocks on their own; the main process hands out
 block descriptions (file, offsets) and takes back part descriptions, in block order.
 
-No bulk data crosses a pipe: workers read their input ranges themselves and leave token ids in
-spool files (:mod:`data_prep.spool`). At most ``window`` blocks are out at once (each worker holds
-one part in memory at a time), so memory does not grow with the corpus. A worker that raises ends
+No bulk data crosses a pipe and the main process copies no ids: workers read their input ranges
+themselves, report each part's token count, and write its ids into the shard where the main process
+places them (:mod:`data_prep.held_parts`). At most ``window`` blocks are out at once and a worker
+holds a bounded amount of ids, so memory does not grow with the corpus. A worker that raises ends
 the run with its exception; one that dies (a signal, the out-of-memory killer) with WorkerError.
 """
 
@@ -63,16 +64,35 @@ class WorkerPool:
             self.processes.append(process)
         self.peak_rss: Dict[int, int] = {}
         """Worker pid -> the largest peak resident memory it reported (bytes)."""
+        self.queued: List[deque] = [deque() for _ in range(size)]
+        """Per worker: the blocks sent to it and not yet finished, in order."""
+        self.arrived: Dict[int, deque] = defaultdict(deque)
+        """Block index -> parts received and not yet yielded."""
+        self.holder: Dict[Tuple[int, int], int] = {}
+        """(block index, part) -> the worker holding its ids, until they are placed."""
+        self.unplaced: Dict[str, int] = defaultdict(int)
+        """Shard file -> place orders sent and not yet answered."""
 
-    def init(self, info, settings: dict, spool: str) -> None:
+    def init(self, info, settings: dict) -> None:
         for worker in range(self.size):  # a worker dead before it starts is a WorkerError too
-            self._send(worker, ("init", info, settings, spool), deque())
+            self._send(worker, ("init", info, settings), deque())
+
+    def place(self, result: PartResult, path: str, offset: int) -> None:
+        """Have the worker holding ``result``'s ids write them at ``offset`` of ``path``."""
+        worker = self.holder.pop((result.index, result.part))
+        self._send(worker, ("place", result.index, result.part, path, offset), self.queued[worker])
+        self.unplaced[path] += 1
+
+    def settle(self, path: str) -> None:
+        """Wait until every id placed in ``path`` is written there."""
+        while self.unplaced.get(path):
+            self._receive()
+        self.unplaced.pop(path, None)
 
     def ordered_parts(self, blocks: Iterable[Block], skips: Dict[int, int]) -> Iterator[Tuple[Block, PartResult]]:
         """(block, part) in block and part order; ``skips``: block index -> parts to skip."""
-        source, queued = iter(blocks), [deque() for _ in self.conns]
+        source, queued, arrived = iter(blocks), self.queued, self.arrived
         out: deque = deque()  # blocks handed out and not yet fully yielded, in order
-        arrived: Dict[int, deque] = defaultdict(deque)
         exhausted = False
         while True:
             while not exhausted and len(out) < self.window:
@@ -97,10 +117,11 @@ class WorkerPool:
                     del arrived[block.index]
                 yield block, result
                 continue
-            self._receive(arrived, queued)
+            self._receive()
 
-    def _receive(self, arrived: Dict[int, deque], queued: List[deque]) -> None:
-        """Wait for messages; store parts, raise a worker's error or death."""
+    def _receive(self) -> None:
+        """Wait for messages; store parts, count writes done, raise a worker's error or death."""
+        arrived, queued = self.arrived, self.queued
         ready = wait(self.conns + [p.sentinel for p in self.processes])
         for worker, conn in enumerate(self.conns):
             while conn in ready and conn.poll():
@@ -111,9 +132,14 @@ class WorkerPool:
                     self._died(worker, queued[worker])
                 if kind == "error":
                     raise body[1]
+                if kind == "placed":
+                    self.unplaced[body[0]] -= 1
+                    continue
                 result: PartResult = body[0]
                 pid = self.processes[worker].pid
                 self.peak_rss[pid] = max(self.peak_rss.get(pid, 0), result.peak_rss)
+                if result.token_count:
+                    self.holder[(result.index, result.part)] = worker
                 arrived[result.index].append(result)
                 if result.last:
                     queued[worker].popleft()

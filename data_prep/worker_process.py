@@ -1,9 +1,10 @@
 """The body of a worker process: blocks come in on a pipe, part descriptions go out.
 
-The main process sends ``("init", info, settings, spool_dir)`` once, then ``(block, skip)`` for
-every block it gives this worker, and ``None`` to stop. For each part the worker sends
-``("part", PartResult)`` whose ids are in a spool file (:mod:`data_prep.spool`), never in the
-message; an exception is sent as ``("error", block index, exception)``.
+The main process sends ``("init", info, settings)`` once, then ``(block, skip)`` for every block
+it gives this worker, place orders for the parts it reported (:mod:`data_prep.held_parts`), and
+``None`` to stop. For each part the worker sends ``("part", PartResult)`` with the ids' count and
+CRC-32, never the ids; it writes them into the shard when told where (``("placed", path)``). An
+exception is sent as ``("error", block index, exception)``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pickle
 import resource
 import signal
 import traceback
+import zlib
 
 from data_prep.errors import WorkerError
 
@@ -59,16 +61,19 @@ def _sendable(exc: BaseException) -> BaseException:
         return WorkerError(f"a worker failed: {type(exc).__name__}: {exc}\n{text}")
 
 
-def _run_block(conn, block, skip: int, spool: str) -> None:
-    from data_prep.spool import spool_tokens
+def _run_block(conn, block, skip: int, held) -> None:
     from data_prep.worker import block_parts, parse_part, tokenize_into
 
     for number, part, last in block_parts(block, skip):
         result, texts = parse_part(block, number, part, last)
         tokenize_into(result, texts)
-        spool_tokens(result, spool)
+        tokens, result.tokens = result.tokens, None
+        result.crc32 = zlib.crc32(memoryview(tokens).cast("B"))
+        if len(tokens):
+            held.keep(result.index, result.part, tokens)
         result.peak_rss = peak_rss_bytes()
         conn.send(("part", result))
+        held.serve_pending(conn)
 
 
 def worker_main(conn) -> None:
@@ -77,20 +82,20 @@ def worker_main(conn) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     name_this_process(WORKER_NAME)
+    from data_prep.held_parts import HeldParts
     from data_prep.worker import init_worker, warm_up
 
     warm_up()
     gc.freeze()  # the imports made no garbage: later collections, and the one at exit, skip them
-    spool, index = "", -1
+    held, index = HeldParts(), -1
     try:
-        while (message := conn.recv()) is not None:
+        while (message := held.next_message(conn)) is not None:
             if message[0] == "init":
                 init_worker(message[1], message[2])
-                spool = message[3]
                 continue
             block, skip = message
             index = block.index
-            _run_block(conn, block, skip, spool)
+            _run_block(conn, block, skip, held)
     except (EOFError, BrokenPipeError):
         return  # the main process is gone
     except BaseException as exc:

@@ -70,7 +70,7 @@ def test_one_two_and_three_workers_write_the_same_bytes(straddling, tmp_path):
         out = tmp_path / f"w{workers}"
         prepare(spec, f"output={out}", f"workers={workers}", *BYTE_ARGS)
         outputs[workers] = (shard_bytes(out), load(out / "manifest.json"))
-        assert not list(out.glob(".data_prep-spool-*")), "the token spool is removed at the end"
+        assert not list(out.glob("*.tmp")), "no temporary shard is left"
     assert _texts(tmp_path / "w1") == texts  # no line lost, doubled or cut at a boundary
     one, manifest = outputs[1]
     assert len(one) >= 10 and manifest["totals"]["repaired"]["crlf_line_ending"] == 28
@@ -271,7 +271,7 @@ def test_a_worker_dead_before_it_starts_is_a_worker_error():
         victim.join(timeout=30)
         with pytest.raises(WorkerError, match=rf"worker process died \(pid {victim.pid}, killed "
                                               r"by signal SIGKILL"):
-            pool.init(None, {}, "unused")
+            pool.init(None, {})
     finally:
         pool.close(wait_for_exit=False)
 
@@ -343,3 +343,50 @@ def test_the_input_hasher_process_gives_each_file_its_sha256_or_a_clear_error(tm
     os.kill(killed._process.pid, signal.SIGKILL)
     with pytest.raises(WorkerError, match="process hashing the inputs died"):
         killed.result()
+
+
+def test_held_parts_are_written_where_placed_and_bound_the_memory(tmp_path):
+    """A worker writes its ids at the offsets the main process gives; over its limit it serves
+    place orders before it goes on, keeping other messages (a next block) for later, in order."""
+    import multiprocessing
+
+    from data_prep.held_parts import HeldParts
+
+    mine, theirs = multiprocessing.Pipe()
+    held = HeldParts(limit=10)
+    first, second = np.arange(4, dtype=np.int32), np.arange(100, 106, dtype=np.int32)
+    held.keep(0, 0, first)
+    held.keep(0, 1, second)
+    assert held.bytes == 40 > held.limit
+    shard = tmp_path / "s.bin.tmp"
+    shard.write_bytes(b"")
+    theirs.send(("next block", 1))
+    theirs.send(("place", 0, 1, str(shard), 16))  # the second part lands after the first
+    theirs.send(("place", 0, 0, str(shard), 0))
+    held.serve_pending(mine)  # returns only once it holds no more than its limit
+    assert held.bytes == 0 and not held.parts
+    assert [theirs.recv(), theirs.recv()] == [("placed", str(shard))] * 2
+    held.close()
+    assert np.array_equal(np.frombuffer(shard.read_bytes(), np.int32), np.concatenate([first, second]))
+    theirs.send(None)
+    assert held.next_message(mine) == ("next block", 1)
+    assert held.next_message(mine) is None
+
+
+@pytest.mark.slow
+def test_workers_that_must_wait_for_place_orders_still_write_the_same_bytes(straddling, tmp_path, monkeypatch):
+    """With a limit of one byte every worker waits for its parts to be placed after each part
+    (the case of a slow block ahead of its own): no deadlock, and the same bytes."""
+    from data_prep import held_parts
+    from data_prep.cli import main
+
+    spec, _ = straddling
+    monkeypatch.setattr(held_parts, "HELD_LIMIT_BYTES", 1)  # forked workers inherit it
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        for workers in (1, 3):
+            assert main([spec, f"output={tmp_path / f'w{workers}'}", f"workers={workers}", "progress=false",
+                         *BYTE_ARGS]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert shard_bytes(tmp_path / "w3") == shard_bytes(tmp_path / "w1")
