@@ -390,3 +390,11 @@ def test_workers_that_must_wait_for_place_orders_still_write_the_same_bytes(stra
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert shard_bytes(tmp_path / "w3") == shard_bytes(tmp_path / "w1")
+
+
+def test_a_one_process_run_encodes_on_the_tokenizer_pool_only_beyond_two_cores(monkeypatch):
+    from data_prep import pipeline
+
+    for cores, pooled in ((1, False), (2, False), (3, True), (64, True)):
+        monkeypatch.setattr(pipeline.os, "sched_getaffinity", lambda pid, n=cores: set(range(n)))
+        assert pipeline.encoder_threads() is pooled, cores
