@@ -11,7 +11,8 @@ the one least disturbed):
   in a fresh process: the limit;
 * ``python -m data_prep`` end to end as a whole process (read, parse, tokenize, write shards,
   manifest and data.yaml) for workers = 1, 2, 4, 8 and all cores: tokens/s, share of the limit,
-  speed-up over workers=1, and the peak resident memory of its processes (the manifest's sum of
+  speed-up over workers=1, tokens/s as the run's own summary says it (timed from after imports
+  and config composition), and the peak resident memory of its processes (the manifest's sum of
   every process's peak, and the largest single process);
 * the baselines: the classic pipeline (Megatron-LM ``preprocess_data.py``'s shape: Pool.imap over
   lines, one JSON line and one document at a time, tiktoken, IndexedDatasetBuilder) on one copy,
@@ -233,19 +234,21 @@ def report(work: pathlib.Path, args) -> None:
     limit_rate = limit["tokens"] / limit["seconds"]
     single = best(rows["data_prep workers=1"])
     print(f"{'measurement':40} {'tokens':>12} {'seconds':>8} {'Mtok/s':>8} {'MB/s':>7} {'vs limit':>8} "
-          f"{'vs w=1':>7} {'RSS MB all':>10} {'RSS MB max':>10}")
+          f"{'vs w=1':>7} {'summary':>8} {'RSS MB all':>10} {'RSS MB max':>10}")
     for name, runs in rows.items():
         run = best(runs)
         rate = run["tokens"] / run["seconds"]
         size = (one if "1 copy" in name else many).stat().st_size
         mb = f"{size / run['seconds'] / 1e6:7.1f}" if "data_prep" in name else f"{'':7}"
         speedup = f"{single['seconds'] / run['seconds']:6.2f}x" if name.startswith("data_prep") else f"{'':7}"
+        summary = f"{run['tokens'] / run['internal_seconds'] / 1e6:8.2f}" if run.get("internal_seconds") else f"{'':8}"
         tree = f"{run['tree_rss_mb']:10.0f}" if run.get("tree_rss_mb") else f"{'':10}"
         largest = f"{run['peak_rss_mb']:10.0f}" if "peak_rss_mb" in run else f"{'':10}"
         print(f"{name:40} {run['tokens']:>12,} {run['seconds']:>8.2f} {rate / 1e6:>8.2f} {mb} "
-              f"{rate / limit_rate:>8.1%} {speedup} {tree} {largest}")
+              f"{rate / limit_rate:>8.1%} {speedup} {summary} {tree} {largest}")
     print(f"load average after: {os.getloadavg()[0]:.2f}; all rows best of their runs; "
-          f"end-to-end backend: {single['backend']}")
+          f"end-to-end backend: {single['backend']}; summary: Mtok/s in the run's own summary "
+          "(timed from after imports and config composition to the manifest)")
     for name, runs in rows.items():
         if "data_prep" in name:
             print(f"{name}: runs " + ", ".join(f"{r['seconds']:.2f}" for r in runs) + " s")
