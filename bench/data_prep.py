@@ -172,7 +172,7 @@ def end_to_end(path: pathlib.Path, out: pathlib.Path, workers: int, tree: str = 
     tree_rss = manifest.get("memory", {}).get("peak_rss_bytes", 0) / 2**20
     return {"tokens": tokens, "seconds": float(seconds), "internal_seconds": manifest["wall_time_s"],
             "backend": manifest["tokenizer"]["backend"], "peak_rss_mb": int(peak_kb) / 1024,
-            "tree_rss_mb": tree_rss}
+            "tree_rss_mb": tree_rss, "timing": manifest.get("timing", {})}
 
 
 def _in_subprocess(function: str, *args: str) -> dict:
@@ -253,6 +253,26 @@ def report(work: pathlib.Path, args) -> None:
         if "data_prep" in name:
             print(f"{name}: runs " + ", ".join(f"{r['seconds']:.2f}" for r in runs) + " s")
     paired_shares(rows)
+    where_the_time_went(rows)
+
+
+def where_the_time_went(rows: dict) -> None:
+    """The best run of each data_prep row by phase and by kind of process (the manifest's
+    ``timing``), and the rate at which the main process would be busy all the time: what it could
+    keep up with given enough cores (it moves no bulk data, so this should be far above the rest)."""
+    print("where the time went (best run; seconds; CPU s by kind of process; main-process ceiling "
+          "= tokens / its CPU s while tokenizing):")
+    for name, runs in rows.items():
+        run = best(runs)
+        timing = run.get("timing") or {}
+        if "tokenize_s" not in timing:
+            continue
+        main = timing.get("main_tokenize_cpu_s", 0.0)
+        ceiling = f"{run['tokens'] / main / 1e6:,.0f}M tok/s" if main and timing["worker_cpu_s"] else "-"
+        print(f"  {name:38} start-up CPU {timing['startup_cpu_s']:.2f}, plan {timing.get('plan_s', 0):.2f}, "
+              f"tokenize {timing['tokenize_s']:.2f}, hash wait {timing.get('hash_wait_s', 0):.2f}; "
+              f"CPU main {main:.2f}, workers {timing['worker_cpu_s']:.2f}, hashing {timing['hash_cpu_s']:.2f} "
+              f"({timing['hash_processes']} proc); main-process ceiling {ceiling}")
 
 
 def _spread(values: list) -> str:

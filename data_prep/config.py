@@ -108,6 +108,11 @@ class PrepareConfig:
     """How many file:line examples of each skip reason the manifest and the summary keep."""
     overwrite: bool = False
     """Allow replacing an output directory that holds a different run (other inputs or settings)."""
+    hash_inputs: bool = True
+    """Record every input file's sha256 in the manifest (hashed beside the tokenizing, one process
+    per 4 workers, whole files each). false leaves ``sha256`` empty and skips that second read of
+    the inputs: a single file hashes at about 2 GB/s at most, so a corpus of one very large file on
+    a node of many cores can make the run wait for its digest."""
     progress: bool = True
     """Show a live progress bar (stderr); the final summary is printed either way."""
     split: str = "98,1,1"

@@ -81,16 +81,17 @@ def _check_numbers(cfg) -> None:
         raise ConfigError(f"workers={cfg.workers} must be >= 0 (0 = all cores)")
 
 
-def make_plan(cfg, on_inputs: Callable[[List[InputFile]], None] = lambda files: None) -> RunPlan:
+def make_plan(cfg, on_inputs: Callable[[List[InputFile], int], None] = lambda files, workers: None) -> RunPlan:
     """Validate and resolve ``cfg``: inputs, output names, worker count and tokenizer;
-    ``on_inputs(files)`` runs once the inputs are known, before the (slower) tokenizer load."""
+    ``on_inputs(files, workers)`` runs once the inputs and the worker count are known, before
+    the (slower) tokenizer load."""
     _check_numbers(cfg)
     num_tasks, task_index = task_layout(cfg.num_tasks, cfg.task_index)
     out_dir = os.path.abspath(cfg.output)
     name = default_name(out_dir, cfg.name)
     files = split_for_task(expand_inputs(list(cfg.input), _value(cfg.format), out_dir), num_tasks, task_index)
     workers = cfg.workers or auto_workers(files, cfg.block_bytes)
-    on_inputs(files)
+    on_inputs(files, workers)
     info = resolve_tokenizer(cfg.tokenizer)
     settings = {"text_key": cfg.text_key, "append_eod": bool(cfg.tokenizer.append_eod),
                 "prepend_bos": bool(cfg.tokenizer.prepend_bos),

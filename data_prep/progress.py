@@ -75,6 +75,7 @@ def summary_table(manifest: dict) -> Table:
     if memory.get("peak_rss_bytes"):
         rows.append(("peak RSS MB, all processes", f"{memory['peak_rss_bytes'] / 2**20:,.0f} "
                      f"(bound {memory['rss_bound_bytes'] / 2**20:,.0f})"))
+    rows += timing_rows(manifest.get("timing") or {})
     for reason in BAD_REASONS + NEUTRAL_REASONS:
         if totals["skipped"].get(reason):
             rows.append((f"skipped: {reason}", f"{totals['skipped'][reason]:,}"))
@@ -84,6 +85,18 @@ def summary_table(manifest: dict) -> Table:
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+def timing_rows(timing: dict) -> list:
+    """Where the time went (data_prep.run_timing): phases, then CPU seconds by kind of process."""
+    if "tokenize_s" not in timing:
+        return []
+    hashing = (f"{timing['hash_cpu_s']:.2f} in {timing['hash_processes']} process(es)"
+               if timing.get("hash_processes") else "off")
+    return [("seconds: plan, tokenize, wait for hashes",
+             f"{timing.get('plan_s', 0):.2f}, {timing['tokenize_s']:.2f}, {timing.get('hash_wait_s', 0):.2f}"),
+            ("CPU s: main process while tokenizing", f"{timing.get('main_tokenize_cpu_s', 0):.2f}"),
+            ("CPU s: workers, hashing", f"{timing.get('worker_cpu_s', 0):.2f}, {hashing}")]
 
 
 def print_summary(manifest: dict, stream=None) -> None:

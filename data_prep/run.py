@@ -16,12 +16,13 @@ from data_prep.assembler import ShardAssembler, total_stats
 from data_prep.blocks import iter_blocks
 from data_prep.data_config import data_config, write_data_config
 from data_prep.errors import BadDataError, no_documents_error
-from data_prep.input_hasher import InputHasher
+from data_prep.input_hasher import InputHasher, hasher_count
 from data_prep.manifest import kept_shards, load_manifest, resume_position, write_manifest
 from data_prep.output_lock import OutputLock, lock_name
 from data_prep.pipeline import ordered_results, start_pool
 from data_prep.plan import RunPlan, fingerprint, make_plan
 from data_prep.progress import RunProgress
+from data_prep.run_timing import RunTiming
 from data_prep.stats import Stats
 from data_prep.worker_process import peak_rss_bytes
 
@@ -40,11 +41,12 @@ def memory_use(plan: RunPlan, pool) -> dict:
 
 
 def build_manifest(plan: RunPlan, cfg, entries: List[dict], trailing: Stats, complete: bool,
-                   wall: float, digests: dict, memory: dict = None) -> dict:
+                   wall: float, digests: dict, memory: dict = None, timing: dict = None) -> dict:
     totals = total_stats(entries, trailing, cfg.examples_per_reason)
     return {"tool": "data_prep", "version": data_prep.__version__, "complete": complete,
             "name": plan.name, "task": {"index": plan.task_index, "count": plan.num_tasks},
             "wall_time_s": round(wall, 3), "workers": plan.workers, "memory": memory or {},
+            "timing": timing or {},
             "dtype": np.dtype(plan.dtype).name, "eod_id": plan.info.eod_id if cfg.tokenizer.append_eod else -1,
             "bos_id": plan.info.bos_id if cfg.tokenizer.prepend_bos else -1,
             "tokenizer": plan.info.to_dict(),
@@ -112,17 +114,26 @@ def lock_output(plan: RunPlan) -> OutputLock:
     return lock
 
 
+def start_hashing(files, workers: int, enabled: bool, hashers: list) -> None:
+    """Start the sha256 of the inputs (``hash_inputs=true``): one process per WORKERS_PER_HASHER
+    workers, each hashing whole files; appended to ``hashers``."""
+    if enabled:
+        sizes = {f.path: f.size for f in files}
+        hashers.append(InputHasher(list(sizes), hasher_count(workers, len(sizes)), sizes).start())
+
+
 def execute(cfg) -> dict:
     """Run (or resume) and return the final manifest; raises DataPrepError subclasses. The output
     part is locked (data_prep.output_lock) from before the first write until the end."""
-    started = time.perf_counter()
+    started, timing = time.perf_counter(), RunTiming()
     pool, lock, finished, hashers = None, None, False, []
     try:
-        plan = make_plan(cfg, on_inputs=lambda files: hashers.append(
-            InputHasher([f.path for f in files]).start()))
-        pool = start_pool(plan.workers, plan.info)  # before any thread of this process starts
-        lock = lock_output(plan)
-        manifest = _execute_plan(cfg, plan, pool, hashers[0], started)
+        with timing.phase("plan"):
+            plan = make_plan(cfg, on_inputs=lambda files, workers: start_hashing(
+                files, workers, cfg.hash_inputs, hashers))
+            pool = start_pool(plan.workers, plan.info)  # before any thread of this process starts
+            lock = lock_output(plan)
+        manifest = _execute_plan(cfg, plan, pool, hashers[0] if hashers else None, started, timing)
         finished = True
         return manifest
     finally:
@@ -134,20 +145,35 @@ def execute(cfg) -> dict:
             lock.release()
 
 
-def _execute_plan(cfg, plan: RunPlan, pool, hasher: InputHasher, started: float) -> dict:
-    os.makedirs(plan.out_dir, exist_ok=True)
-    previous = load_manifest(plan.manifest_path)
-    kept = kept_shards(plan.out_dir, plan.stem, previous, fingerprint(plan, cfg), cfg.overwrite)
+def _execute_plan(cfg, plan: RunPlan, pool, hasher, started: float, timing: RunTiming) -> dict:
+    with timing.phase("plan"):
+        os.makedirs(plan.out_dir, exist_ok=True)
+        previous = load_manifest(plan.manifest_path)
+        kept = kept_shards(plan.out_dir, plan.stem, previous, fingerprint(plan, cfg), cfg.overwrite)
     if previous and previous.get("complete") and len(kept) == len(previous.get("shards", [])):
         finish_outputs(plan, cfg, previous)
         return previous
     kept_bytes = sum(Stats.from_dict(e["stats"]).input_bytes for e in kept)
-    with RunProgress(sum(f.size for f in plan.files), kept_bytes, cfg.progress) as progress:
+    with RunProgress(sum(f.size for f in plan.files), kept_bytes, cfg.progress) as progress, \
+            timing.phase("tokenize"):
         entries, trailing = _tokenize_all(plan, cfg, kept, progress, started, pool)
-    digests = hasher.result()
+    digests = _wait_for_hashes(hasher, timing)
+    if pool is not None:
+        pool.close()
+        timing.workers_reaped()
     if not entries and plan.num_tasks == 1:  # a shard is only started by a document
         raise no_documents_error([f.path for f in plan.files], trailing.counts)
     manifest = build_manifest(plan, cfg, entries, trailing, True, time.perf_counter() - started,
-                              digests, memory_use(plan, pool))
+                              digests, memory_use(plan, pool), timing.to_dict())
     finish_outputs(plan, cfg, manifest)
     return manifest
+
+
+def _wait_for_hashes(hasher, timing: RunTiming) -> dict:
+    """{path: sha256} of the inputs ({} with hash_inputs=false), timing the wait for them."""
+    if hasher is None:
+        return {}
+    with timing.phase("hash_wait"):
+        digests = hasher.result()
+    timing.hashers_reaped(hasher.processes)
+    return digests

@@ -62,6 +62,7 @@ class WorkerPool:
             theirs.close()
             self.conns.append(mine)
             self.processes.append(process)
+        self.closed = False
         self.peak_rss: Dict[int, int] = {}
         """Worker pid -> the largest peak resident memory it reported (bytes)."""
         self.queued: List[deque] = [deque() for _ in range(size)]
@@ -163,7 +164,10 @@ class WorkerPool:
                           "command to resume")
 
     def close(self, wait_for_exit: bool = True) -> None:
-        """Stop the workers: ask them to stop (or terminate them), then reap them."""
+        """Stop the workers: ask them to stop (or terminate them), then reap them; once."""
+        if self.closed:
+            return
+        self.closed = True
         for conn, process in zip(self.conns, self.processes):
             try:
                 if wait_for_exit and process.is_alive():

@@ -335,9 +335,77 @@ def test_the_input_hasher_process_gives_each_file_its_sha256_or_a_clear_error(tm
         InputHasher([str(tmp_path / "gone")]).start().result()
     killed = InputHasher(paths * 200)
     killed.start()
-    os.kill(killed._process.pid, signal.SIGKILL)
+    os.kill(killed._processes[0].pid, signal.SIGKILL)
     with pytest.raises(WorkerError, match="process hashing the inputs died"):
         killed.result()
+
+
+def test_hashing_processes_share_the_files_by_bytes_and_give_every_digest(tmp_path):
+    """One sha256 runs on one core; a run of many workers hashes with one process per four
+    workers, each taking whole files, so the digests do not become what the run waits for."""
+    import hashlib
+
+    from data_prep.input_hasher import InputHasher, hasher_count, share_files
+
+    assert [hasher_count(w, 100) for w in (1, 2, 4, 5, 16, 64)] == [1, 1, 1, 2, 4, 16]
+    assert hasher_count(64, 3) == 3 and hasher_count(0, 0) == 1
+    sizes = {"a": 90, "b": 50, "c": 40, "d": 30, "e": 20, "f": 10}
+    shares = share_files(sizes, 3)
+    assert sorted(p for share in shares for p in share) == sorted(sizes)
+    assert sorted(sum(sizes[p] for p in share) for share in shares) == [70, 80, 90]
+    assert share_files({"a": 5}, 4) == [["a"]]
+    paths = {}
+    for i, size in enumerate((3, 1 << 20, 7, (1 << 22) + 1, 0)):
+        path = tmp_path / f"in{i}"
+        path.write_bytes(random.Random(i).randbytes(size))
+        paths[str(path)] = size
+    hasher = InputHasher(list(paths), processes=3, sizes=paths).start()
+    assert hasher.processes == 3
+    assert hasher.result() == {p: hashlib.sha256(open(p, "rb").read()).hexdigest() for p in paths}
+    hasher.stop()
+
+
+def _three_files(tmp_path, docs: int = 12) -> list:
+    paths = []
+    for i in range(3):
+        path = tmp_path / f"part{i}.jsonl"
+        path.write_bytes(b"".join(_lines(docs, 20 + i)))
+        paths.append(path)
+    return paths
+
+
+def test_a_run_of_eight_workers_hashes_in_two_processes_and_hash_inputs_false_skips_it(tmp_path):
+    import hashlib
+
+    paths = _three_files(tmp_path)
+    spec = "input=[" + ",".join(map(str, paths)) + "]"
+    prepare(spec, f"output={tmp_path / 'on'}", "workers=8", *BYTE_ARGS)
+    manifest = load(tmp_path / "on" / "manifest.json")
+    assert manifest["timing"]["hash_processes"] == 2
+    assert manifest["timing"]["hash_cpu_s"] > 0
+    assert [i["sha256"] for i in manifest["inputs"]] == [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths]
+    prepare(spec, f"output={tmp_path / 'off'}", "workers=8", "hash_inputs=false", *BYTE_ARGS)
+    off = load(tmp_path / "off" / "manifest.json")
+    assert [i["sha256"] for i in off["inputs"]] == ["", "", ""]
+    assert off["timing"]["hash_processes"] == 0 and "hash_wait_s" not in off["timing"]
+    assert shard_bytes(tmp_path / "off") == shard_bytes(tmp_path / "on")
+
+
+def test_the_summary_says_where_the_time_went_and_the_main_process_moves_no_bulk_data(tmp_path):
+    """With workers, the main process only orders, places and accounts: its CPU time while
+    tokenizing is a small fraction of the workers'. With one process it does all the work."""
+    spec = "input=[" + ",".join(map(str, _three_files(tmp_path, docs=60))) + "]"
+    shown = prepare(spec, f"output={tmp_path / 'w2'}", "workers=2", "tokenizer.kind=tiktoken",
+                    "tokenizer.path=cl100k_base", "block_bytes=65536").stdout
+    assert "seconds: plan, tokenize, wait for hashes" in shown and "CPU s: workers, hashing" in shown
+    timing = load(tmp_path / "w2" / "manifest.json")["timing"]
+    assert timing["tokenize_s"] > 0 and timing["plan_s"] > 0 and timing["startup_cpu_s"] > 0
+    assert timing["worker_cpu_s"] > 0.05, timing
+    assert timing["main_tokenize_cpu_s"] < timing["worker_cpu_s"] / 4, timing
+    prepare(spec, f"output={tmp_path / 'w1'}", "workers=1", "tokenizer.kind=tiktoken",
+            "tokenizer.path=cl100k_base", "block_bytes=65536")
+    alone = load(tmp_path / "w1" / "manifest.json")["timing"]
+    assert alone["worker_cpu_s"] == 0 and alone["main_tokenize_cpu_s"] > 0.05, alone
 
 
 def test_held_parts_are_written_where_placed_and_bound_the_memory(tmp_path):
