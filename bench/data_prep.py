@@ -11,9 +11,13 @@ the one least disturbed):
   in a fresh process: the limit;
 * ``python -m data_prep`` end to end as a whole process (read, parse, tokenize, write shards,
   manifest and data.yaml) for workers = 1, 2, 4, 8 and all cores: tokens/s, share of the limit,
-  speed-up over workers=1, tokens/s as the run's own summary says it (timed from after imports
-  and config composition), and the peak resident memory of its processes (the manifest's sum of
-  every process's peak, and the largest single process);
+  speed-up over workers=1 and over workers=1 confined to one core (workers=1 itself uses every
+  core through the tokenizer's threads, so the one-core row is the unit of scaling), tokens/s as
+  the run's own summary says it (timed from after imports and config composition), and the peak
+  resident memory of its processes (the manifest's sum of every process's peak, and the largest
+  single process);
+* where each best run's time went (the manifest's ``timing``): phases, CPU time by kind of
+  process, and the main process's ceiling (tokens per CPU second it spent while tokenizing);
 * the baselines: the classic pipeline (Megatron-LM ``preprocess_data.py``'s shape: Pool.imap over
   lines, one JSON line and one document at a time, tiktoken, IndexedDatasetBuilder) on one copy,
   and with ``--previous DIR`` a previous data_prep tree (e.g. ``git archive HEAD data_prep | tar -x
@@ -155,15 +159,26 @@ print(proc.returncode, seconds, peak)
 """
 
 
-def end_to_end(path: pathlib.Path, out: pathlib.Path, workers: int, tree: str = "") -> dict:
+ONE_CORE = "data_prep workers=1, one core"
+"""The row whose process tree may use one core only: the unit that worker scaling is measured
+against (workers=1 itself uses every core: a parse thread and the tokenizer's own threads)."""
+
+
+def _one_core() -> None:
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
+def end_to_end(path: pathlib.Path, out: pathlib.Path, workers: int, tree: str = "",
+               one_core: bool = False) -> dict:
     """``python -m data_prep`` (from ``tree`` when given) as a whole process, timed from launch to
-    exit; also the peak resident memory of its largest process and of all of them together."""
+    exit; also the peak resident memory of its largest process and of all of them together.
+    ``one_core``: the whole process tree runs on one core."""
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "data_prep", f"input={path}", f"output={out}", "tokenizer.kind=tiktoken",
            "tokenizer.path=cl100k_base", "progress=false", f"workers={workers}"]
     env = child_env(*([tree] if tree else []))
     proc = subprocess.run([sys.executable, "-c", TIMED_RUN, *cmd], cwd=tree or REPO, capture_output=True,
-                          text=True, env=env)
+                          text=True, env=env, preexec_fn=_one_core if one_core else None)
     code, seconds, peak_kb = proc.stdout.split()[-3:]
     if int(code) != 0:
         raise SystemExit(f"data_prep failed ({code}):\n{proc.stderr}")
@@ -211,6 +226,7 @@ def measure(work: pathlib.Path, many: pathlib.Path, one: pathlib.Path, counts: l
     rows, cores = {}, len(os.sched_getaffinity(0))
     for _ in range(args.repeat):  # interleaved, so that a busy moment hits every row alike
         rows.setdefault("bare gigatoken (limit)", []).append(_in_subprocess("bare_gigatoken", str(many)))
+        rows.setdefault(ONE_CORE, []).append(end_to_end(many, work / "out", 1, one_core=True))
         for workers in counts:
             rows.setdefault(f"data_prep workers={workers}", []).append(end_to_end(many, work / "out", workers))
         if args.previous:
@@ -232,15 +248,16 @@ def report(work: pathlib.Path, args) -> None:
     rows = measure(work, many, one, counts, args)
     limit = best(rows["bare gigatoken (limit)"])
     limit_rate = limit["tokens"] / limit["seconds"]
-    single = best(rows["data_prep workers=1"])
+    single, unit = best(rows["data_prep workers=1"]), best(rows[ONE_CORE])
     print(f"{'measurement':40} {'tokens':>12} {'seconds':>8} {'Mtok/s':>8} {'MB/s':>7} {'vs limit':>8} "
-          f"{'vs w=1':>7} {'summary':>8} {'RSS MB all':>10} {'RSS MB max':>10}")
+          f"{'vs w=1':>7} {'vs 1 core':>9} {'summary':>8} {'RSS MB all':>10} {'RSS MB max':>10}")
     for name, runs in rows.items():
         run = best(runs)
         rate = run["tokens"] / run["seconds"]
         size = (one if "1 copy" in name else many).stat().st_size
         mb = f"{size / run['seconds'] / 1e6:7.1f}" if "data_prep" in name else f"{'':7}"
         speedup = f"{single['seconds'] / run['seconds']:6.2f}x" if name.startswith("data_prep") else f"{'':7}"
+        speedup += f" {unit['seconds'] / run['seconds']:8.2f}x" if name.startswith("data_prep") else f" {'':9}"
         summary = f"{run['tokens'] / run['internal_seconds'] / 1e6:8.2f}" if run.get("internal_seconds") else f"{'':8}"
         tree = f"{run['tree_rss_mb']:10.0f}" if run.get("tree_rss_mb") else f"{'':10}"
         largest = f"{run['peak_rss_mb']:10.0f}" if "peak_rss_mb" in run else f"{'':10}"

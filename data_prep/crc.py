@@ -1,4 +1,11 @@
-"""CRC-32 of a concatenation from the CRC-32s of its parts, without reading the bytes again.
+"""CRC-32 (zlib's), fast; and the CRC-32 of a concatenation from the CRC-32s of its parts.
+
+:func:`crc32` is zlib-ng's where the ``zlib-ng`` package is installed (a declared dependency): the
+same polynomial and values as ``zlib.crc32``, computed with carry-less multiplication at ~28 GB/s
+on the 2-core machine against ~2.5 GB/s for the system zlib, whose CRC was 4-5% of a run's CPU
+time (every id is checksummed once by the worker that writes it, and every shard again on resume
+and by data_prep.inspect).
+
 
 Workers compute the CRC-32 of the token bytes they write; the main process, which only joins the
 parts' files into a shard, needs the shard's CRC-32 for the manifest. CRC-32 is linear over
@@ -9,7 +16,13 @@ matrix (the n-th power of the one-zero-byte matrix), so ``crc(a + b)`` is
 
 from __future__ import annotations
 
+import zlib
 from typing import List
+
+try:
+    from zlib_ng.zlib_ng import crc32
+except ImportError:  # pragma: no cover - zlib-ng is a declared dependency; same values, slower
+    crc32 = zlib.crc32
 
 _REFLECTED_POLY = 0xEDB88320
 _BYTE_POWERS: List[List[int]] = []

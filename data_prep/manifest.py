@@ -12,9 +12,9 @@ import hashlib
 import json
 import os
 import re
-import zlib
 from typing import List, Optional, Tuple
 
+from data_prep.crc import crc32
 from data_prep.errors import ConfigError
 from data_prep.shards import TMP_SUFFIX
 from launcher.atomic import atomic_write_bytes
@@ -70,7 +70,7 @@ def file_sha256(path: str) -> str:
 def file_crc32(path: str) -> int:
     crc = 0
     for chunk in _chunks(path):
-        crc = zlib.crc32(chunk, crc)
+        crc = crc32(chunk, crc)
     return crc
 
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import os
 import struct
-import zlib
 from typing import Callable, Dict, List
 
 import numpy as np
 
-from data_prep.crc import crc32_combine
+from data_prep.crc import crc32, crc32_combine
 from launcher.atomic import fsync_dir
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
@@ -61,7 +60,7 @@ class ShardWriter:
 
     def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
         data = memoryview(np.ascontiguousarray(tokens, dtype=self.dtype)).cast("B")
-        self._crc = zlib.crc32(data, self._crc)
+        self._crc = crc32(data, self._crc)
         while data:
             data = data[self._handle.write(data):]
         self._counted(len(tokens), lengths)
@@ -97,7 +96,7 @@ class ShardWriter:
         fsync_dir(self.out_dir)
         return {"prefix": self.prefix, "documents": self.documents, "tokens": self.tokens,
                 "bin_bytes": self.bin_bytes, "idx_bytes": len(index),
-                "bin_crc32": self._crc, "idx_crc32": zlib.crc32(index)}
+                "bin_crc32": self._crc, "idx_crc32": crc32(index)}
 
     def abandon(self) -> None:
         """Drop the temporary file (the shard had no documents)."""

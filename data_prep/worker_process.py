@@ -14,8 +14,8 @@ import pickle
 import resource
 import signal
 import traceback
-import zlib
 
+from data_prep.crc import crc32
 from data_prep.errors import WorkerError
 
 
@@ -68,7 +68,7 @@ def _run_block(conn, block, skip: int, held) -> None:
         result, texts = parse_part(block, number, part, last)
         tokenize_into(result, texts)
         tokens, result.tokens = result.tokens, None
-        result.crc32 = zlib.crc32(memoryview(tokens).cast("B"))
+        result.crc32 = crc32(memoryview(tokens).cast("B"))
         if len(tokens):
             held.keep(result.index, result.part, tokens)
         result.peak_rss = peak_rss_bytes()

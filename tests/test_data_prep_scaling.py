@@ -226,6 +226,29 @@ def test_crc32_of_a_concatenation_from_its_parts():
         assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
 
 
+def test_the_fast_crc32_is_zlib_ngs_and_gives_zlibs_values():
+    """Every id is checksummed once; the system zlib's CRC-32 was 4-5% of a run's CPU time."""
+    import zlib_ng.zlib_ng
+
+    from data_prep.crc import crc32
+
+    assert crc32 is zlib_ng.zlib_ng.crc32
+    rng = random.Random(6)
+    for size in (0, 1, 15, 4097, (1 << 22) + 3):
+        data = rng.randbytes(size)
+        assert crc32(data) == zlib.crc32(data)
+        assert crc32(memoryview(data)[size // 3:], crc32(data[: size // 3])) == zlib.crc32(data)
+
+
+def test_data_prep_keeps_numpy_from_starting_blas_threads():
+    """OpenBLAS starts a spinning thread per core when numpy is imported; data_prep does no linear
+    algebra, so its main process starts with no thread but its own."""
+    code = "import data_prep.__main__, numpy, os; print(len(os.listdir('/proc/self/task')))"
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, check=True)
+    assert out.stdout.split() == ["1"], out.stdout
+
+
 def test_zstd_frames_are_found_from_their_headers(tmp_path):
     data = b"".join(b"line %d\n" % i for i in range(50_000))
     first = zstandard.ZstdCompressor(write_checksum=True).compress(data[:100_000])
