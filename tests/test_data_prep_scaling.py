@@ -220,10 +220,15 @@ def test_peak_memory_is_reported_bounded_and_independent_of_corpus_size(tmp_path
 
 
 def test_crc32_of_a_concatenation_from_its_parts():
+    from data_prep.crc import crc32_combine_python
+
     rng = random.Random(5)
     for length_a, length_b in [(0, 0), (0, 7), (7, 0), (1, 1), (1000, 65_537), (3, 1 << 20)]:
         a, b = rng.randbytes(length_a), rng.randbytes(length_b)
-        assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+        for combine in (crc32_combine, crc32_combine_python):
+            assert combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+    for length in (1 << 23, (1 << 31) + 5, (1 << 33) + 7):  # shards of many GB
+        assert crc32_combine(0x12345678, 0x9ABCDEF0, length) == crc32_combine_python(0x12345678, 0x9ABCDEF0, length)
 
 
 def test_the_fast_crc32_is_zlib_ngs_and_gives_zlibs_values():
@@ -476,6 +481,41 @@ def test_workers_that_must_wait_for_place_orders_still_write_the_same_bytes(stra
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert shard_bytes(tmp_path / "w3") == shard_bytes(tmp_path / "w1")
+
+
+def test_the_main_process_waits_on_handles_registered_once_for_any_worker_count(straddling, tmp_path, monkeypatch):
+    """multiprocessing's wait() registers every pipe and exit sentinel anew on each call (~300 us
+    at 192 workers, several calls per part): at 64+ cores that made the main process the limit
+    again. The pool registers them once; every wait goes through that one selector."""
+    import selectors
+
+    from data_prep import worker_pool
+    from data_prep.cli import main
+
+    counts = {"register": 0, "select": 0}
+
+    class Counting(selectors.DefaultSelector):
+        def register(self, *args, **kwargs):
+            counts["register"] += 1
+            return super().register(*args, **kwargs)
+
+        def select(self, *args, **kwargs):
+            counts["select"] += 1
+            return super().select(*args, **kwargs)
+
+    monkeypatch.setattr(worker_pool.selectors, "DefaultSelector", Counting)
+    spec, _ = straddling
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        assert main([spec, f"output={tmp_path / 'w24'}", "workers=24", "progress=false", *BYTE_ARGS]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    blocks = load(tmp_path / "w24" / "manifest.json")["shards"][-1]["next_block"]
+    assert blocks > 24
+    assert counts["register"] == 2 * 24, counts  # each pipe and sentinel, once
+    assert counts["select"] > 0, counts  # the waits went through it
+    prepare(spec, f"output={tmp_path / 'w1'}", "workers=1", *BYTE_ARGS)
+    assert shard_bytes(tmp_path / "w24") == shard_bytes(tmp_path / "w1")
 
 
 def test_a_one_process_run_encodes_on_the_tokenizer_pool_only_beyond_two_cores(monkeypatch):
