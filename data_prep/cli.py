@@ -38,7 +38,7 @@ def compose(argv: Sequence[str], config_name: str = "prepare"):
     from launcher.compose import ConfigError, compose_config
 
     try:
-        return compose_config(normalize_overrides(argv), config_name=config_name)
+        return compose_config(normalize_overrides(argv), config_name=config_name, schema="data_prep.config")
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         raise SystemExit(CONFIG_ERROR_EXIT) from None

@@ -11,6 +11,7 @@ from typing import Iterator
 
 from omegaconf import DictConfig
 
+import launcher.config  # noqa: F401  (registers the schema Hydra's app composes against)
 from launcher.compose import CONF_DIR, config_errors, exit_on_config_error
 
 CONFIG_NAME = "config"
