@@ -22,7 +22,7 @@ from typing import Dict, List, Sequence
 from data_prep.errors import WorkerError
 from data_prep.manifest import file_sha256
 from data_prep.worker_pool import start_method
-from data_prep.worker_process import name_this_process
+from data_prep.worker_process import name_this_process, peak_rss_bytes
 
 HASHER_NAME = "data_prep:hash"
 """The name ps and top show for a hashing process."""
@@ -53,7 +53,8 @@ def _hash_files(paths: List[str], conn) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     name_this_process(HASHER_NAME)
     try:
-        conn.send({path: file_sha256(path) for path in paths})
+        digests = {path: file_sha256(path) for path in paths}
+        conn.send((digests, peak_rss_bytes()))
     except BaseException as exc:  # e.g. a file removed during the run
         conn.send(WorkerError(f"hashing the inputs failed: {type(exc).__name__}: {exc}"))
 
@@ -73,6 +74,8 @@ class InputHasher:
             self._theirs.append(theirs)
             self._processes.append(context.Process(target=_hash_files, args=(share, theirs), daemon=True))
         self._started = False
+        self.peak_rss: List[int] = []
+        """Each hashing process's peak resident memory (bytes), once :meth:`result` returned."""
 
     @property
     def processes(self) -> int:
@@ -97,7 +100,8 @@ class InputHasher:
             process.join()
             if isinstance(share, BaseException):
                 raise share
-            digests.update(share)
+            digests.update(share[0])
+            self.peak_rss.append(share[1])
         return digests
 
     def stop(self) -> None:

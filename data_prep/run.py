@@ -30,13 +30,15 @@ RSS_BOUND_BASE, RSS_BOUND_PER_WORKER = 2 * 1024**3, 512 * 1024**2
 """The promised bound on the peak resident memory of a run's processes together."""
 
 
-def memory_use(plan: RunPlan, pool) -> dict:
-    """Peak resident memory of this process and of every worker (each process's own peak; their
-    sum bounds the peak of the process tree), and the bound data_prep promises."""
+def memory_use(plan: RunPlan, pool, hasher) -> dict:
+    """Peak resident memory of this process, of every worker and of every hashing process (each
+    process's own peak; their sum bounds the peak of the process tree), and the bound data_prep
+    promises."""
     own = peak_rss_bytes()
     workers = sorted(pool.peak_rss.values()) if pool is not None else []
-    return {"peak_rss_bytes": own + sum(workers), "main_process_peak_rss_bytes": own,
-            "worker_peak_rss_bytes": workers,
+    hashers = sorted(hasher.peak_rss) if hasher is not None else []
+    return {"peak_rss_bytes": own + sum(workers) + sum(hashers), "main_process_peak_rss_bytes": own,
+            "worker_peak_rss_bytes": workers, "hasher_peak_rss_bytes": hashers,
             "rss_bound_bytes": RSS_BOUND_BASE + RSS_BOUND_PER_WORKER * plan.workers}
 
 
@@ -164,7 +166,7 @@ def _execute_plan(cfg, plan: RunPlan, pool, hasher, started: float, timing: RunT
     if not entries and plan.num_tasks == 1:  # a shard is only started by a document
         raise no_documents_error([f.path for f in plan.files], trailing.counts)
     manifest = build_manifest(plan, cfg, entries, trailing, True, time.perf_counter() - started,
-                              digests, memory_use(plan, pool), timing.to_dict())
+                              digests, memory_use(plan, pool, hasher), timing.to_dict())
     finish_outputs(plan, cfg, manifest)
     return manifest
 

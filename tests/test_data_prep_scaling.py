@@ -210,8 +210,10 @@ def test_peak_memory_is_reported_bounded_and_independent_of_corpus_size(tmp_path
     large, large_size = _peak_rss(tmp_path, "large", max(4, 5 * 262144 * 16 // unit), lines)
     assert large_size >= 3.5 * small_size
     for memory in (small, large):
-        assert len(memory["worker_peak_rss_bytes"]) == 2
-        assert memory["peak_rss_bytes"] == memory["main_process_peak_rss_bytes"] + sum(memory["worker_peak_rss_bytes"])
+        assert len(memory["worker_peak_rss_bytes"]) == 2 and len(memory["hasher_peak_rss_bytes"]) == 1
+        assert memory["peak_rss_bytes"] == memory["main_process_peak_rss_bytes"] + sum(
+            memory["worker_peak_rss_bytes"]) + sum(memory["hasher_peak_rss_bytes"])
+        assert memory["hasher_peak_rss_bytes"][0] > 0
         assert memory["peak_rss_bytes"] < memory["rss_bound_bytes"] == 2 * 1024**3 + 2 * 512 * 1024**2
     # uint16 ids are 2 bytes per input byte here: memory held per byte of corpus would show up
     # as tens of MB between the two runs.
