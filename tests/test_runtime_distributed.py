@@ -144,18 +144,23 @@ def worker(mode: str, out_dir: str) -> None:
     from launcher.runtime.signals import REQUEUE_EXIT_CODE
 
     rank, local_rank, world = init_distributed(timeout_s=60)
-    if mode == "signal":
-        _wait_for_stop(out_dir, rank)
-    value = torch.tensor([float(rank + 1)])
-    dist.all_reduce(value)
-    result = {"rank": rank, "local_rank": local_rank, "world": world, "sum": value.item(),
-              "backend": dist.get_backend()}
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    if mode == "requeue" and rank == 1:
-        raise SystemExit(REQUEUE_EXIT_CODE)
-    if mode == "requeue":
-        time.sleep(60)  # the agent stops rank 0 (SIGTERM) once rank 1 has failed
-    destroy_distributed()
+    # A rank leaves its group before it exits, as the training entry point does: one that exits
+    # with its gloo group alive can abort in the group's destructor at interpreter exit under load
+    # ("terminate called without an active exception", SIGABRT), which replaces its exit code.
+    try:
+        if mode == "signal":
+            _wait_for_stop(out_dir, rank)
+        value = torch.tensor([float(rank + 1)])
+        dist.all_reduce(value)
+        result = {"rank": rank, "local_rank": local_rank, "world": world, "sum": value.item(),
+                  "backend": dist.get_backend()}
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+        if mode == "requeue" and rank == 1:
+            raise SystemExit(REQUEUE_EXIT_CODE)
+        if mode == "requeue":
+            time.sleep(60)  # the agent stops rank 0 (SIGTERM) once rank 1 has failed
+    finally:
+        destroy_distributed()
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ fi
 export PYTHONPATH=$PYTHONPATH:$DP
 LOG=${OUT:-/tmp}/data_prep_scaling.log
 {
-  echo "$(nproc) cores, $(python3 --version)"
+  echo "$(nproc) cores, $(python3 --version), SHA instructions (sha256 of the inputs): $(grep -qw sha_ni /proc/cpuinfo && echo yes || echo no)"
   python3 - <<'PY'
 from importlib import metadata
 def version(dist):
