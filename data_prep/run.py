@@ -7,7 +7,7 @@ import shutil
 import sys
 import threading
 import time
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 
@@ -30,7 +30,7 @@ RSS_BOUND_BASE, RSS_BOUND_PER_WORKER = 2 * 1024**3, 512 * 1024**2
 """The promised bound on the peak resident memory of a run's processes together."""
 
 
-def memory_use(plan: RunPlan, pool, hasher) -> dict:
+def memory_use(plan: RunPlan, pool, hasher: Optional[InputHasher]) -> dict:
     """Peak resident memory of this process, of every worker and of every hashing process (each
     process's own peak; their sum bounds the peak of the process tree), and the bound data_prep
     promises."""
@@ -147,7 +147,8 @@ def execute(cfg) -> dict:
             lock.release()
 
 
-def _execute_plan(cfg, plan: RunPlan, pool, hasher, started: float, timing: RunTiming) -> dict:
+def _execute_plan(cfg, plan: RunPlan, pool, hasher: Optional[InputHasher], started: float,
+                  timing: RunTiming) -> dict:
     with timing.phase("plan"):
         os.makedirs(plan.out_dir, exist_ok=True)
         previous = load_manifest(plan.manifest_path)
@@ -171,7 +172,7 @@ def _execute_plan(cfg, plan: RunPlan, pool, hasher, started: float, timing: RunT
     return manifest
 
 
-def _wait_for_hashes(hasher, timing: RunTiming) -> dict:
+def _wait_for_hashes(hasher: Optional[InputHasher], timing: RunTiming) -> dict:
     """{path: sha256} of the inputs ({} with hash_inputs=false), timing the wait for them."""
     if hasher is None:
         return {}
