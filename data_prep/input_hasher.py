@@ -65,7 +65,7 @@ class InputHasher:
 
     def __init__(self, paths: Sequence[str], processes: int = 1, sizes: Dict[str, int] = None) -> None:
         context = multiprocessing.get_context(start_method())
-        sizes = sizes or {path: 0 for path in paths}
+        sizes = sizes or {}
         shares = share_files({path: sizes.get(path, 0) for path in paths}, max(1, processes)) or [[]]
         self._conns, self._theirs, self._processes = [], [], []
         for share in shares:

@@ -137,7 +137,7 @@ class WorkerPool:
 
     def _receive(self) -> None:
         """Wait for messages; store parts, count writes done, raise a worker's error or death."""
-        arrived, queued = self.arrived, self.queued
+        queued = self.queued
         talking, exited = self._ready()
         for worker in talking:
             conn = self.conns[worker]
