@@ -54,6 +54,13 @@ class RunProgress:
         if self.progress is not None:
             self.progress.update(self.task, advance=stats.input_bytes)
 
+    def warn(self, text: str) -> None:
+        """Print ``text`` on stderr above the live bar (or plainly when there is none)."""
+        if self.progress is not None:
+            self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
     def __exit__(self, *exc) -> None:
         if self.progress is not None:
             self.progress.__exit__(*exc)

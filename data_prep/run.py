@@ -19,6 +19,7 @@ from data_prep.errors import BadDataError, no_documents_error
 from data_prep.input_hasher import InputHasher, hasher_count
 from data_prep.manifest import kept_shards, load_manifest, resume_position, write_manifest
 from data_prep.output_lock import OutputLock, lock_name
+from data_prep.output_space import OutputSpace
 from data_prep.pipeline import ordered_results, start_pool
 from data_prep.plan import RunPlan, fingerprint, make_plan
 from data_prep.progress import RunProgress
@@ -78,10 +79,11 @@ def finish_outputs(plan: RunPlan, cfg, manifest: dict) -> None:
 
 
 def _tokenize_all(plan: RunPlan, cfg, kept: List[dict], progress: RunProgress, started: float,
-                  pool) -> tuple:
+                  pool, space: OutputSpace) -> tuple:
     def on_commit(entries: List[dict]) -> None:
         write_manifest(plan.manifest_path, build_manifest(plan, cfg, entries, Stats(), False,
                                                           time.perf_counter() - started, {}))
+        space.committed(entries)
 
     resume = resume_position(kept)
     assembler = ShardAssembler(plan.out_dir, plan.stem, plan.dtype, (cfg.shard_tokens, cfg.shard_bytes),
@@ -92,7 +94,9 @@ def _tokenize_all(plan: RunPlan, cfg, kept: List[dict], progress: RunProgress, s
     try:
         for block, result in ordered_results(blocks, {resume[0]: resume[1]}, pool,
                                              (plan.info, plan.settings)):
-            progress.advance(assembler.consume(block, result))
+            stats = assembler.consume(block, result)
+            progress.advance(stats)
+            space.observe(stats)
         trailing = assembler.finish()
     except BaseException:
         assembler.abort()
@@ -157,9 +161,12 @@ def _execute_plan(cfg, plan: RunPlan, pool, hasher: Optional[InputHasher], start
         finish_outputs(plan, cfg, previous)
         return previous
     kept_bytes = sum(Stats.from_dict(e["stats"]).input_bytes for e in kept)
-    with RunProgress(sum(f.size for f in plan.files), kept_bytes, cfg.progress) as progress, \
-            timing.phase("tokenize"):
-        entries, trailing = _tokenize_all(plan, cfg, kept, progress, started, pool)
+    total_bytes = sum(f.size for f in plan.files)
+    with RunProgress(total_bytes, kept_bytes, cfg.progress) as progress, timing.phase("tokenize"):
+        space = OutputSpace(plan.out_dir, plan.stem, total_bytes, np.dtype(plan.dtype).itemsize,
+                            kept=kept, warn=progress.warn)
+        with space.reporting_full_disk():
+            entries, trailing = _tokenize_all(plan, cfg, kept, progress, started, pool, space)
     digests = _wait_for_hashes(hasher, timing)
     if pool is not None:
         pool.close()
@@ -168,7 +175,8 @@ def _execute_plan(cfg, plan: RunPlan, pool, hasher: Optional[InputHasher], start
         raise no_documents_error([f.path for f in plan.files], trailing.counts)
     manifest = build_manifest(plan, cfg, entries, trailing, True, time.perf_counter() - started,
                               digests, memory_use(plan, pool, hasher), timing.to_dict())
-    finish_outputs(plan, cfg, manifest)
+    with space.reporting_full_disk():
+        finish_outputs(plan, cfg, manifest)
     return manifest
 
 

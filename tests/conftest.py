@@ -7,5 +7,31 @@ a collective that would hand a host tensor to NCCL on a GPU machine fails on CPU
 """
 
 import os
+import subprocess
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("TRAINWRIGHT_STRICT_DEVICES", "1")
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path):
+    """``mount_tmpfs(size)``: a new tmpfs of ``size`` (mount's syntax: ``1m``) under tmp_path, to
+    fill a disk for real; needs root and mount (the test is skipped elsewhere). Unmounted lazily
+    at teardown: a failed write's file may still be open, held by a traceback."""
+    mounts = []
+
+    def mount(size: str) -> Path:
+        target = tmp_path / f"tmpfs{len(mounts)}"
+        target.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+        mounts.append(target)
+        return target
+
+    yield mount
+    for target in mounts:
+        subprocess.run(["umount", "-l", str(target)], check=False)

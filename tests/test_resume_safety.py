@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -283,18 +282,9 @@ def test_enospc_is_reported_and_other_write_errors_name_the_path(tmp_path):
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path):
+def small_tmpfs(mount_tmpfs):
     """A 1 MiB tmpfs (needs root and mount; skipped elsewhere)."""
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-    try:
-        yield mount
-    finally:  # lazy: the failed torch.save's file may still be open (held by a traceback)
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+    return mount_tmpfs("1m")
 
 
 def test_a_really_full_disk_keeps_the_previous_checkpoint(small_tmpfs):

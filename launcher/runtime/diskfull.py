@@ -1,5 +1,8 @@
 """What a failed checkpoint write says about the disk: a full one is reported as such.
 
+(:func:`no_space_cause`, :func:`free_space_text` and :func:`human_bytes` also serve data_prep's
+output, :mod:`data_prep.output_space`.)
+
 A full disk surfaces in two shapes: an ``OSError`` with ``errno`` ENOSPC (or EDQUOT, a full
 quota) from Python's own writes, and torch's zip writer failing without an errno, e.g.
 ``[enforce fail at inline_container.cc:672] . unexpected pos 3712 vs 3604`` or
@@ -24,8 +27,8 @@ from typing import Optional
 
 from launcher.engines.base import CheckpointError
 
-__all__ = ["TORCH_WRITE_FAILURES", "human_bytes", "is_write_failure", "out_of_space",
-           "write_error"]
+__all__ = ["TORCH_WRITE_FAILURES", "filesystem_usage", "free_space_text", "human_bytes",
+           "is_write_failure", "no_space_cause", "out_of_space", "write_error"]
 
 TORCH_WRITE_FAILURES = ("PytorchStreamWriter", "unexpected pos", "file write failed")
 """Fragments of torch's zip-writer errors (they carry no errno)."""
@@ -49,9 +52,10 @@ def human_bytes(count: float) -> str:
     return f"{count:.1f} {unit}"
 
 
-def _usage(path: Path) -> Optional[tuple]:
+def filesystem_usage(path: Path) -> Optional[tuple]:
     """(total, used, free) bytes (:func:`shutil.disk_usage`) of ``path`` or of its nearest
     existing parent; None if none can be asked."""
+    path = Path(path)
     for candidate in (path, *path.parents):
         try:
             return shutil.disk_usage(candidate)
@@ -75,18 +79,26 @@ def is_write_failure(exc: BaseException) -> bool:
         fragment in str(e) for fragment in TORCH_WRITE_FAILURES)) for e in _chain(exc))
 
 
+def no_space_cause(exc: BaseException) -> Optional[OSError]:
+    """The OSError saying that the filesystem or the quota is full: ``exc`` itself or one it was
+    raised from or during; None when there is none."""
+    return next((e for e in _chain(exc) if isinstance(e, OSError) and e.errno in NO_SPACE_ERRNOS),
+                None)
+
+
 def out_of_space(exc: BaseException, path: Path) -> bool:
     """Whether ``exc``, raised while writing under ``path``, means the disk or quota is full."""
-    if any(isinstance(e, OSError) and e.errno in NO_SPACE_ERRNOS for e in _chain(exc)):
+    if no_space_cause(exc) is not None:
         return True
     if not is_write_failure(exc):
         return False
-    usage = _usage(Path(path))
+    usage = filesystem_usage(Path(path))
     return usage is not None and usage.free < min(LOW_WATER_BYTES, usage.total // 100 + 1)
 
 
-def _free_text(path: Path) -> str:
-    usage = _usage(path)
+def free_space_text(path: Path) -> str:
+    """``1.2 GiB free of 10.0 GiB`` for the filesystem holding ``path``."""
+    usage = filesystem_usage(Path(path))
     if usage is None:
         return "free space unknown"
     return f"{human_bytes(usage.free)} free of {human_bytes(usage.total)}"
@@ -101,10 +113,10 @@ def write_error(exc: BaseException, path: Path, *, step: int, latest: Optional[s
             else "no earlier checkpoint exists")
     if out_of_space(exc, path):
         return CheckpointError(
-            f"no space left on {path} ({_free_text(path)}) while saving step {step}; {kept}. "
+            f"no space left on {path} ({free_space_text(path)}) while saving step {step}; {kept}. "
             "Free space on that filesystem or point run.output_root at a larger one, then "
             f"restart{': the run resumes from it' if latest else ''} "
             f"({type(exc).__name__}: {str(exc).strip()})")
     return CheckpointError(
-        f"cannot write checkpoint files under {path} ({_free_text(path)}) while saving step "
+        f"cannot write checkpoint files under {path} ({free_space_text(path)}) while saving step "
         f"{step}: {type(exc).__name__}: {str(exc).strip()}; {kept}")
