@@ -114,7 +114,11 @@ class PrepareConfig:
     the inputs: a single file hashes at about 2 GB/s at most, so a corpus of one very large file on
     a node of many cores can make the run wait for its digest."""
     progress: bool = True
-    """Show a live progress bar (stderr); the final summary is printed either way."""
+    """Show progress on stderr: a live bar on a terminal, a plain line every ``progress_every_s``
+    seconds otherwise (a Slurm log, a pipe). The final summary is printed either way."""
+    progress_every_s: float = 30.0
+    """Seconds between the plain progress lines written when stderr is not a terminal; 0 = none
+    (the summary only)."""
     split: str = "98,1,1"
     """Train, validation, test proportions written into the generated data.yaml."""
 

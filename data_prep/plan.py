@@ -79,6 +79,9 @@ def _check_numbers(cfg) -> None:
         raise ConfigError(f"max_bad_fraction={cfg.max_bad_fraction} must be between 0 and 1")
     if cfg.workers < 0:
         raise ConfigError(f"workers={cfg.workers} must be >= 0 (0 = all cores)")
+    if cfg.progress_every_s < 0:
+        raise ConfigError(f"progress_every_s={cfg.progress_every_s} must be >= 0 (seconds between "
+                          "progress lines in a log; 0 = none)")
 
 
 def make_plan(cfg, on_inputs: Callable[[List[InputFile], int], None] = lambda files, workers: None) -> RunPlan:

@@ -28,31 +28,72 @@ class RatesColumn(ProgressColumn):
                     f"{done.input_bytes / elapsed / 1e6:,.1f}MB/s", style="cyan")
 
 
-class RunProgress:
-    """Context manager around a rich progress bar over input bytes; silent when disabled."""
+def _in_unit_of(count: float, total: float) -> str:
+    """``45.6 GB``: ``count`` in the unit that suits ``total`` (MB below a gigabyte)."""
+    unit, scale = ("GB", 1e9) if total >= 1e9 else ("MB", 1e6)
+    return f"{count / scale:,.1f} {unit}"
 
-    def __init__(self, total_bytes: int, already_done_bytes: int, enabled: bool) -> None:
+
+def _size(count: float, total: float) -> str:
+    """``45.6 of 370.0 GB``."""
+    return f"{_in_unit_of(count, total).split()[0]} of {_in_unit_of(total, total)}"
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class RunProgress:
+    """Progress over input bytes on stderr: a live rich bar on a terminal; elsewhere (a Slurm
+    log, a pipe) a plain line every ``every_s`` seconds (none with 0). Silent when disabled."""
+
+    def __init__(self, total_bytes: int, already_done_bytes: int, enabled: bool,
+                 every_s: float = 30.0) -> None:
         self.done = Stats()
         self.started = time.perf_counter()
         self.enabled = enabled
         self.total = max(1, total_bytes)
         self.initial = min(already_done_bytes, self.total)
         self.progress = None
+        self.every_s = every_s
+        self.next_line = None  # when the next plain line is due (plain lines only)
 
     def __enter__(self) -> "RunProgress":
-        if self.enabled:
+        console = Console(stderr=True)
+        if self.enabled and console.is_terminal:
             self.progress = Progress(TextColumn("[bold]data_prep"), BarColumn(bar_width=24),
                                      TextColumn("{task.percentage:>5.1f}%"),
                                      RatesColumn(self), TimeRemainingColumn(),
-                                     console=Console(stderr=True), transient=False)
+                                     console=console, transient=False)
             self.progress.__enter__()
             self.task = self.progress.add_task("tokenize", total=self.total, completed=self.initial)
+        elif self.enabled and self.every_s > 0:
+            kept = (f" ({_in_unit_of(self.initial, self.total)} already in kept shards)"
+                    if self.initial else "")
+            self.warn(f"data_prep: tokenizing {_in_unit_of(self.total - self.initial, self.total)} "
+                      f"of input{kept}; a progress line every {self.every_s:g} s")
+            self.next_line = self.started + self.every_s
         return self
 
     def advance(self, stats: Stats) -> None:
         self.done.merge(stats, 0)
         if self.progress is not None:
             self.progress.update(self.task, advance=stats.input_bytes)
+        elif self.next_line is not None and time.perf_counter() >= self.next_line:
+            self.next_line = time.perf_counter() + self.every_s
+            self.warn(self.line())
+
+    def line(self) -> str:
+        """``data_prep: 12.3% (45.6 of 370.0 GB), 1,234,567 docs, 210.5M tok/s, 480.2 MB/s,
+        0:42:10 left``: rates over this run so far; time left at the rate of this run."""
+        elapsed = max(1e-9, time.perf_counter() - self.started)
+        done = self.initial + self.done.input_bytes
+        rate = self.done.input_bytes / elapsed
+        left = _clock((self.total - done) / rate) if rate else "?"
+        return (f"data_prep: {done / self.total:.1%} ({_size(done, self.total)}), "
+                f"{self.done.documents:,} docs, {self.done.tokens / elapsed / 1e6:,.1f}M tok/s, "
+                f"{rate / 1e6:,.1f} MB/s, {left} left")
 
     def warn(self, text: str) -> None:
         """Print ``text`` on stderr above the live bar (or plainly when there is none)."""

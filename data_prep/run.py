@@ -162,7 +162,8 @@ def _execute_plan(cfg, plan: RunPlan, pool, hasher: Optional[InputHasher], start
         return previous
     kept_bytes = sum(Stats.from_dict(e["stats"]).input_bytes for e in kept)
     total_bytes = sum(f.size for f in plan.files)
-    with RunProgress(total_bytes, kept_bytes, cfg.progress) as progress, timing.phase("tokenize"):
+    with RunProgress(total_bytes, kept_bytes, cfg.progress, cfg.progress_every_s) as progress, \
+            timing.phase("tokenize"):
         space = OutputSpace(plan.out_dir, plan.stem, total_bytes, np.dtype(plan.dtype).itemsize,
                             kept=kept, warn=progress.warn)
         with space.reporting_full_disk():

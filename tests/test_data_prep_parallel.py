@@ -115,6 +115,7 @@ def test_sbatch_recipe_runs_a_task_and_queues_the_merge(corpus, tmp_path):
     assert task["complete"] and task["task"] == {"index": 0, "count": 2}
     recorded = (tmp_path / "sbatch_args").read_text()
     assert "--dependency=afterok:42" in recorded and "data_prep.merge" in recorded
+    assert "data_prep: tokenizing" in proc.stderr  # the task's log gets progress lines
 
 
 TRAINING_READER = """
