@@ -10,7 +10,6 @@ from __future__ import annotations
 import glob
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import List, Sequence
 
 from data_prep.errors import ConfigError
@@ -30,13 +29,25 @@ class InputFile:
     """'' (none), gz or zst."""
     size: int
     """File size in bytes (compressed size for compressed files)."""
+    mtime_ns: int = 0
+    """Modification time when the inputs were listed (ns); the fingerprint records it, so a
+    file changed during a run makes its re-run refuse the shards (0: not known)."""
+
+
+def suffixes(path: str) -> List[str]:
+    """The suffixes of the file name, as :attr:`pathlib.PurePath.suffixes` gives them, without
+    building a Path (a listing of millions of files asks this of each)."""
+    name = os.path.basename(path)
+    if name.endswith("."):
+        return []
+    return ["." + part for part in name.lstrip(".").split(".")[1:]]
 
 
 def detect_format(path: str, forced: str) -> tuple[str, str]:
     """(format, compression) of ``path``: from its suffixes, or ``forced`` unless that is auto."""
-    suffixes = [s.lower() for s in Path(path).suffixes]
-    compression = COMPRESSIONS.get(suffixes[-1], "") if suffixes else ""
-    inner = suffixes[-2] if compression and len(suffixes) > 1 else (suffixes[-1] if suffixes else "")
+    found = [s.lower() for s in suffixes(path)]
+    compression = COMPRESSIONS.get(found[-1], "") if found else ""
+    inner = found[-2] if compression and len(found) > 1 else (found[-1] if found else "")
     if forced != "auto":
         fmt = forced
     elif inner == ".parquet":
@@ -82,7 +93,8 @@ def expand_inputs(specs: Sequence[str], forced_format: str, exclude_dir: str = "
                 continue
             seen.add(path)
             fmt, compression = detect_format(path, forced_format)
-            result.append(InputFile(path, fmt, compression, os.path.getsize(path)))
+            stat = os.stat(path)
+            result.append(InputFile(path, fmt, compression, stat.st_size, stat.st_mtime_ns))
     return result
 
 

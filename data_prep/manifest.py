@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import json
 import os
 import re
 from typing import List, Optional, Tuple
+
+import orjson
 
 from data_prep.crc import crc32
 from data_prep.errors import ConfigError
@@ -35,14 +36,17 @@ def load_manifest(path: str) -> Optional[dict]:
     if not os.path.isfile(path):
         return None
     try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
+        with open(path, "rb") as handle:
+            return orjson.loads(handle.read())
+    except (OSError, ValueError):  # orjson.JSONDecodeError is a ValueError
         return None
 
 
 def write_manifest(path: str, manifest: dict) -> None:
-    atomic_write_bytes(path, (json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode("utf-8"))
+    """Indented JSON, written atomically. orjson, not ``json``: with an indent, ``json`` encodes in
+    Python, 0.6 s per rewrite for a task of 50,000 input files, and a run rewrites it after every
+    shard."""
+    atomic_write_bytes(path, orjson.dumps(manifest, option=orjson.OPT_INDENT_2) + b"\n")
 
 
 READ_CHUNK = 1 << 22
@@ -52,10 +56,12 @@ READ_CHUNK = 1 << 22
 def _chunks(path: str):
     """The bytes of ``path`` as views into one reused buffer: a 4 MiB ``read()`` per chunk made a
     new allocation each time, which glibc keeps on the heap once its mmap threshold has grown,
-    so the main process's memory crept up with the corpus."""
-    buffer = bytearray(READ_CHUNK)
-    view = memoryview(buffer)
+    so the main process's memory crept up with the corpus. The buffer is no larger than the file
+    (plus the byte that finds its end): zeroing 4 MiB for each of many small files cost 150 us a
+    file, ten times the hashing of a 2 KB one."""
     with open(path, "rb", buffering=0) as handle:
+        buffer = bytearray(min(READ_CHUNK, os.fstat(handle.fileno()).st_size + 1))
+        view = memoryview(buffer)
         while count := handle.readinto(buffer):
             yield view[:count]
 
