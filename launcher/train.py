@@ -122,7 +122,6 @@ def train_worker(w: Worker) -> int:
     from launcher.runtime.data import build_data
     from launcher.runtime.distributed import destroy_distributed
     from launcher.runtime.loop import TrainLoop, TrainingAborted
-    from launcher.runtime.metrics import make_metrics_logger
     from launcher.runtime.rundir import redact, to_plain
     from launcher.runtime.timers import PhaseTimer
 
@@ -132,14 +131,7 @@ def train_worker(w: Worker) -> int:
     if not locked:
         destroy_distributed()
         return CONFIG_ERROR_EXIT
-    metrics = make_metrics_logger(rank, run_dir=run_dir, logger=cfg.logger, config=config,
-                                  plan=plan, run_name=run_dir.name, console=w.console.out)
-    if stale is not None:
-        metrics.log_event("lock", f"took over the lock of pid {stale.pid} on {stale.host}, which "
-                          "is no longer running")
-    if w.console.log is not None:
-        metrics.log_event("logs", f"library output of each rank: {run_dir / 'logs'}/rank_<r>.log "
-                          "(run.verbose=true shows it here)")
+    metrics = open_metrics(w, config, stale)
     collectives.barrier()
     write_pid_file(run_dir, rank)
     if w.attention_note:
@@ -178,6 +170,22 @@ def train_worker(w: Worker) -> int:
             stop.restore()
         runlock.release(run_dir)
         destroy_distributed()
+
+
+def open_metrics(w: Worker, config: dict, stale):
+    """The run's metrics logger (a no-op off rank 0), with the first events: a stale lock taken
+    over (``stale``: its dead holder, or None) and where the library output goes."""
+    from launcher.runtime.metrics import make_metrics_logger
+
+    metrics = make_metrics_logger(w.rank, run_dir=w.run_dir, logger=w.cfg.logger, config=config,
+                                  plan=w.plan, run_name=w.run_dir.name, console=w.console.out)
+    if stale is not None:
+        metrics.log_event("lock", f"took over the lock of pid {stale.pid} on {stale.host}, which "
+                          "is no longer running")
+    if w.console.log is not None:
+        metrics.log_event("logs", f"library output of each rank: {w.run_dir / 'logs'}/rank_<r>.log "
+                          "(run.verbose=true shows it here)")
+    return metrics
 
 
 def initial_weights(cfg, resume, metrics):
