@@ -55,10 +55,10 @@ def child_env(*front: str) -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)))
 
 
-def build_corpus(work: pathlib.Path, copies: int) -> tuple:
-    """(one-copy JSONL, repeated JSONL) of the standard library's .py files."""
+def stdlib_sources() -> list:
+    """(path relative to the standard library, text) of its non-empty UTF-8 .py files, sorted."""
     root = pathlib.Path(sysconfig.get_paths()["stdlib"])
-    lines = []
+    found = []
     for path in sorted(root.rglob("*.py")):
         if "site-packages" in path.parts:
             continue
@@ -67,7 +67,13 @@ def build_corpus(work: pathlib.Path, copies: int) -> tuple:
         except (UnicodeDecodeError, OSError):
             continue
         if text:
-            lines.append(json.dumps({"text": text, "path": str(path.relative_to(root))}) + "\n")
+            found.append((str(path.relative_to(root)), text))
+    return found
+
+
+def build_corpus(work: pathlib.Path, copies: int) -> tuple:
+    """(one-copy JSONL, repeated JSONL) of the standard library's .py files."""
+    lines = [json.dumps({"text": text, "path": path}) + "\n" for path, text in stdlib_sources()]
     one, many = work / "stdlib.jsonl", work / f"stdlib_x{copies}.jsonl"
     one.write_text("".join(lines), encoding="utf-8")
     with open(many, "w", encoding="utf-8") as handle:

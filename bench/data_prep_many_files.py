@@ -24,7 +24,6 @@ import json
 import os
 import pathlib
 import shutil
-import sysconfig
 import tempfile
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -38,28 +37,18 @@ def _scaling_bench():
     return module
 
 
-def build_corpus(work: pathlib.Path, copies: int) -> tuple:
-    """(directory of .txt files, JSONL of the same documents in the same order, file count)."""
-    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
-    texts = []
-    for path in sorted(root.rglob("*.py")):
-        if "site-packages" in path.parts:
-            continue
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        if text:
-            texts.append(text)
+def build_corpus(work: pathlib.Path, copies: int, sources: list) -> tuple:
+    """(directory of .txt files, JSONL of the same documents in the same order, file count) of
+    ``sources`` ((name, text) pairs), ``copies`` times."""
     directory, jsonl = work / "files", work / "one.jsonl"
     with open(jsonl, "w", encoding="utf-8") as handle:
         for copy in range(copies):
             sub = directory / f"{copy:04d}"
             sub.mkdir(parents=True)
-            for index, text in enumerate(texts):
+            for index, (_, text) in enumerate(sources):
                 (sub / f"{index:06d}.txt").write_text(text, encoding="utf-8")
                 handle.write(json.dumps({"text": text}) + "\n")
-    return directory, jsonl, copies * len(texts)
+    return directory, jsonl, copies * len(sources)
 
 
 def _row(run: dict) -> str:
@@ -82,7 +71,7 @@ def main() -> None:
     base = args.work or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
     work = pathlib.Path(tempfile.mkdtemp(prefix="data_prep_files_", dir=base))
     try:
-        directory, jsonl, files = build_corpus(work, args.copies)
+        directory, jsonl, files = build_corpus(work, args.copies, bench.stdlib_sources())
         print(f"{files:,} files, {sum(p.stat().st_size for p in directory.rglob('*.txt')) / 1e6:,.1f} MB;"
               f" workers={args.workers}; best of {args.repeat}")
         rows = {"one JSONL file": (jsonl, ""), "many files": (directory, "")}
