@@ -1,8 +1,8 @@
 """``python -m data_prep [overrides]``: compose conf/prepare.yaml, run, print the summary.
 
 Exit codes: 0 done; 2 config error (an output locked by a live run included); 3 bad data
-(strict=true, too many skipped records, no documents, a truncated or corrupt input file); 1 any
-other failure, a crashed worker included. SIGTERM (Slurm's scancel or time limit) ends the run like
+(strict=true, too many skipped records, no documents, a truncated or corrupt input file, an input
+changed during the run); 1 any other failure, a crashed worker and a full output disk included. SIGTERM (Slurm's scancel or time limit) ends the run like
 Ctrl-C: the pool is stopped and the output lock released, so a resubmitted job can take the output.
 """
 

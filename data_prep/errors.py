@@ -9,7 +9,8 @@ CONFIG_ERROR_EXIT = 2
 an output locked by a live run)."""
 BAD_DATA_EXIT = 3
 """Exit code when strict=true meets a bad record, skipped records exceed max_bad_fraction, the
-inputs hold no document, or a compressed input is truncated or corrupt."""
+inputs hold no document, a compressed input is truncated or corrupt, or an input changed during
+the run."""
 FAILURE_EXIT = 1
 """Exit code of any other failure, a crashed worker included."""
 
@@ -38,6 +39,11 @@ class OutputLockedError(ConfigError):
 
 class CorruptInputError(BadDataError):
     """A compressed input is truncated or damaged (the message names the file)."""
+
+
+class InputChangedError(BadDataError):
+    """An input file was changed, truncated or removed while the run read it (the message names
+    every such file and what changed)."""
 
 
 class WorkerError(DataPrepError):

@@ -7,12 +7,13 @@ size-balanced ranges for Slurm array tasks.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import Iterator, List, Sequence
 
-from data_prep.errors import ConfigError
+from data_prep.errors import ConfigError, InputChangedError
 
 COMPRESSIONS = {".gz": "gz", ".zst": "zst", ".zstd": "zst"}
 JSONL_SUFFIXES = {".jsonl", ".json", ".ndjson"}
@@ -113,3 +114,50 @@ def split_for_task(files: Sequence[InputFile], num_tasks: int, task_index: int) 
             chosen.append(f)
         before += f.size
     return chosen
+
+
+def _change(file: InputFile) -> str:
+    """What differs in ``file`` from when it was listed ('' when nothing)."""
+    try:
+        stat = os.stat(file.path)
+    except FileNotFoundError:
+        return f"{file.path}: removed"
+    if stat.st_size != file.size:
+        return f"{file.path}: {file.size:,} bytes when listed, {stat.st_size:,} now"
+    if file.mtime_ns and stat.st_mtime_ns != file.mtime_ns:
+        return f"{file.path}: modified after it was listed (same size)"
+    return ""
+
+
+def changed_inputs(files: Sequence[InputFile]) -> List[str]:
+    """One line for every input whose size or mtime differs from the listing, or that is gone."""
+    return [change for change in map(_change, files) if change]
+
+
+def input_changed_error(changes: Sequence[str]) -> InputChangedError:
+    """The error of a run whose inputs changed under it (``changes``: from changed_inputs)."""
+    shown = "; ".join(changes[:5]) + (f"; and {len(changes) - 5} more" if len(changes) > 5 else "")
+    return InputChangedError(
+        f"{len(changes)} input file(s) changed during the run: {shown}. The output is not marked "
+        "complete, and the shards already written came from the old contents: re-run with "
+        "overwrite=true once the inputs stop changing")
+
+
+@contextlib.contextmanager
+def reporting_changed_inputs(files: Sequence[InputFile]) -> Iterator[None]:
+    """A failure while inputs changed under the run (a truncated range, a damaged frame, a
+    removed file) is reported as InputChangedError, naming every changed file."""
+    try:
+        yield
+    except Exception as exc:
+        changes = changed_inputs(files)
+        if changes:
+            raise input_changed_error(changes) from exc
+        raise
+
+
+def check_unchanged(files: Sequence[InputFile]) -> None:
+    """Raise InputChangedError when an input differs from its listing."""
+    changes = changed_inputs(files)
+    if changes:
+        raise input_changed_error(changes)

@@ -116,13 +116,44 @@ def shard_files(out_dir: str, stem: str) -> List[str]:
                   if pattern.match(os.path.basename(p)))
 
 
+def _input_differences(old: list, new: list) -> List[str]:
+    """Input files added, removed or changed (size, mtime) between two fingerprints."""
+    before = {entry[0]: entry[1:] for entry in old}
+    after = {entry[0]: entry[1:] for entry in new}
+    found = [f"input {path} is new" for path in after if path not in before]
+    found += [f"input {path} is no longer an input" for path in before if path not in after]
+    for path, (size, mtime) in after.items():
+        if path in before and before[path] != [size, mtime]:
+            was = before[path][0]
+            found.append(f"input {path} changed ({was:,} bytes, now {size:,})" if was != size
+                         else f"input {path} was modified (same size, mtime differs)")
+    if not found and [e[0] for e in old] != [e[0] for e in new]:
+        found.append("the inputs are in another order")
+    return found
+
+
+def fingerprint_differences(old: dict, new: dict, shown: int = 5) -> List[str]:
+    """What differs between the fingerprint of an output (``old``) and of this run (``new``):
+    a line per setting and per input file, the first ``shown`` input lines and a count."""
+    found = []
+    inputs = _input_differences(old.get("inputs", []), new.get("inputs", []))
+    found += inputs[:shown] + ([f"{len(inputs) - shown} more input(s) differ"]
+                               if len(inputs) > shown else [])
+    for key in [k for k in new if k != "inputs"] + [k for k in old if k not in new]:
+        if old.get(key) != new.get(key):
+            found.append(f"{key} was {old.get(key, '(absent)')!r}, now {new.get(key, '(absent)')!r}")
+    return found or ["the fingerprints differ"]
+
+
 def kept_shards(out_dir: str, stem: str, previous: Optional[dict], fingerprint: dict,
                 overwrite: bool) -> List[dict]:
     """Shard entries of ``previous`` that a re-run keeps; deletes every other file of ``stem``."""
     existing = shard_files(out_dir, stem)
     if previous is not None and previous.get("fingerprint") != fingerprint and not overwrite:
-        raise ConfigError(f"{out_dir} holds a run with other inputs or settings "
-                          f"(see its {os.path.basename(MANIFEST)}); use another output= or overwrite=true")
+        differences = fingerprint_differences(previous.get("fingerprint") or {}, fingerprint)
+        raise ConfigError(f"{out_dir} holds a run with other inputs or settings: "
+                          f"{'; '.join(differences)}. Use another output=, or overwrite=true to "
+                          "replace its shards")
     if previous is None and existing and not overwrite:
         raise ConfigError(f"{out_dir} holds shard files of {stem!r} but no manifest for them; "
                           "use another output= or overwrite=true")

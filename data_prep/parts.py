@@ -23,6 +23,7 @@ from typing import BinaryIO, Iterator, List, Tuple
 
 from data_prep.blocks import Block
 from data_prep.decompress import checked_reader
+from data_prep.inputs import input_changed_error
 
 
 @dataclass
@@ -126,6 +127,9 @@ def iter_parts(block: Block, part_bytes: int) -> Iterator[Tuple[Part, bool]]:
         with open(block.path, "rb") as handle:
             handle.seek(block.start)
             data = handle.read(block.end - block.start)
+        if len(data) < block.end - block.start:  # the file was truncated since it was listed
+            raise input_changed_error([f"{block.path}: bytes {block.start:,}-{block.end:,} were "
+                                       f"listed, the file ends at {os.path.getsize(block.path):,} now"])
         yield Part(data, block.at_file_end, block.input_bytes), True
         return
     previous = None

@@ -17,6 +17,7 @@ from data_prep.blocks import iter_blocks
 from data_prep.data_config import data_config, write_data_config
 from data_prep.errors import BadDataError, no_documents_error
 from data_prep.input_hasher import InputHasher, hasher_count
+from data_prep.inputs import check_unchanged, reporting_changed_inputs
 from data_prep.manifest import kept_shards, load_manifest, resume_position, write_manifest
 from data_prep.output_lock import OutputLock, lock_name
 from data_prep.output_space import OutputSpace
@@ -166,9 +167,10 @@ def _execute_plan(cfg, plan: RunPlan, pool, hasher: Optional[InputHasher], start
             timing.phase("tokenize"):
         space = OutputSpace(plan.out_dir, plan.stem, total_bytes, np.dtype(plan.dtype).itemsize,
                             kept=kept, warn=progress.warn)
-        with space.reporting_full_disk():
+        with reporting_changed_inputs(plan.files), space.reporting_full_disk():
             entries, trailing = _tokenize_all(plan, cfg, kept, progress, started, pool, space)
     digests = _wait_for_hashes(hasher, timing)
+    check_unchanged(plan.files)  # what was read, and hashed, is what was listed
     if pool is not None:
         pool.close()
         timing.workers_reaped()
