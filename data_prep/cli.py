@@ -57,6 +57,14 @@ def task_warnings(manifest: dict) -> List[str]:
             f"{len(manifest['inputs'])} input file(s); data_prep.merge combines the other tasks"]
 
 
+def dry_run(cfg) -> int:
+    """``dry_run=true``: print the plan and the sample's estimates; nothing is written."""
+    from data_prep.estimate import estimate, print_estimate
+
+    print_estimate(estimate(cfg))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
@@ -69,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from data_prep.run import check_bad_fraction, execute
 
     try:
+        if cfg.dry_run:
+            return dry_run(cfg)
         manifest = execute(cfg)
         print_summary(manifest)
         for warning in small_shard_warnings(manifest, cfg.split) + task_warnings(manifest):

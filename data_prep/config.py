@@ -119,6 +119,10 @@ class PrepareConfig:
     progress_every_s: float = 30.0
     """Seconds between the plain progress lines written when stderr is not a terminal; 0 = none
     (the summary only)."""
+    dry_run: bool = False
+    """Plan and estimate only: list the inputs, tokenize a sample of about 64 MiB on one core and
+    print the expected tokens, output size (against the output filesystem's free space) and
+    time; nothing is written."""
     split: str = "98,1,1"
     """Train, validation, test proportions written into the generated data.yaml."""
 

@@ -28,7 +28,7 @@ class RatesColumn(ProgressColumn):
                     f"{done.input_bytes / elapsed / 1e6:,.1f}MB/s", style="cyan")
 
 
-def _in_unit_of(count: float, total: float) -> str:
+def in_unit_of(count: float, total: float) -> str:
     """``45.6 GB``: ``count`` in the unit that suits ``total`` (MB below a gigabyte)."""
     unit, scale = ("GB", 1e9) if total >= 1e9 else ("MB", 1e6)
     return f"{count / scale:,.1f} {unit}"
@@ -36,7 +36,7 @@ def _in_unit_of(count: float, total: float) -> str:
 
 def _size(count: float, total: float) -> str:
     """``45.6 of 370.0 GB``."""
-    return f"{_in_unit_of(count, total).split()[0]} of {_in_unit_of(total, total)}"
+    return f"{in_unit_of(count, total).split()[0]} of {in_unit_of(total, total)}"
 
 
 def _clock(seconds: float) -> str:
@@ -69,9 +69,9 @@ class RunProgress:
             self.progress.__enter__()
             self.task = self.progress.add_task("tokenize", total=self.total, completed=self.initial)
         elif self.enabled and self.every_s > 0:
-            kept = (f" ({_in_unit_of(self.initial, self.total)} already in kept shards)"
+            kept = (f" ({in_unit_of(self.initial, self.total)} already in kept shards)"
                     if self.initial else "")
-            self.warn(f"data_prep: tokenizing {_in_unit_of(self.total - self.initial, self.total)} "
+            self.warn(f"data_prep: tokenizing {in_unit_of(self.total - self.initial, self.total)} "
                       f"of input{kept}; a progress line every {self.every_s:g} s")
             self.next_line = self.started + self.every_s
         return self
