@@ -44,8 +44,18 @@ def memory_use(plan: RunPlan, pool, hasher: Optional[InputHasher]) -> dict:
             "rss_bound_bytes": RSS_BOUND_BASE + RSS_BOUND_PER_WORKER * plan.workers}
 
 
+def input_entries(plan: RunPlan, digests: dict) -> List[dict]:
+    """The manifest's ``inputs``: every input file with its sha256 ('' until it is known)."""
+    return [{"path": f.path, "size": f.size, "format": f.format, "compression": f.compression,
+             "sha256": digests.get(f.path, "")} for f in plan.files]
+
+
 def build_manifest(plan: RunPlan, cfg, entries: List[dict], trailing: Stats, complete: bool,
-                   wall: float, digests: dict, memory: dict = None, timing: dict = None) -> dict:
+                   wall: float, inputs: List[dict], identity: dict, memory: dict = None,
+                   timing: dict = None) -> dict:
+    """The manifest; ``inputs`` (input_entries) and ``identity`` (the fingerprint) are made once
+    per run: with many input files they are most of a manifest, which is rewritten after every
+    shard."""
     totals = total_stats(entries, trailing, cfg.examples_per_reason)
     return {"tool": "data_prep", "version": data_prep.__version__, "complete": complete,
             "name": plan.name, "task": {"index": plan.task_index, "count": plan.num_tasks},
@@ -53,13 +63,10 @@ def build_manifest(plan: RunPlan, cfg, entries: List[dict], trailing: Stats, com
             "timing": timing or {},
             "dtype": np.dtype(plan.dtype).name, "eod_id": plan.info.eod_id if cfg.tokenizer.append_eod else -1,
             "bos_id": plan.info.bos_id if cfg.tokenizer.prepend_bos else -1,
-            "tokenizer": plan.info.to_dict(),
-            "inputs": [{"path": f.path, "size": f.size, "format": f.format, "compression": f.compression,
-                        "sha256": digests.get(f.path, "")} for f in plan.files],
+            "tokenizer": plan.info.to_dict(), "inputs": inputs,
             "totals": dict(totals.to_dict(), shards=len(entries), bad_records=totals.bad,
                            records=totals.records),
-            "trailing": trailing.to_dict(), "shards": entries,
-            "fingerprint": fingerprint(plan, cfg)}
+            "trailing": trailing.to_dict(), "shards": entries, "fingerprint": identity}
 
 
 def check_bad_fraction(manifest: dict, max_bad_fraction: float) -> None:
@@ -80,10 +87,12 @@ def finish_outputs(plan: RunPlan, cfg, manifest: dict) -> None:
 
 
 def _tokenize_all(plan: RunPlan, cfg, kept: List[dict], progress: RunProgress, started: float,
-                  pool, space: OutputSpace) -> tuple:
+                  pool, space: OutputSpace, identity: dict) -> tuple:
+    inputs = input_entries(plan, {})
+
     def on_commit(entries: List[dict]) -> None:
-        write_manifest(plan.manifest_path, build_manifest(plan, cfg, entries, Stats(), False,
-                                                          time.perf_counter() - started, {}))
+        write_manifest(plan.manifest_path, build_manifest(
+            plan, cfg, entries, Stats(), False, time.perf_counter() - started, inputs, identity))
         space.committed(entries)
 
     resume = resume_position(kept)
@@ -157,7 +166,8 @@ def _execute_plan(cfg, plan: RunPlan, pool, hasher: Optional[InputHasher], start
     with timing.phase("plan"):
         os.makedirs(plan.out_dir, exist_ok=True)
         previous = load_manifest(plan.manifest_path)
-        kept = kept_shards(plan.out_dir, plan.stem, previous, fingerprint(plan, cfg), cfg.overwrite)
+        identity = fingerprint(plan, cfg)
+        kept = kept_shards(plan.out_dir, plan.stem, previous, identity, cfg.overwrite)
     if previous and previous.get("complete") and len(kept) == len(previous.get("shards", [])):
         finish_outputs(plan, cfg, previous)
         return previous
@@ -168,7 +178,8 @@ def _execute_plan(cfg, plan: RunPlan, pool, hasher: Optional[InputHasher], start
         space = OutputSpace(plan.out_dir, plan.stem, total_bytes, np.dtype(plan.dtype).itemsize,
                             kept=kept, warn=progress.warn)
         with reporting_changed_inputs(plan.files), space.reporting_full_disk():
-            entries, trailing = _tokenize_all(plan, cfg, kept, progress, started, pool, space)
+            entries, trailing = _tokenize_all(plan, cfg, kept, progress, started, pool, space,
+                                              identity)
     digests = _wait_for_hashes(hasher, timing)
     check_unchanged(plan.files)  # what was read, and hashed, is what was listed
     if pool is not None:
@@ -177,7 +188,8 @@ def _execute_plan(cfg, plan: RunPlan, pool, hasher: Optional[InputHasher], start
     if not entries and plan.num_tasks == 1:  # a shard is only started by a document
         raise no_documents_error([f.path for f in plan.files], trailing.counts)
     manifest = build_manifest(plan, cfg, entries, trailing, True, time.perf_counter() - started,
-                              digests, memory_use(plan, pool, hasher), timing.to_dict())
+                              input_entries(plan, digests), identity,
+                              memory_use(plan, pool, hasher), timing.to_dict())
     with space.reporting_full_disk():
         finish_outputs(plan, cfg, manifest)
     return manifest
