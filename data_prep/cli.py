@@ -2,8 +2,10 @@
 
 Exit codes: 0 done; 2 config error (an output locked by a live run included); 3 bad data
 (strict=true, too many skipped records, no documents, a truncated or corrupt input file, an input
-changed during the run); 1 any other failure, a crashed worker and a full output disk included. SIGTERM (Slurm's scancel or time limit) ends the run like
-Ctrl-C: the pool is stopped and the output lock released, so a resubmitted job can take the output.
+changed during the run); 75 stopped by SIGUSR1 for requeue (a batch job's early warning before
+its time limit); 1 any other failure, a crashed worker and a full output disk included. SIGTERM
+(Slurm's scancel or time limit) ends the run like Ctrl-C: the pool is stopped and the output lock
+released, so a resubmitted job can take the output. SIGUSR1 ends it the same way, with exit 75.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import threading
 from typing import List, Sequence
 
 import data_prep.config  # noqa: F401  (registers prepare_schema)
-from data_prep.errors import CONFIG_ERROR_EXIT, DataPrepError, FAILURE_EXIT
+from data_prep.errors import (CONFIG_ERROR_EXIT, FAILURE_EXIT, REQUEUE_EXIT, DataPrepError,
+                             StopForRequeue)
 
 USAGE = """usage: python -m data_prep input=<file|glob|dir|[a,b]> output=<dir> [key=value ...]
   tokenizer.kind=hf|tiktoken|sentencepiece|byte tokenizer.path=<file|dir|encoding name>
@@ -44,8 +47,24 @@ def compose(argv: Sequence[str], config_name: str = "prepare"):
         raise SystemExit(CONFIG_ERROR_EXIT) from None
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def _ignore_stop_signals() -> None:
+    """A run stops once: a repeated signal (Slurm sends SIGTERM to the whole job; a wrapper may
+    forward what this process already got) must not cut the clean-up short (pool, output lock)."""
+    for number in STOP_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
+
+
 def _interrupt(signum, frame) -> None:
+    _ignore_stop_signals()
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _stop_for_requeue(signum, frame) -> None:
+    _ignore_stop_signals()
+    raise StopForRequeue(f"signal {signum}")
 
 
 def task_warnings(manifest: dict) -> List[str]:
@@ -73,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = compose(argv)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGUSR1, _stop_for_requeue)
     from data_prep.progress import print_summary, small_shard_warnings
     from data_prep.run import check_bad_fraction, execute
 
@@ -87,6 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DataPrepError as exc:
         print(f"data_prep: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except StopForRequeue:
+        print("data_prep: stopped for requeue (SIGUSR1); the committed shards are kept and the "
+              "requeued job resumes after them", file=sys.stderr)
+        return REQUEUE_EXIT
     except KeyboardInterrupt:
         print("data_prep: interrupted; re-run the same command to resume", file=sys.stderr)
         return FAILURE_EXIT

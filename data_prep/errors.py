@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from launcher.runtime.signals import REQUEUE_EXIT_CODE
+
 CONFIG_ERROR_EXIT = 2
 """Exit code of config errors (bad override, missing input, unusable tokenizer, foreign output,
 an output locked by a live run)."""
@@ -13,6 +15,14 @@ inputs hold no document, a compressed input is truncated or corrupt, or an input
 the run."""
 FAILURE_EXIT = 1
 """Exit code of any other failure, a crashed worker included."""
+REQUEUE_EXIT = REQUEUE_EXIT_CODE
+"""Exit code of a run stopped by SIGUSR1, the early warning a batch job gets before its time limit
+(``#SBATCH --signal=B:USR1@300``): its committed shards are kept, and the array recipe requeues
+the job, which resumes after them (the training's stop contract, launcher.runtime.signals)."""
+
+
+class StopForRequeue(KeyboardInterrupt):
+    """Raised in the main process by SIGUSR1: stop like Ctrl-C, then exit with REQUEUE_EXIT."""
 
 
 class DataPrepError(Exception):

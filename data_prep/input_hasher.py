@@ -51,6 +51,7 @@ def share_files(sizes: Dict[str, int], count: int) -> List[List[str]]:
 def _hash_files(paths: List[str], conn) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the early warning, too, is the main process's
     name_this_process(HASHER_NAME)
     try:
         digests = {path: file_sha256(path) for path in paths}

@@ -99,6 +99,14 @@ class ShardWriter:
                 "bin_crc32": self._crc, "idx_crc32": crc32(index)}
 
     def abandon(self) -> None:
-        """Drop the temporary file (the shard had no documents)."""
+        """Drop every file of this shard: it is not in the manifest (it had no documents, or the
+        run stopped, perhaps inside :meth:`commit`, which a stop signal can interrupt between its
+        two renames). A final name it had already reached goes too: no file stands under a final
+        name that the manifest does not list, and a missing one is not an error that would hide
+        why the run stopped."""
         self._handle.close()
-        os.unlink(self.bin_path + TMP_SUFFIX)
+        for path in (self.tmp_path, self.idx_path + TMP_SUFFIX, self.bin_path, self.idx_path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass

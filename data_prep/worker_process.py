@@ -81,6 +81,7 @@ def worker_main(conn) -> None:
     forked worker as it ends a spawned one, not through the main process's handler)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the early warning, too, is the main process's
     name_this_process(WORKER_NAME)
     from data_prep.held_parts import HeldParts
     from data_prep.worker import init_worker, warm_up
