@@ -3,7 +3,8 @@
 # [bench/data_prep.py arguments]`, from anywhere in the repository, with .whl in the call's carry.
 # Installs the wheels of .whl/data_prep/ (bench/device/data_prep_wheels.sh) into /tmp/site-dp once
 # per machine, keeping the machine's own numpy when it has one (torch's), and runs
-# bench/data_prep.py (default: 32 copies, about 1 GB; workers 1, 2, 4, 8 and all cores; 3 rounds).
+# bench/data_prep.py (default: 32 copies, about 1 GB; workers 1, 2, 4, 8 and all cores; 3 rounds),
+# then bench/data_prep_many_files.py (16 copies: about 28,000 files) with a worker per core.
 # The classic baseline builds its shards with megatron-core's IndexedDatasetBuilder: it uses the
 # megatron-core wheel that bench/device/setup.sh installs from .whl/ and the machine's torch.
 # The output goes to $OUT/data_prep_scaling.log ($OUT is the device machine's result folder).
@@ -35,4 +36,7 @@ print(*(f"{d} {version(d)}" for d in ("gigatoken", "numpy", "tiktoken", "megatro
 PY
   if [ $# -eq 0 ]; then set -- --copies 32 --repeat 3; fi
   python3 bench/data_prep.py "$@"
+  echo
+  echo "many small files (one document per file) against one JSONL file, all cores:"
+  python3 bench/data_prep_many_files.py --copies 16 --repeat 3 --workers "$(nproc)"
 } 2>&1 | tee "$LOG"
