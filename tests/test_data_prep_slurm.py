@@ -66,6 +66,7 @@ def test_a_task_warned_of_its_time_limit_requeues_and_resumes(slurm, tmp_path):
     assert "restart 1" in log and log.count("Submitted batch job") == 1  # one merge job
     merge = log.split("Submitted batch job")[1].split()[0]
     assert wait_job(merge, timeout=300, logs=tmp_path)["JobState"] == "COMPLETED", _logs(tmp_path)
+    assert (tmp_path / f"data_prep_merge_{merge}.out").is_file()  # beside the tasks' logs
     assert load(out / "manifest.json")["complete"]
     prepare(f"input={inputs}", f"output={tmp_path / 'reference'}", "workers=1",
             *SETTINGS.split())
