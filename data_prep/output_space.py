@@ -53,6 +53,7 @@ class OutputSpace:
                  kept: List[dict] = (), warn: Callable[[str], None] = _stderr) -> None:
         self.out_dir, self.stem, self.itemsize, self.warn = out_dir, stem, itemsize, warn
         self.total_input = total_input
+        self.committed_shards = self.committed_input = 0
         self.committed(list(kept))
         self.done_before = self.committed_input  # input bytes in the shards a resume kept
         self.seen_input = self.seen_output = 0
@@ -84,9 +85,11 @@ class OutputSpace:
                       "after freeing it: it resumes after the last committed shard")
 
     def committed(self, entries: List[dict]) -> None:
-        """The committed shards so far (kept ones included), after each commit."""
+        """The committed shards so far (kept ones included), after each commit: only the new
+        entries are added up (a task can commit thousands of shards)."""
+        self.committed_input += sum(e["stats"].get("input_bytes", 0)
+                                    for e in entries[self.committed_shards:])
         self.committed_shards = len(entries)
-        self.committed_input = sum(Stats.from_dict(e["stats"]).input_bytes for e in entries)
 
     def full_error(self, exc: OSError) -> OutputFullError:
         """The OutputFullError for ``exc``, a write that found no space left."""
