@@ -17,7 +17,8 @@ LINE_FORMATS = ("jsonl", "text_lines")
 class ShardAssembler:
     """Appends results to the open shard and commits it once it reaches the size limit.
 
-    ``on_commit(entries)`` runs after every commit (it rewrites the manifest). ``placer`` (the
+    ``on_commit(entries)`` runs after every commit (it rewrites the manifest), and once before
+    the run's first shard file is created. ``placer`` (the
     worker pool) writes the ids of parts that arrive without them (:mod:`data_prep.held_parts`). Shards close only
     at part boundaries (a block is one part unless it is a large compressed one), so a resumed run
     restarts at the part after the last committed shard.
@@ -38,6 +39,10 @@ class ShardAssembler:
         self.writer: Optional[ShardWriter] = None
         self.shard_stats = Stats()
         self.first_block = self.next_block
+        self.announced = False
+        """Whether this run has written its manifest yet: it does before it creates its first
+        shard file, so a run killed at any moment leaves no shard file that a manifest with its
+        fingerprint does not account for (a re-run removes such leftovers as its own)."""
 
     def _block_stats(self, block: Block, result: PartResult) -> Stats:
         offset = self.lines.get(block.file_index, 0) if block.fmt in LINE_FORMATS else 0
@@ -60,6 +65,9 @@ class ShardAssembler:
         self.last_file = block.file_index + max(len(block.files), 1) - 1
         if len(result.lengths):
             if self.writer is None:
+                if not self.announced:  # the manifest (fingerprint, kept shards) comes first
+                    self.on_commit(self.entries)
+                    self.announced = True
                 prefix = f"{self.stem}_{len(self.entries):05d}"
                 settle = self.placer.settle if self.placer is not None else (lambda path: None)
                 self.writer = ShardWriter(self.out_dir, prefix, self.dtype, settle)

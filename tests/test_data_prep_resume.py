@@ -129,3 +129,28 @@ def test_a_dead_worker_fails_the_run(corpus, tmp_path):
     manifest = out / "manifest.json"
     assert not manifest.exists() or not load(manifest)["complete"]
     _assert_no_partial_final_files(out)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_kill_9_before_the_first_commit_then_rerun(tmp_path, workers):
+    """Killed while its first shard is still a .tmp: the run had already written its manifest
+    (no shards yet, its fingerprint), so the re-run knows the leftovers as its own, removes them
+    and finishes; without that manifest it refused the directory ('shard files but no
+    manifest')."""
+    path = write_jsonl(tmp_path / "big.jsonl", stdlib_documents(200, offset=500, max_chars=12_000) * 30)
+    out = tmp_path / "out"
+    cmd = [PYTHON, "-m", "data_prep", f"input={path}", f"output={out}", f"workers={workers}",
+           "progress=false", "tokenizer.kind=byte", "block_bytes=65536", "name=c"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None and not list(out.glob("c_*.bin.tmp")):
+        time.sleep(0.002)
+    assert proc.poll() is None, "the run ended before its first shard file was seen"
+    _kill_tree(proc)
+    assert load(out / "manifest.json")["shards"] == []
+    prepare(f"input={path}", f"output={out}", f"workers={workers}", "tokenizer.kind=byte",
+            "block_bytes=65536", "name=c")
+    prepare(f"input={path}", f"output={tmp_path / 'reference'}", "workers=1", "tokenizer.kind=byte",
+            "block_bytes=65536", "name=c")
+    assert shard_bytes(out) == shard_bytes(tmp_path / "reference")
