@@ -42,20 +42,20 @@ class OutputSpace:
     """Watches the free space under ``out_dir`` against the output this run still has to write.
 
     ``stem`` is the shards' name (``name=``), ``total_input`` the input bytes of the run (of
-    this array task), ``itemsize`` the bytes of one token in the shards, ``kept`` the manifest
-    entries of the shards a resumed run keeps. ``warn`` shows the warning (the progress bar's
-    console).
+    this array task), ``itemsize`` the bytes of one token in the shards, ``kept_shards`` and
+    ``kept_input`` the shards a resumed run keeps and the input bytes they hold. ``warn`` shows
+    the warning (the progress bar's console).
     """
 
     check_every_s = 2.0
 
     def __init__(self, out_dir: str, stem: str, total_input: int, itemsize: int,
-                 kept: List[dict] = (), warn: Callable[[str], None] = _stderr) -> None:
+                 kept_shards: int = 0, kept_input: int = 0,
+                 warn: Callable[[str], None] = _stderr) -> None:
         self.out_dir, self.stem, self.itemsize, self.warn = out_dir, stem, itemsize, warn
         self.total_input = total_input
-        self.committed_shards = self.committed_input = 0
-        self.committed(list(kept))
-        self.done_before = self.committed_input  # input bytes in the shards a resume kept
+        self.committed_shards, self.committed_input = kept_shards, kept_input
+        self.done_before = kept_input  # input bytes in the shards a resume kept
         self.seen_input = self.seen_output = 0
         self.warned = False
         self.next_check = 0.0

@@ -176,7 +176,7 @@ def _execute_plan(cfg, plan: RunPlan, pool, hasher: Optional[InputHasher], start
     with RunProgress(total_bytes, kept_bytes, cfg.progress, cfg.progress_every_s) as progress, \
             timing.phase("tokenize"):
         space = OutputSpace(plan.out_dir, plan.stem, total_bytes, np.dtype(plan.dtype).itemsize,
-                            kept=kept, warn=progress.warn)
+                            kept_shards=len(kept), kept_input=kept_bytes, warn=progress.warn)
         with reporting_changed_inputs(plan.files), space.reporting_full_disk():
             entries, trailing = _tokenize_all(plan, cfg, kept, progress, started, pool, space,
                                               identity)

@@ -48,11 +48,12 @@ def test_no_warning_while_the_rest_fits_or_before_any_output(tmp_path):
 def test_a_resume_counts_only_the_input_after_its_kept_shards(tmp_path):
     """The kept shards' input is done: what is left to come must leave it out."""
     free = shutil.disk_usage(tmp_path).free
-    kept = [{"stats": Stats(input_bytes=free).to_dict()}]
-    space, warnings = _space(tmp_path, total_input=free + free // 4, kept=kept)
+    space, warnings = _space(tmp_path, total_input=free + free // 4, kept_shards=1, kept_input=free)
     space.observe(Stats(documents=1, tokens=1000, input_bytes=1000))
     assert warnings == []
-    assert space.committed_shards == 1 and space.committed_input == free
+    entries = [{"stats": Stats(input_bytes=free).to_dict()}, {"stats": Stats(input_bytes=500).to_dict()}]
+    space.committed(entries)  # the kept shard, then this run's first: only the new one is added
+    assert space.committed_shards == 2 and space.committed_input == free + 500
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])

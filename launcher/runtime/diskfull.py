@@ -92,13 +92,13 @@ def out_of_space(exc: BaseException, path: Path) -> bool:
         return True
     if not is_write_failure(exc):
         return False
-    usage = filesystem_usage(Path(path))
+    usage = filesystem_usage(path)
     return usage is not None and usage.free < min(LOW_WATER_BYTES, usage.total // 100 + 1)
 
 
 def free_space_text(path: Path) -> str:
     """``1.2 GiB free of 10.0 GiB`` for the filesystem holding ``path``."""
-    usage = filesystem_usage(Path(path))
+    usage = filesystem_usage(path)
     if usage is None:
         return "free space unknown"
     return f"{human_bytes(usage.free)} free of {human_bytes(usage.total)}"
