@@ -30,9 +30,9 @@ class InputFile:
     """'' (none), gz or zst."""
     size: int
     """File size in bytes (compressed size for compressed files)."""
-    mtime_ns: int = 0
+    mtime_ns: int
     """Modification time when the inputs were listed (ns); the fingerprint records it, so a
-    file changed during a run makes its re-run refuse the shards (0: not known)."""
+    file changed during a run makes its re-run refuse the shards."""
 
 
 def suffixes(path: str) -> List[str]:
@@ -124,7 +124,7 @@ def _change(file: InputFile) -> str:
         return f"{file.path}: removed"
     if stat.st_size != file.size:
         return f"{file.path}: {file.size:,} bytes when listed, {stat.st_size:,} now"
-    if file.mtime_ns and stat.st_mtime_ns != file.mtime_ns:
+    if stat.st_mtime_ns != file.mtime_ns:
         return f"{file.path}: modified after it was listed (same size)"
     return ""
 

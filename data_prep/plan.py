@@ -110,8 +110,7 @@ def fingerprint(plan: RunPlan, cfg) -> dict:
     changed only how compressed inputs are cut, so it is recorded only when there is one (runs
     over plain files written before it keep their shards)."""
     compressed = any(getattr(f, "compression", "") for f in plan.files)
-    return {"inputs": [[f.path, f.size, f.mtime_ns or os.stat(f.path).st_mtime_ns]
-                       for f in plan.files],
+    return {"inputs": [[f.path, f.size, f.mtime_ns] for f in plan.files],
             **({"block_scheme": BLOCK_SCHEME} if compressed else {}),
             "format": _value(cfg.format), "text_key": cfg.text_key, "text_unit": _value(cfg.text_unit),
             "block_bytes": cfg.block_bytes, "shard_tokens": cfg.shard_tokens,

@@ -9,9 +9,10 @@ import numpy as np
 
 from data_prep.backend_cache import cache_path, cached_verdict, store_verdict, verdict_key
 from data_prep.errors import ConfigError
+from data_prep.manifest import file_sha256
 from data_prep.tokenizer_spec import (BOS_CANDIDATES, BYTE_BOS, BYTE_EOD, BYTE_VOCAB, EOD_CANDIDATES,
                                       PROBE_TEXTS, TokenizerInfo, _hf_named_token, gigatoken_encoder,
-                                      hf_tokenizer_file, native_encoder, sha256_of, tiktoken_rank_file)
+                                      hf_tokenizer_file, native_encoder, tiktoken_rank_file)
 
 
 def _resolve_file(kind: str, path: str) -> str:
@@ -108,7 +109,7 @@ def resolve_tokenizer(cfg) -> TokenizerInfo:
     """Resolve ``cfg`` (the ``tokenizer`` section) into a TokenizerInfo; ConfigError when unusable."""
     kind = str(getattr(cfg.kind, "value", cfg.kind))
     file = _resolve_file(kind, cfg.path)
-    sha256 = sha256_of(file) if file else ""
+    sha256 = file_sha256(file) if file else ""
     cached = _from_cached_verdict(cfg, kind, file, sha256)
     if cached is not None:
         return cached

@@ -7,7 +7,6 @@ EOD/BOS ids, chosen backend) and every worker builds its own encoder from it.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -53,14 +52,6 @@ class TokenizerInfo:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def sha256_of(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def tiktoken_rank_file(path: str) -> str:
