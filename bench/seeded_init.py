@@ -42,7 +42,7 @@ def main() -> int:
     from launcher.engines import compat
     from launcher.engines.model import build_gpt_model, init_parallel_state
     from launcher.engines.seeded_init import seed_chunks
-    from launcher.runtime.distributed import destroy_distributed, init_distributed
+    from launcher.parallel.distributed import destroy_distributed, init_distributed
 
     torch.set_num_threads(1)
     cfg = to_object(compose_config([f"model={args.model}", f"model.num_layers={args.layers}",

@@ -83,7 +83,7 @@ def build_bare_engine(cfg, ds_config: dict):
     from launcher.engines.deepspeed.mpu import DeepSpeedMPU
     from launcher.config import Arch
     from launcher.engines.model import transformer_config, use_transformer_engine
-    from launcher.plan.params import padded_vocab_size
+    from launcher.shape.model import padded_vocab_size
 
     compat.install()  # CUDA-only calls of Megatron-Core redirected on a CPU machine
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")

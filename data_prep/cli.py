@@ -16,8 +16,8 @@ import threading
 from typing import List, Sequence
 
 import data_prep.config  # noqa: F401  (registers prepare_schema)
-from data_prep.errors import (CONFIG_ERROR_EXIT, FAILURE_EXIT, REQUEUE_EXIT, DataPrepError,
-                             StopForRequeue)
+from data_prep.errors import DataPrepError, StopForRequeue
+from launcher.core.exits import CONFIG_ERROR_EXIT, FAILURE_EXIT, REQUEUE_EXIT
 
 USAGE = """usage: python -m data_prep input=<file|glob|dir|[a,b]> output=<dir> [key=value ...]
   tokenizer.kind=hf|tiktoken|sentencepiece|byte tokenizer.path=<file|dir|encoding name>
@@ -38,7 +38,7 @@ def normalize_overrides(argv: Sequence[str]) -> List[str]:
 
 def compose(argv: Sequence[str], config_name: str = "prepare"):
     """The composed config; prints the error and exits with code 2 when it does not compose."""
-    from launcher.compose import ConfigError, compose_config
+    from launcher.compose import compose_config, ConfigError
 
     try:
         return compose_config(normalize_overrides(argv), config_name=config_name, schema="data_prep.config")

@@ -15,7 +15,7 @@ from typing import List
 
 import yaml
 
-from launcher.atomic import atomic_write_bytes
+from launcher.core.atomic import atomic_write_bytes
 
 DATA_CONFIG = "data.yaml"
 

@@ -4,21 +4,18 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from launcher.runtime.signals import REQUEUE_EXIT_CODE
+from launcher.core.exits import BAD_DATA_EXIT, CONFIG_ERROR_EXIT, FAILURE_EXIT
 
-CONFIG_ERROR_EXIT = 2
-"""Exit code of config errors (bad override, missing input, unusable tokenizer, foreign output,
-an output locked by a live run)."""
-BAD_DATA_EXIT = 3
-"""Exit code when strict=true meets a bad record, skipped records exceed max_bad_fraction, the
-inputs hold no document, a compressed input is truncated or corrupt, or an input changed during
-the run."""
-FAILURE_EXIT = 1
-"""Exit code of any other failure, a crashed worker included."""
-REQUEUE_EXIT = REQUEUE_EXIT_CODE
-"""Exit code of a run stopped by SIGUSR1, the early warning a batch job gets before its time limit
-(``#SBATCH --signal=B:USR1@300``): its committed shards are kept, and the array recipe requeues
-the job, which resumes after them (the training's stop contract, launcher.runtime.signals)."""
+# data_prep's use of the exit codes every trainwright command shares (launcher.core.exits):
+# CONFIG_ERROR_EXIT (2): bad override, missing input, unusable tokenizer, foreign output, an
+#   output locked by a live run;
+# BAD_DATA_EXIT (3): strict=true meets a bad record, skipped records exceed max_bad_fraction, the
+#   inputs hold no document, a compressed input is truncated or corrupt, an input changed
+#   during the run;
+# REQUEUE_EXIT (75): stopped by SIGUSR1, the early warning a batch job gets before its time limit
+#   (``#SBATCH --signal=B:USR1@300``): its committed shards are kept, and the array recipe
+#   requeues the job, which resumes after them;
+# FAILURE_EXIT (1): any other failure, a crashed worker included.
 
 
 class StopForRequeue(KeyboardInterrupt):

@@ -25,7 +25,7 @@ from data_prep.blocks import Block, iter_blocks
 from data_prep.output_space import INDEX_BYTES_PER_DOCUMENT
 from data_prep.plan import RunPlan, make_plan
 from data_prep.progress import in_unit_of
-from launcher.runtime.diskfull import filesystem_usage
+from launcher.core.diskspace import filesystem_usage
 
 SAMPLE_BYTES = 64 * 2**20
 """About how many input bytes the sample reads: one block at each of up to MAX_SAMPLE_POINTS

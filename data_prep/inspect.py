@@ -16,9 +16,9 @@ from typing import List
 
 import numpy as np
 
-from data_prep.errors import BAD_DATA_EXIT
 from data_prep.manifest import MANIFEST, load_manifest, shard_problem
 from data_prep.tokenizer_spec import TokenizerInfo, build_encoder
+from launcher.core.exits import BAD_DATA_EXIT
 
 
 def open_shards(out_dir: str, manifest: dict) -> list:

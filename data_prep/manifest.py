@@ -18,7 +18,7 @@ import orjson
 from data_prep.crc import crc32
 from data_prep.errors import ConfigError
 from data_prep.shards import TMP_SUFFIX
-from launcher.atomic import atomic_write_bytes
+from launcher.core.atomic import atomic_write_bytes
 
 MANIFEST = "manifest.json"
 

@@ -31,7 +31,7 @@ import time
 from typing import Optional, Tuple
 
 from data_prep.errors import OutputLockedError
-from launcher.runtime.runlock import Holder, slurm_identity
+from launcher.core.locks import Holder, slurm_identity
 
 LOCK_PREFIX = ".data_prep"
 UNREADABLE_STALE_S = 60.0

@@ -23,7 +23,7 @@ from typing import Callable, Iterator, List
 
 from data_prep.errors import DataPrepError
 from data_prep.stats import Stats
-from launcher.runtime.diskfull import filesystem_usage, free_space_text, human_bytes, no_space_cause
+from launcher.core.diskspace import filesystem_usage, free_space_text, human_bytes, no_space_cause
 
 INDEX_BYTES_PER_DOCUMENT = 20
 """``.idx`` bytes per document in a Megatron indexed dataset: its length (int32), its pointer

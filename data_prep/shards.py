@@ -15,7 +15,7 @@ from typing import Callable, Dict, List
 import numpy as np
 
 from data_prep.crc import crc32, crc32_combine
-from launcher.atomic import fsync_dir
+from launcher.core.atomic import fsync_dir
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 DTYPE_CODES = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3,

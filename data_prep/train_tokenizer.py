@@ -16,8 +16,8 @@ from data_prep.blocks import iter_blocks
 from data_prep.errors import DataPrepError
 from data_prep.inputs import expand_inputs
 from data_prep.records import RecordSink
-from launcher.atomic import atomic_write_bytes
 from data_prep.worker import _STATE, block_parts, parse_into
+from launcher.core.atomic import atomic_write_bytes
 
 
 def iter_texts(specs: List[str], text_key: str, text_unit: str) -> Iterator[str]:

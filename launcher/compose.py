@@ -21,8 +21,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-CONFIG_ERROR_EXIT = 2
-"""Exit code of every config or validation error."""
+from launcher.core.exits import CONFIG_ERROR_EXIT
 
 CONF_DIR = Path(os.environ.get("TRAINWRIGHT_CONF", Path(__file__).resolve().parent.parent / "conf"))
 """The config tree; TRAINWRIGHT_CONF moves it."""

@@ -74,6 +74,18 @@ def compute_precision(precision) -> str:
     return "bf16" if is_fp8(precision) else getattr(precision, "value", precision)
 
 
+def loss_kernel(choice, *, precision, gpu: bool, te: bool) -> str:
+    """The cross-entropy kernel ``trainer.cross_entropy_fusion=choice`` runs: ``te``, ``native``
+    or ``off``. ``auto``: Transformer Engine's on a GPU in bf16 where TE imports (``te``),
+    Megatron-Core's fused one without it; off on CPU and for fp32/fp16, where Megatron-Core's
+    fused kernel would return bf16 logit gradients. Only ``te`` keeps no fp32 logits."""
+    if choice != "auto":
+        return getattr(choice, "value", choice)
+    if not gpu or compute_precision(precision) != "bf16":  # fp8: the loss is bf16
+        return "off"
+    return "te" if te else "native"
+
+
 class Fp8Recipe(str, Enum):
     """How Transformer Engine scales FP8 tensors (megatron-core 0.16 ``fp8_recipe``)."""
 

@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
+from launcher.compose import compose_or_exit, to_object
+from launcher.core.exits import CONFIG_ERROR_EXIT
 
 
 def split_checkpoint(argv: Sequence[str]) -> tuple[str, list]:
@@ -43,7 +44,7 @@ def tokenizer_path(gen, checkpoint: str) -> Optional[Path]:
             return p
         if (p / "tokenizer.json").is_file():
             return p / "tokenizer.json"
-    from launcher.convert.sources import checkpoint_meta, step_dir_of
+    from launcher.engines.weights.sources import checkpoint_meta, step_dir_of
     from launcher.convert.to_hf import tokenizer_files
 
     if (Path(checkpoint) / "config.json").is_file():
@@ -81,8 +82,8 @@ def run(argv: Sequence[str], checkpoint: str) -> int:
     from launcher.engines import compat
     from launcher.engines.megatron.engine import build_model_chunks
     from launcher.engines.model import init_parallel_state
-    from launcher.convert.fill import fill_chunks
-    from launcher.runtime.distributed import destroy_distributed, init_distributed
+    from launcher.engines.weights.fill import fill_chunks
+    from launcher.parallel.distributed import destroy_distributed, init_distributed
     from launcher.engines.megatron.generation import Generator
 
     cfg = to_object(compose_or_exit(argv))
@@ -115,7 +116,7 @@ def _report(gen, ids, new, logits, tokenizer, generator) -> None:
     if gen.logits_file and logits is not None and generator.writes_logits():
         import numpy as np
 
-        from launcher.atomic import atomic_write_bytes
+        from launcher.core.atomic import atomic_write_bytes
         import io
 
         buffer = io.BytesIO()
@@ -141,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from launcher.convert.model_source import adopt_model
     from launcher.launch.local import launch_local_world
-    from launcher.runtime.distributed import in_distributed_launch
+    from launcher.parallel.distributed import in_distributed_launch
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):

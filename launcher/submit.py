@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Sequence
 
 from launcher.cli import handle_flags
-from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
-from launcher.plan.data_check import check_data_or_exit
-from launcher.runtime.rundir import run_dir_path
+from launcher.compose import compose_or_exit, to_object
+from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.launch.sbatch import SbatchError, render
 from launcher.plan import plan_or_exit
+from launcher.plan.data_check import check_data_or_exit
+from launcher.runtime.rundir import run_dir_path
 
 SCRIPT_NAME = "submit.sbatch"
 """File name of the rendered script inside the run directory."""

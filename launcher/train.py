@@ -5,7 +5,7 @@ local GPU (times ``cluster.ranks_per_gpu``) when not already launched -> in each
 process groups, run directory, engine (from the registry), resume, data ->
 :class:`launcher.runtime.loop.TrainLoop` -> close. Exit codes: 0 done, 2 config error,
 3 non-finite loss/gradient (launcher.runtime.loop), 75 stopped for requeue
-(launcher.runtime.signals), 1 other.
+(launcher.core.stop), 1 other.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ import uuid
 from pathlib import Path
 from typing import Any, NamedTuple, Optional, Sequence
 
-from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
+from launcher.compose import compose_or_exit, to_object
+from launcher.core.exits import CONFIG_ERROR_EXIT
+from launcher.launch.local import launch_local_world
+from launcher.parallel.distributed import in_distributed_launch
+from launcher.plan import plan_or_exit
 from launcher.plan.data_check import check_data_or_exit
 from launcher.runtime.console import library_logs_to
-from launcher.launch.local import launch_local_world
-from launcher.runtime.distributed import in_distributed_launch
-from launcher.plan import plan_or_exit
 
 
 def plan_for_attention_kernel(cfg, plan, world: int):
@@ -55,7 +56,7 @@ def plan_for_attention_kernel(cfg, plan, world: int):
 def write_pid_file(run_dir: Path, rank: int) -> None:
     """``run_dir/logs/rank_<r>.pid``: this rank's process id, so that an operator (or a test) can
     signal one rank, e.g. the early-warning stop signal."""
-    from launcher.atomic import atomic_write_text
+    from launcher.core.atomic import atomic_write_text
 
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "logs" / f"rank_{rank}.pid", f"{os.getpid()}\n")
@@ -81,15 +82,16 @@ def start_worker(argv: Sequence[str]) -> Worker:
     from launcher.engines.model import init_parallel_state
     from launcher.runtime import strict_devices
     from launcher.runtime.console import route_output
-    from launcher.runtime.distributed import init_distributed, launch_rank
+    from launcher.parallel.distributed import init_distributed, launch_rank
     from launcher.runtime.rundir import run_dir_path
-    from launcher.runtime.signals import StopRequest
+    from launcher.core.stop import StopRequest
+    from launcher.parallel import collectives
 
     raw = compose_or_exit(argv)
     cfg = to_object(raw)
     run_dir = run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name)
     console = route_output(run_dir, launch_rank(), cfg.run.verbose)
-    stop = StopRequest(cfg.trainer.stop_signal)
+    stop = StopRequest(cfg.trainer.stop_signal, any_rank=collectives.any_rank)
     compat.install()
     strict_devices.install_if_requested()
     rank, _, world = init_distributed(ranks_per_gpu=cfg.cluster.ranks_per_gpu)
@@ -117,13 +119,18 @@ def train_worker(w: Worker) -> int:
     import torch
 
     from launcher.engines import spec
-    from launcher.runtime import checkpoint, collectives, runlock
+    from launcher.core import locks
+    from launcher.parallel import collectives
+    from launcher.core import checkpoints as layout
+    from launcher.core.errors import CheckpointError
+    from launcher.runtime import checkpoint
     from launcher.runtime import resume as resume_safety
     from launcher.runtime.data import build_data
-    from launcher.runtime.distributed import destroy_distributed
-    from launcher.runtime.loop import TrainLoop, TrainingAborted
+    from launcher.parallel.distributed import destroy_distributed
+    from launcher.core.errors import TrainingAborted
+    from launcher.runtime.loop import TrainLoop
     from launcher.runtime.rundir import redact, to_plain
-    from launcher.runtime.timers import PhaseTimer
+    from launcher.core.phases import PhaseTimer
 
     cfg, plan, stop, rank, run_dir = w.cfg, w.plan, w.stop, w.rank, w.run_dir
     config = to_plain(w.raw)
@@ -137,7 +144,7 @@ def train_worker(w: Worker) -> int:
     if w.attention_note:
         metrics.log_event("attention", w.attention_note)
     try:
-        resume = checkpoint.find_resume(run_dir, cfg.trainer.load)
+        resume = layout.find_resume(run_dir, cfg.trainer.load)
         record = resume_safety.run_record(cfg, plan)
         resume_safety.refuse_incompatible(resume, record)  # exit 2 before anything is built
         if resume_safety.already_trained(resume, plan, metrics):
@@ -160,7 +167,7 @@ def train_worker(w: Worker) -> int:
                          state=state,
                          saved_extras={"config": redact(config), "plan": plan.to_dict()},
                          ).run()
-    except (TrainingAborted, checkpoint.CheckpointError) as exc:
+    except (TrainingAborted, CheckpointError) as exc:
         metrics.log_event("abort", str(exc))
         w.console.error(f"train: rank {rank}: {exc}")
         return getattr(exc, "exit_code", 1)
@@ -168,7 +175,7 @@ def train_worker(w: Worker) -> int:
         metrics.close()
         if not stop.decided:  # a stopping rank keeps ignoring stop signals until it has exited
             stop.restore()
-        runlock.release(run_dir)
+        locks.release(run_dir)
         destroy_distributed()
 
 
@@ -207,13 +214,14 @@ def initial_weights(cfg, resume, metrics):
 def take_run_lock(run_dir: Path, rank: int, console):
     """Rank 0 locks the run directory (collective): (every rank may go on, the dead holder whose
     lock was taken over or None). A live holder is printed and every rank stops."""
-    from launcher.runtime import collectives, runlock
+    from launcher.core import locks
+    from launcher.parallel import collectives
 
     stale, refused = None, False
     if rank == 0:
         try:
-            stale = runlock.acquire(run_dir)
-        except runlock.RunLocked as exc:
+            stale = locks.acquire(run_dir)
+        except locks.RunLocked as exc:
             console.error(f"train: {exc}")
             refused = True
     return not collectives.any_rank(refused), stale
@@ -228,12 +236,12 @@ def _engine_configs(cfg) -> dict:
 def run_dir_free(cfg) -> bool:
     """Before spawning anything: False (and why, on stderr) when a live run holds the run
     directory (rank 0 takes the lock itself; this only fails early)."""
-    from launcher.runtime import runlock
+    from launcher.core import locks
     from launcher.runtime.rundir import run_dir_path
 
     try:
-        runlock.check_free(run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name))
-    except runlock.RunLocked as exc:
+        locks.check_free(run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name))
+    except locks.RunLocked as exc:
         print(f"train: {exc}", file=sys.stderr, flush=True)
         return False
     return True

@@ -1,4 +1,4 @@
-"""launcher.runtime.collectives: the one module that calls torch.distributed collectives.
+"""launcher.parallel.collectives: the one module that calls torch.distributed collectives.
 
 Checks: no other module of the project calls a collective directly (an AST scan, so a new call
 site fails here); each reduction gives the right numbers on 2 gloo ranks, including ranks that
@@ -20,7 +20,7 @@ COLLECTIVES = {"all_reduce", "all_gather", "all_gather_into_tensor", "all_gather
                "reduce", "all_to_all", "all_to_all_single", "gather", "scatter", "send", "recv",
                "isend", "irecv", "batch_isend_irecv", "barrier", "monitored_barrier",
                "_all_gather_base", "_reduce_scatter_base"}
-OWNER = ROOT / "launcher" / "runtime" / "collectives.py"
+OWNER = ROOT / "launcher" / "parallel" / "collectives.py"
 
 
 def _dist_aliases(tree: ast.Module) -> set:
@@ -53,7 +53,7 @@ def test_only_the_collectives_module_calls_collectives():
     files = [p for folder in ("launcher", "data_prep") for p in (ROOT / folder).rglob("*.py")
              if p != OWNER]
     offenders = [hit for path in files for hit in direct_collective_calls(path)]
-    assert offenders == [], ("call launcher.runtime.collectives instead of torch.distributed "
+    assert offenders == [], ("call launcher.parallel.collectives instead of torch.distributed "
                              f"in: {offenders}")
 
 
@@ -76,7 +76,7 @@ def reductions_worker(args: dict) -> dict:
     """Each reduction on 2 ranks; rank 0 plays a stage without a loss."""
     import torch
 
-    from launcher.runtime import collectives
+    from launcher.parallel import collectives
 
     rank = collectives.rank()
     out = {"device": str(collectives.device_for()), "world": collectives.world_size()}
@@ -113,7 +113,7 @@ def test_reductions_on_two_ranks():
 def test_world_of_one_without_a_process_group():
     import torch.distributed as dist
 
-    from launcher.runtime import collectives
+    from launcher.parallel import collectives
 
     assert not dist.is_initialized()
     assert collectives.agree_loss(2.0, 1, True) == (2.0, 1.0, True)
@@ -126,7 +126,7 @@ def test_world_of_one_without_a_process_group():
 def test_sum_refuses_a_tensor_on_the_wrong_device(monkeypatch):
     import torch
 
-    from launcher.runtime import collectives
+    from launcher.parallel import collectives
 
     monkeypatch.setattr(collectives, "initialized", lambda: True)
     monkeypatch.setattr(collectives, "device_for", lambda group=None: torch.device("cuda", 0))

@@ -65,11 +65,11 @@ def layout_worker(args: dict):
     import dataclasses
 
     from launcher.config import ModelConfig, ParallelismConfig, Precision, TrainerConfig
-    from launcher.convert.fill import fill_chunks
     from launcher.convert.model_source import source_model
     from launcher.engines.megatron.engine import build_model_chunks
     from launcher.engines.megatron.generation import Generator
     from launcher.engines.model import init_parallel_state
+    from launcher.engines.weights.fill import fill_chunks
 
     model = ModelConfig(**{**source_model(args["hf"]), "seq_length": 64})
     parallelism = dataclasses.replace(ParallelismConfig(), **args["parallelism"])

@@ -13,10 +13,11 @@ import pytest
 from data_prep_fixtures import PYTHON, REPO, load, prepare, shard_bytes, stdlib_documents, write_jsonl
 
 from data_prep.blocks import Block
-from data_prep.errors import BAD_DATA_EXIT, CONFIG_ERROR_EXIT, InputChangedError
+from data_prep.errors import InputChangedError
 from data_prep.inputs import changed_inputs, check_unchanged, expand_inputs
 from data_prep.manifest import fingerprint_differences
 from data_prep.parts import iter_parts
+from launcher.core.exits import BAD_DATA_EXIT, CONFIG_ERROR_EXIT
 
 ARGS = ["tokenizer.kind=byte", "block_bytes=16384", "shard_tokens=40000", "name=c", "workers=2"]
 

@@ -11,9 +11,9 @@ import shutil
 import pytest
 from data_prep_fixtures import load, prepare, shard_bytes, stdlib_documents, write_jsonl
 
-from data_prep.errors import FAILURE_EXIT
 from data_prep.output_space import INDEX_BYTES_PER_DOCUMENT, OutputFullError, OutputSpace
 from data_prep.stats import Stats
+from launcher.core.exits import FAILURE_EXIT
 
 ARGS = ["tokenizer.kind=byte", "block_bytes=65536", "shard_tokens=50000", "name=c"]
 

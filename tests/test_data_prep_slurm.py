@@ -110,7 +110,7 @@ def test_sigusr1_to_the_whole_group_twice_stops_for_requeue_once(tmp_path):
 
     from data_prep_fixtures import PYTHON, shard_bytes
 
-    from data_prep.errors import REQUEUE_EXIT
+    from launcher.core.exits import REQUEUE_EXIT
 
     path = write_jsonl(tmp_path / "a.jsonl", stdlib_documents(200, offset=500, max_chars=12_000) * 4)
     args = [f"input={path}", "workers=2", "progress=false", "tokenizer.kind=byte", "name=c",

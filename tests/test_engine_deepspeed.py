@@ -80,11 +80,11 @@ def run_layout(overrides, steps: int, data_seed: int) -> dict:
     import torch
     from megatron.core import parallel_state
 
+    from launcher.core.phases import PhaseTimer
     from launcher.engines.deepspeed.engine import build_engine
     from launcher.engines.model import init_parallel_state
     from launcher.plan import compute_plan
     from launcher.runtime.schedule import lr_at
-    from launcher.runtime.timers import PhaseTimer
 
     cfg = cfg_of(overrides)
     plan = compute_plan(cfg, world_size=torch.distributed.get_world_size())

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from launcher.compose import CONFIG_ERROR_EXIT, compose_config, to_object
+from launcher.compose import compose_config, to_object
+from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.plan import PlanError, compute_plan
 from launcher.plan.fp8 import stage_fp8_layers
 
@@ -91,12 +92,13 @@ def test_fp8_only_speeds_the_layer_gemms():
 
 
 def test_fp8_memory_counts_te_weight_copies_unless_weights_are_fp8():
-    from launcher.plan.params import layer_params, model_dims
+    from launcher.plan.params import layer_params
+    from launcher.shape.model import ResolvedModel
 
     base = EIGHT_B_WIDTH + ["trainer.fp8.recipe=tensorwise"]
     bf16 = plan_of(*base).memory_per_gpu
     fp8 = plan_of(*base, "trainer.precision=fp8").memory_per_gpu
-    layer = layer_params(model_dims(cfg_of(*base).model))
+    layer = layer_params(ResolvedModel.of(cfg_of(*base).model))
     copies = 8 * 2 * (layer.attention + layer.mlp)
     scaling = 8 * 4 * 5 * 1 * 4  # layers x GEMMs x scaling values x history x fp32
     assert fp8.weights - bf16.weights == copies + scaling

@@ -32,7 +32,7 @@ STEPS = 4
 
 def cp_worker(args: dict) -> dict:
     """Train ``STEPS`` steps at the given CP size on fixed data; per-step loss and grad norm."""
-    from launcher.runtime.timers import PhaseTimer
+    from launcher.core.phases import PhaseTimer
     from tests.test_engine_deepspeed import fixed_batches
     from tests.test_megatron_engine import build
 

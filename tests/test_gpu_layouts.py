@@ -66,7 +66,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parent.parent
 PHASES = ("data", "forward", "loss", "backward", "grad_sync", "optimizer", "checkpoint")
-"""The phases of launcher.runtime.timers.PHASES (spelled out: this file names what it checks)."""
+"""The phases of launcher.core.phases.PHASES (spelled out: this file names what it checks)."""
 FUSED_BACKWARD = "backward+grad_sync"
 STEPS = 6
 LOSS_DROP = 0.3

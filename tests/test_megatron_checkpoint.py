@@ -45,7 +45,7 @@ def _dp_share(batches: list) -> list:
 
 def _steps(eng, cfg, plan, batches: list, steps: int) -> list:
     """Train ``steps`` steps, each on the next grad_accum batches; (loss, grad norm) per step."""
-    from launcher.runtime.timers import PhaseTimer
+    from launcher.core.phases import PhaseTimer
 
     out, it = [], iter(batches)
     for _ in range(steps):
@@ -86,9 +86,9 @@ def _save(eng, directory: Path, step: int, background: bool = True):
 
 
 def _load(eng, directory: Path) -> None:
-    from launcher.runtime import checkpoint
+    from launcher.core import checkpoints
 
-    _manager(eng, directory).load(checkpoint.find_resume(directory.parent))
+    _manager(eng, directory).load(checkpoints.find_resume(directory.parent))
 
 
 def _finish() -> None:
@@ -134,7 +134,7 @@ def reshard_worker(args: dict) -> dict:
 def _moe_phase(ckpt: Path, out: dict) -> None:
     """MoE (4 experts, EP=2) with the distributed optimizer: two DistributedOptimizers (dense and
     expert parameters); resume bitwise at EP=2; an EP=1 run (one optimizer) refuses it."""
-    from launcher.runtime.checkpoint import CheckpointError
+    from launcher.core.errors import CheckpointError
     from tests.test_megatron_engine import MOE
 
     cfg, plan, eng = build(TIED + MOE + ["parallelism.zero_stage=1", "trainer.global_batch_size=4"])
@@ -233,7 +233,7 @@ def _train_and_save_zero1(ckpt: Path, out: dict) -> list:
 def _load_elsewhere(ckpt: Path, batches: list, out: dict) -> None:
     """The DP=2 checkpoint at TP=2 (DP=1), then refused by a zero_stage=0 run, whose model
     tensors alone (weights-only load) must still reproduce the saved model."""
-    from launcher.runtime.checkpoint import CheckpointError
+    from launcher.core.errors import CheckpointError
 
     cfg, plan, eng = build(TIED + ZERO1 + TP2_DP1)
     _load(eng, ckpt)
@@ -265,9 +265,9 @@ def zero1_worker(args: dict) -> dict:
     out["resumed"] = _steps(eng, cfg, plan, _dp_share(batches[4:8]), 2)
     _finish()
     cfg, plan, eng = build(TIED + ZERO1)
-    from launcher.runtime import checkpoint
+    from launcher.core import checkpoints
 
-    _manager(eng, ckpt).load(checkpoint.find_resume(ckpt, str(ckpt / "step_000000")))
+    _manager(eng, ckpt).load(checkpoints.find_resume(ckpt, str(ckpt / "step_000000")))
     out["from_step0"] = _steps(eng, cfg, plan, batches[:4], 2)
     _finish()
     _load_elsewhere(ckpt, batches, out)
@@ -382,11 +382,11 @@ ASYNC = ZERO1 + ["trainer.async_save=true"]  # trainer.train_steps=8 (TINY): ste
 
 def _listing(ckpt: Path) -> dict:
     """{name: has 'complete'} of a checkpoints directory, plus where ``latest`` points."""
-    from launcher.runtime import checkpoint
+    from launcher.core import checkpoints
 
-    names = {p.name: (p / checkpoint.COMPLETE).is_file() for p in ckpt.iterdir()
-             if p.name != checkpoint.LATEST}
-    resume = checkpoint.find_resume(ckpt.parent)
+    names = {p.name: (p / checkpoints.COMPLETE).is_file() for p in ckpt.iterdir()
+             if p.name != checkpoints.LATEST}
+    resume = checkpoints.find_resume(ckpt.parent)
     return {"dirs": names, "resume": resume.path.name if resume else None}
 
 
@@ -486,12 +486,13 @@ class _SignalOnLog:
 def async_stop_worker(args: dict) -> dict:
     """TrainLoop with trainer.async_save and save_interval=2: a stop signal to rank 1 lands between
     the deferred save of step 2 and the stop check; the loop must complete that save on exit."""
+    from launcher.core.phases import PhaseTimer
+    from launcher.core.stop import StopRequest
+    from launcher.parallel import collectives
     from launcher.runtime.loop import TrainLoop
-    from launcher.runtime.signals import StopRequest
-    from launcher.runtime.timers import PhaseTimer
 
     ckpt = Path(args["dir"]) / "async_stop" / "checkpoints"
-    stop = StopRequest("SIGUSR1")
+    stop = StopRequest("SIGUSR1", any_rank=collectives.any_rank)
     cfg, plan, eng = build(TIED + ASYNC + ["trainer.save_interval=2", "trainer.eval_interval=0",
                                            "trainer.straggler_interval=0"])
     metrics = _SignalOnLog(at=2)
@@ -513,11 +514,11 @@ def async_stop_worker(args: dict) -> dict:
 def test_stop_right_after_an_async_save_completes_that_checkpoint(tmp_path):
     """The stop check finds step 2 already saved (deferred); before exiting for requeue the loop
     waits for its write, so step_000002 is complete and latest names it (no second save)."""
-    from launcher.runtime.signals import REQUEUE_EXIT_CODE
+    from launcher.core.exits import REQUEUE_EXIT
     from tests._dist import run_distributed
 
     for rank in run_distributed("tests.test_megatron_checkpoint:async_stop_worker", 2,
                                 {"dir": str(tmp_path)}):
         assert rank["listing"] == {"dirs": {"step_000002": True}, "resume": "step_000002"}
-        assert (rank["code"], rank["step"], rank["pending"]) == (REQUEUE_EXIT_CODE, 2, False)
+        assert (rank["code"], rank["step"], rank["pending"]) == (REQUEUE_EXIT, 2, False)
         assert rank["events"] == ["stop"]

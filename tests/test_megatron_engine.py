@@ -64,8 +64,8 @@ def train(eng, cfg, steps: int, data_seed: int = 0, reference=None) -> dict:
     """Train ``steps`` steps on the fixed batches; losses, grad norms, extras, phase times."""
     from megatron.core import parallel_state
 
+    from launcher.core.phases import PhaseTimer
     from launcher.runtime.schedule import lr_at
-    from launcher.runtime.timers import PhaseTimer
 
     if reference is not None:
         copy_weights(eng, reference)

@@ -221,7 +221,7 @@ def test_transformer_config_translation():
 
 
 def test_padded_vocab_size():
-    from launcher.engines.model import padded_vocab_size
+    from launcher.shape.model import padded_vocab_size
 
     assert padded_vocab_size(4096, 128, 1) == 4096
     assert padded_vocab_size(50257, 128, 1) == 50304
@@ -246,7 +246,7 @@ def tp_worker(args: dict) -> dict:
     from megatron.core import parallel_state
 
     from launcher.engines.model import build_gpt_model, init_parallel_state
-    from launcher.plan.dims import ParallelDims
+    from launcher.shape.dims import ParallelDims
     from launcher.plan.params import stage_params
 
     model = small(**args["model"])

@@ -5,11 +5,12 @@ import json
 
 import pytest
 
-from launcher.compose import CONFIG_ERROR_EXIT, compose_config, to_object
+from launcher.compose import compose_config, to_object
 from launcher.config import ClusterConfig, ParallelismConfig
+from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.plan import PlanError, compute_plan
 from launcher.plan.__main__ import main
-from launcher.plan.dims import ParallelDims, cluster_world_size, describe_world
+from launcher.shape.dims import ParallelDims, cluster_world_size, describe_world
 
 GIB = 2 ** 30
 LLAMA3_1B_PARAMS = 1_235_814_400  # tied embeddings, vocabulary 128,256 needs no padding

@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 
 from launcher.compose import compose_config, to_object
-from launcher.plan.dims import ParallelDims
-from launcher.plan.params import count_parameters, layer_params, model_dims, stage_params
 from launcher.plan import compute_plan
+from launcher.plan.params import count_parameters, layer_params, stage_params
+from launcher.shape.dims import ParallelDims
+from launcher.shape.model import ResolvedModel
 
 SMALL = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=160",
          "model.num_attention_heads=4", "model.vocab_size=1000", "model.seq_length=32",
@@ -194,7 +195,7 @@ def test_vpp_chunks_hold_embedding_first_and_output_layer_last(ranks):
     on rank 1's last chunk, so the ranks together hold the plan's total plus the tied copy."""
     for case in LAYOUTS["pp2_vpp2"][1]:
         cfg = _layout_cfg("pp2_vpp2", case)
-        d = model_dims(cfg.model)
+        d = ResolvedModel.of(cfg.model)
         word = d.padded_vocab * d.hidden
         first, last = (r[f"pp2_vpp2/{case}"]["chunks"] for r in ranks)
         assert [c["layers"] for c in first] == [[1], [3]], case
@@ -211,7 +212,7 @@ def test_ep2_splits_the_experts_and_replicates_the_rest(ranks):
     dense + the experts of both ranks = the plan's total."""
     for case in MOE_CASES:
         cfg = _layout_cfg("ep2", case)
-        d = model_dims(cfg.model)
+        d = ResolvedModel.of(cfg.model)
         one_expert = layer_params(d).experts // d.experts
         r0, r1 = (r[f"ep2/{case}"] for r in ranks)
         assert _rank_sum(r0, "dense") == _rank_sum(r1, "dense"), case
@@ -280,7 +281,7 @@ def memory_worker(args: dict) -> dict:
 
     from launcher.engines import build_engine
     from launcher.engines.model import init_parallel_state
-    from launcher.runtime.timers import PhaseTimer
+    from launcher.core.phases import PhaseTimer
     from tests.test_engine_deepspeed import fixed_batches
 
     out = {}

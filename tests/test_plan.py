@@ -8,10 +8,11 @@ import pytest
 
 from launcher.compose import compose_config, to_object
 from launcher.config import EngineName, Precision, Recompute
-from launcher.plan.memory import ActivationSettings, layer_activation_bytes, state_bytes_per_param
-from launcher.plan.params import count_parameters, model_dims
 from launcher.plan import PlanError, compute_plan
 from launcher.plan.__main__ import main
+from launcher.plan.memory import ActivationSettings, layer_activation_bytes, state_bytes_per_param
+from launcher.plan.params import count_parameters
+from launcher.shape.model import ResolvedModel
 
 EXP_70B = "experiment=llama3_70b_16k_h100"
 
@@ -93,7 +94,7 @@ def test_params_per_gpu_split_by_tp_and_pp():
 def _dims(**over):
     model = to_object(compose_config(["model=gpt2_124m"] + [f"model.{k}={v}"
                                                             for k, v in over.items()])).model
-    return model_dims(model)
+    return ResolvedModel.of(model)
 
 
 @pytest.mark.parametrize("tp,sp", [(1, False), (4, False), (4, True)])
@@ -239,7 +240,7 @@ def test_unfused_swiglu_keeps_one_more_ffn_per_token():
     from dataclasses import replace
 
     model = to_object(compose_config(["model=llama3_1b"])).model
-    d = model_dims(model)
+    d = ResolvedModel.of(model)
     fused = ActivationSettings(2, 128, 1, False, Recompute.none, True, 2, False, False)
     unfused = replace(fused, fused_glu=False)
     extra = layer_activation_bytes(d, unfused) - layer_activation_bytes(d, fused)

@@ -19,11 +19,12 @@ import pytest
 import torch
 import yaml
 
-from launcher.atomic import atomic_symlink_or_pointer
-from launcher.compose import CONFIG_ERROR_EXIT
+from launcher.core.atomic import atomic_symlink_or_pointer
+from launcher.core.checkpoints import Resume, find_resume, step_name
+from launcher.core.errors import CheckpointError, IncompatibleCheckpoint
+from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.runtime import checkpoint, resume as rs
-from launcher.runtime.checkpoint import (CheckpointError, CheckpointManager,
-                                         IncompatibleCheckpoint, Resume, find_resume)
+from launcher.runtime.checkpoint import CheckpointManager
 from launcher.runtime.confighistory import attempts
 from launcher.runtime.rundir import prepare_run_dir, write_run_files
 
@@ -44,7 +45,7 @@ def record(model=None, plan=None) -> dict:
 
 
 def step_dir(ckpts: Path, step: int, meta: dict) -> Resume:
-    path = ckpts / checkpoint.step_name(step)
+    path = ckpts / step_name(step)
     path.mkdir(parents=True)
     (path / "trainwright.json").write_text(json.dumps(
         {"step": step, "consumed_samples": 8 * step, **meta}))

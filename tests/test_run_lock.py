@@ -1,4 +1,4 @@
-"""One live run per run directory (launcher.runtime.runlock), with real concurrent processes.
+"""One live run per run directory (launcher.core.locks), with real concurrent processes.
 
 Before: two ``launcher.train`` with the same ``run.name`` both exited 0; a checkpoint directory
 had ``complete`` but another run's files, and metrics.jsonl held each step twice. Now the second
@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from launcher.runtime import runlock
-from launcher.runtime.signals import REQUEUE_EXIT_CODE
+from launcher.core import locks
+from launcher.core.exits import REQUEUE_EXIT
 from tests.test_train_loop import steps_of, train
 from tests.test_train_signal import launch, logged_steps, wait_for
 
@@ -26,19 +26,19 @@ from tests.test_train_signal import launch, logged_steps, wait_for
 def test_lock_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        (tmp_path / runlock.LOCK_NAME).write_text(json.dumps(
+        (tmp_path / locks.LOCK_NAME).write_text(json.dumps(
             {"host": socket.gethostname(), "pid": sleeper.pid, "started": time.time()}))
-        with pytest.raises(runlock.RunLocked, match=f"in use by pid {sleeper.pid} on "
+        with pytest.raises(locks.RunLocked, match=f"in use by pid {sleeper.pid} on "
                                                     f"{socket.gethostname()}"):
-            runlock.acquire(tmp_path)
+            locks.acquire(tmp_path)
     finally:
         sleeper.kill()
         sleeper.wait()
-    stale = runlock.acquire(tmp_path)  # the holder is gone now
+    stale = locks.acquire(tmp_path)  # the holder is gone now
     assert stale is not None and stale.pid == sleeper.pid
-    assert runlock.holder(tmp_path).pid == os.getpid()
-    runlock.release(tmp_path)
-    assert runlock.holder(tmp_path) is None
+    assert locks.holder(tmp_path).pid == os.getpid()
+    locks.release(tmp_path)
+    assert locks.holder(tmp_path) is None
 
 
 def test_a_killed_but_unreaped_holder_counts_as_dead(tmp_path):
@@ -46,35 +46,35 @@ def test_a_killed_but_unreaped_holder_counts_as_dead(tmp_path):
     PID 1 does not); its lock is stale, not live."""
     zombie = subprocess.Popen(["true"])
     deadline = time.monotonic() + 10
-    while runlock.Holder(socket.gethostname(), zombie.pid, time.time()).alive() is not False:
+    while locks.Holder(socket.gethostname(), zombie.pid, time.time()).alive() is not False:
         assert time.monotonic() < deadline  # exited, not yet waited for: a zombie
         time.sleep(0.01)
-    (tmp_path / runlock.LOCK_NAME).write_text(json.dumps(
+    (tmp_path / locks.LOCK_NAME).write_text(json.dumps(
         {"host": socket.gethostname(), "pid": zombie.pid, "started": time.time()}))
-    assert runlock.acquire(tmp_path).pid == zombie.pid
-    runlock.release(tmp_path)
+    assert locks.acquire(tmp_path).pid == zombie.pid
+    locks.release(tmp_path)
     zombie.wait()
 
 
 def test_lock_from_another_host_is_respected_with_the_way_out(tmp_path):
-    (tmp_path / runlock.LOCK_NAME).write_text(json.dumps(
+    (tmp_path / locks.LOCK_NAME).write_text(json.dumps(
         {"host": "node-elsewhere", "pid": 4242, "started": 0}))
-    with pytest.raises(runlock.RunLocked, match="another host.*delete .*run.lock"):
-        runlock.acquire(tmp_path)
+    with pytest.raises(locks.RunLocked, match="another host.*delete .*run.lock"):
+        locks.acquire(tmp_path)
 
 
 def test_a_requeued_slurm_job_takes_over_its_predecessors_lock(tmp_path, monkeypatch):
     """Killed on one node, requeued onto another: same job id, higher restart count."""
-    (tmp_path / runlock.LOCK_NAME).write_text(json.dumps(
+    (tmp_path / locks.LOCK_NAME).write_text(json.dumps(
         {"host": "node-elsewhere", "pid": 4242, "started": 0, "job": "77", "restart": 0}))
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
-    with pytest.raises(runlock.RunLocked):  # the same incarnation: a second launch, refused
-        runlock.acquire(tmp_path)
+    with pytest.raises(locks.RunLocked):  # the same incarnation: a second launch, refused
+        locks.acquire(tmp_path)
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    assert runlock.acquire(tmp_path).host == "node-elsewhere"
-    assert runlock.holder(tmp_path).restart == 1
-    runlock.release(tmp_path)
+    assert locks.acquire(tmp_path).host == "node-elsewhere"
+    assert locks.holder(tmp_path).restart == 1
+    locks.release(tmp_path)
 
 
 @pytest.mark.slow
@@ -84,16 +84,16 @@ def test_second_launch_of_a_live_run_exits_2_and_the_first_is_unharmed(tmp_path)
     wait_for(first, log, lambda: logged_steps(run_dir) >= 1)
     second = train(tmp_path, "busy", "trainer.train_steps=60", "trainer.global_batch_size=8",
                    expect=2)
-    holder = runlock.holder(run_dir)
+    holder = locks.holder(run_dir)
     assert f"in use by pid {holder.pid} on {holder.host}" in second.stderr
     assert first.poll() is None  # still training
     os.kill(first.pid, signal.SIGTERM)  # stop it: it saves and exits for requeue
-    assert first.wait(timeout=300) == REQUEUE_EXIT_CODE, log.read_text()[-3000:]
+    assert first.wait(timeout=300) == REQUEUE_EXIT, log.read_text()[-3000:]
     steps = [json.loads(line)["step"] for line in
              (run_dir / "metrics.jsonl").read_text().splitlines()
              if "loss" in json.loads(line)]
     assert steps == sorted(set(steps))  # every step logged once: the second run wrote nothing
-    assert not (run_dir / runlock.LOCK_NAME).exists()  # released at the end
+    assert not (run_dir / locks.LOCK_NAME).exists()  # released at the end
 
 
 @pytest.mark.slow
@@ -102,11 +102,11 @@ def test_a_crashed_runs_lock_is_taken_over_on_restart(tmp_path):
     run_dir.mkdir()
     dead = subprocess.Popen(["true"])
     dead.wait()
-    (run_dir / runlock.LOCK_NAME).write_text(json.dumps(
+    (run_dir / locks.LOCK_NAME).write_text(json.dumps(
         {"host": socket.gethostname(), "pid": dead.pid, "started": 0}))
     train(tmp_path, "crashed", "trainer.train_steps=3", "trainer.global_batch_size=8")
     events = [json.loads(l) for l in (run_dir / "events.jsonl").read_text().splitlines()]
     assert [e["message"] for e in events if e["kind"] == "lock"] == [
         f"took over the lock of pid {dead.pid} on {socket.gethostname()}, which is no longer "
         "running"]
-    assert max(steps_of(run_dir)) == 3 and not (run_dir / runlock.LOCK_NAME).exists()
+    assert max(steps_of(run_dir)) == 3 and not (run_dir / locks.LOCK_NAME).exists()

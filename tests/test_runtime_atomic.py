@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.atomic import (atomic_symlink_or_pointer, atomic_write_bytes, atomic_write_json,
-                             atomic_write_text, read_pointer)
+from launcher.core.atomic import (atomic_symlink_or_pointer, atomic_write_bytes, atomic_write_json,
+                                  atomic_write_text, read_pointer)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SIZE = 32 * 1024 * 1024
@@ -21,7 +21,7 @@ SIZE = 32 * 1024 * 1024
 WRITER = """
 import sys
 sys.path.insert(0, sys.argv[2])
-from launcher.atomic import atomic_write_bytes
+from launcher.core.atomic import atomic_write_bytes
 if __name__ == "__main__":
     i = 1
     while True:

@@ -1,5 +1,5 @@
 """distributed.py: Slurm hostlists and env mapping; elastic local launch (gloo all_reduce, exit code
-propagation of REQUEUE_EXIT_CODE from one worker).
+propagation of REQUEUE_EXIT from one worker).
 
 The launch tests run this file as a script (``__main__`` guard below), so the spawned workers
 re-import it safely and the launcher's own process exit code is what the test checks.
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.runtime.distributed import (expand_hostlist, in_distributed_launch, torch_env_from_slurm,
-                                  _tasks_on_node)
+from launcher.parallel.distributed import (_tasks_on_node, expand_hostlist, in_distributed_launch,
+                                           torch_env_from_slurm)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,15 +123,17 @@ def test_stop_signal_to_process_group_requeues(tmp_path):
 
 def _wait_for_stop(out_dir: str, rank: int) -> None:
     """Steps until every rank agrees to stop (after a SIGUSR1 to the process group)."""
-    from launcher.runtime.signals import REQUEUE_EXIT_CODE, StopRequest
+    from launcher.core.exits import REQUEUE_EXIT
+    from launcher.core.stop import StopRequest
+    from launcher.parallel import collectives
 
-    stop = StopRequest("SIGUSR1")
+    stop = StopRequest("SIGUSR1", any_rank=collectives.any_rank)
     Path(out_dir, f"ready{rank}").touch()
     for _ in range(2000):
         time.sleep(0.02)
         if stop.agree():
             Path(out_dir, f"stopped{rank}").touch()
-            raise SystemExit(REQUEUE_EXIT_CODE)
+            raise SystemExit(REQUEUE_EXIT)
     raise RuntimeError("no stop signal arrived")
 
 
@@ -140,8 +142,8 @@ def worker(mode: str, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from launcher.runtime.distributed import destroy_distributed, init_distributed
-    from launcher.runtime.signals import REQUEUE_EXIT_CODE
+    from launcher.parallel.distributed import destroy_distributed, init_distributed
+    from launcher.core.exits import REQUEUE_EXIT
 
     rank, local_rank, world = init_distributed(timeout_s=60)
     # A rank leaves its group before it exits, as the training entry point does: one that exits
@@ -156,7 +158,7 @@ def worker(mode: str, out_dir: str) -> None:
                   "backend": dist.get_backend()}
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
         if mode == "requeue" and rank == 1:
-            raise SystemExit(REQUEUE_EXIT_CODE)
+            raise SystemExit(REQUEUE_EXIT)
         if mode == "requeue":
             time.sleep(60)  # the agent stops rank 0 (SIGTERM) once rank 1 has failed
     finally:
@@ -178,7 +180,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 if __name__ == "__main__":
     import torch, torch.distributed as dist
-    from launcher.runtime.distributed import init_distributed, destroy_distributed
+    from launcher.parallel.distributed import init_distributed, destroy_distributed
     rank, local_rank, world = init_distributed(timeout_s=60)
     value = torch.tensor([float(rank + 1)])
     dist.all_reduce(value)

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from launcher.config import LoggerConfig
+from launcher.core.phases import PHASES, PhaseTimer
 from launcher.runtime.metrics import (MetricsLogger, NullMetricsLogger, make_metrics_logger,
-                              progress_line, timer_metrics)
-from launcher.runtime.timers import PHASES, PhaseTimer
+                                      progress_line, timer_metrics)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

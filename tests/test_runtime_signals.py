@@ -1,4 +1,4 @@
-"""signals.py: a signal sets only a flag; agree() makes every rank stop at the same step."""
+"""launcher.core.stop: a signal sets only a flag; agree() makes every rank stop at the same step."""
 
 from __future__ import annotations
 
@@ -7,14 +7,18 @@ import signal
 
 import pytest
 
-from launcher.runtime.signals import REQUEUE_EXIT_CODE, StopRequest, forward_stop_signals, restore_handlers
+from launcher.core.exits import REQUEUE_EXIT
+from launcher.core.stop import StopRequest, forward_stop_signals, restore_handlers
 from tests._dist import run_distributed
 
 
 def stop_worker(args: dict) -> dict:
     """Run steps; rank 1 signals itself at ``args['signal_step']``; record when agree() fires."""
-    stop = StopRequest("SIGUSR1")
     import torch.distributed as dist
+
+    from launcher.parallel import collectives
+
+    stop = StopRequest("SIGUSR1", any_rank=collectives.any_rank)
 
     rank, stopped_at, local_at_stop = dist.get_rank(), None, None
     try:
@@ -61,7 +65,7 @@ def test_configured_signal_and_bad_name():
         stop.restore()
     with pytest.raises(ValueError, match="trainer.stop_signal='SIGNOPE'"):
         StopRequest("SIGNOPE")
-    assert REQUEUE_EXIT_CODE == 75
+    assert REQUEUE_EXIT == 75
 
 
 def test_the_forwarding_handler_never_raises_and_imports_nothing(capsys):
@@ -70,7 +74,7 @@ def test_the_forwarding_handler_never_raises_and_imports_nothing(capsys):
     import subprocess
     import sys
 
-    code = ("import sys, launcher.runtime.signals; "
+    code = ("import sys, launcher.core.stop; "
             "print('psutil' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
     assert out.strip() == "True"  # nothing left for a handler to import

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from launcher.runtime.timers import PHASES, PhaseTimer
+from launcher.core.phases import PHASES, PhaseTimer
 
 
 def test_phases_sum_and_every_key_present():

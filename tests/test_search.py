@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from launcher.compose import CONFIG_ERROR_EXIT, compose_config, to_object
+from launcher.compose import compose_config, to_object
+from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.plan import compute_plan
 from launcher.search.__main__ import main
 from launcher.search.search import search

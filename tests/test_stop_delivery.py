@@ -21,9 +21,9 @@ import signal
 
 import pytest
 
-from launcher.runtime.signals import REQUEUE_EXIT_CODE
-from tests.test_train_signal import STEPS, launch, logged_steps, wait_for
+from launcher.core.exits import REQUEUE_EXIT
 from tests.test_train_loop import steps_of
+from tests.test_train_signal import STEPS, launch, logged_steps, wait_for
 
 MEGATRON_SAVED_BEFORE = ("engine=megatron", "parallelism.zero_stage=1",
                          "trainer.save_interval=2", "trainer.keep_last=1")
@@ -55,7 +55,7 @@ def test_stop_signal_saves_one_step_on_every_rank_and_exits_75(tmp_path, name):
     code = proc.wait(timeout=150)
     # the console, and each rank's log (library output, loader workers' deaths, go there)
     output = log.read_text() + "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
-    assert code == REQUEUE_EXIT_CODE, output[-4000:]
+    assert code == REQUEUE_EXIT, output[-4000:]
     assert "DataLoader worker" not in output, output[-4000:]
     ckpts = run_dir / "checkpoints"
     saved = (ckpts / "latest").read_text().strip()

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from launcher.runtime.distributed import free_port
+from launcher.parallel.distributed import free_port
 from tests.test_train_loop import REPO, TINY, steps_of
 
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.atomic import atomic_symlink_or_pointer
-from launcher.runtime.checkpoint import CheckpointError, complete_steps, find_resume, prune, step_name
+from launcher.core.atomic import atomic_symlink_or_pointer
+from launcher.core.checkpoints import complete_steps, find_resume, prune, step_name
+from launcher.core.errors import CheckpointError
 
 
 def make_step(ckpts: Path, step: int, complete: bool = True) -> Path:

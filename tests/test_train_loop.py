@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.runtime.timers import PHASES
+from launcher.core.phases import PHASES
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128",
@@ -92,7 +92,7 @@ def checkpoint_events(run_dir: Path) -> list:
 def test_every_save_says_size_seconds_and_rate_and_the_final_one_announces_itself(dp_run):
     """One line per save with the bytes of the step directory as written; the last save (the
     one the run waits for at its end) is announced before it starts."""
-    from launcher.runtime.checkpoint import directory_bytes
+    from launcher.core.checkpoints import directory_bytes
 
     events = checkpoint_events(dp_run)
     messages = [e["message"] for e in events]
@@ -113,7 +113,7 @@ def test_every_save_says_size_seconds_and_rate_and_the_final_one_announces_itsel
 def test_resume_reproduces_an_unbroken_run(dp_run, tmp_path):
     """Steps 11-20 after loading step 10 equal the unbroken run's steps 11-20 bit for bit; the
     load says what it read and how fast."""
-    from launcher.runtime.checkpoint import directory_bytes
+    from launcher.core.checkpoints import directory_bytes
 
     train(tmp_path, "resumed", "trainer.train_steps=20", "trainer.global_batch_size=8",
           f"trainer.load={dp_run / 'checkpoints' / 'step_000010'}")
@@ -175,7 +175,7 @@ def test_stop_signal_saves_and_exits_for_requeue(tmp_path):
     import signal
     import time
 
-    from launcher.runtime.signals import REQUEUE_EXIT_CODE
+    from launcher.core.exits import REQUEUE_EXIT
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     args = [sys.executable, "-m", "launcher.train", *TINY, f"run.output_root={tmp_path}",
@@ -189,7 +189,7 @@ def test_stop_signal_saves_and_exits_for_requeue(tmp_path):
         time.sleep(0.2)
     proc.send_signal(signal.SIGUSR1)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == REQUEUE_EXIT_CODE, err[-3000:]
+    assert proc.returncode == REQUEUE_EXIT, err[-3000:]
     latest = (tmp_path / "stop" / "checkpoints" / "latest").read_text().strip()
     step = int(latest.split("_")[1])
     assert step >= 2 and step == max(json.loads(l)["step"] for l in metrics.read_text().splitlines())

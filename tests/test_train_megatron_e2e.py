@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.runtime.timers import PHASES
+from launcher.core.phases import PHASES
 from tests.test_train_loop import train
 
 MEGATRON = ["engine=megatron", "trainer.global_batch_size=8"]

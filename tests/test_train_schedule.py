@@ -7,7 +7,8 @@ import math
 import pytest
 
 from launcher.config import OptimizerConfig, Schedule
-from launcher.runtime.schedule import lr_at, set_lr, wsd_decay_start
+from launcher.engines.common import set_lr
+from launcher.runtime.schedule import lr_at, wsd_decay_start
 
 
 def opt(schedule: Schedule, **kw) -> OptimizerConfig:

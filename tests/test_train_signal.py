@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.runtime.signals import REQUEUE_EXIT_CODE
+from launcher.core.exits import REQUEUE_EXIT
 from tests.test_train_loop import REPO, TINY, steps_of
 
 STEPS = 60
@@ -60,7 +60,7 @@ def test_signal_to_one_rank_saves_same_step_on_all_ranks_then_restart_finishes(t
     pids = rank_pids(run_dir)
     assert pids[0] != pids[1] and proc.pid not in pids.values()
     os.kill(pids[1], signal.SIGUSR1)  # rank 1 only; rank 0 and the launcher get nothing
-    assert proc.wait(timeout=120) == REQUEUE_EXIT_CODE, log.read_text()[-4000:]
+    assert proc.wait(timeout=120) == REQUEUE_EXIT, log.read_text()[-4000:]
 
     ckpts = run_dir / "checkpoints"
     saved = (ckpts / "latest").read_text().strip()

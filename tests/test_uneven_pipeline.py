@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from launcher.compose import CONFIG_ERROR_EXIT, compose_config, to_object
+from launcher.compose import compose_config, to_object
+from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.plan import PlanError, compute_plan
 from launcher.plan.__main__ import main
-from launcher.plan.dims import ParallelDims
 from launcher.plan.params import stage_params
-from launcher.plan.stages import StageSplit, split_problems, stage_layers
+from launcher.shape.dims import ParallelDims
+from launcher.shape.stages import StageSplit, split_problems, stage_layers
 
 L405 = ["model=llama3_405b", "cluster=slurm_h100", "cluster.nodes=2048", "engine=megatron",
         "parallelism.tensor_parallel_size=8", "parallelism.pipeline_parallel_size=16",

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from launcher.compose import CONFIG_ERROR_EXIT
+from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.plan.__main__ import main
 
 CASES = {

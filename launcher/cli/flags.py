@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Sequence
 
-from launcher.compose import CONFIG_ERROR_EXIT
+from launcher.core.exits import CONFIG_ERROR_EXIT
 
 ENTRY_POINTS = ("launcher.train", "launcher.plan", "launcher.submit", "launcher.search")
 """The Hydra-style commands (shell completion covers them all)."""

@@ -49,8 +49,8 @@ def parse(argv: Sequence[str]) -> tuple[str, dict, list]:
 
 def to_hf(own: dict) -> int:
     from launcher.convert.hf_writer import DTYPES
-    from launcher.convert.sources import SourceError, open_source, step_dir_of
     from launcher.convert.to_hf import export
+    from launcher.engines.weights.sources import SourceError, open_source, step_dir_of
 
     dtype = own.get("dtype", "auto")
     if dtype != "auto" and dtype not in DTYPES:
@@ -76,7 +76,7 @@ def preset(own: dict) -> int:
 
     import yaml
 
-    from launcher.convert.hf_config import UnsupportedModel, model_fields
+    from launcher.engines.weights.hf_config import UnsupportedModel, model_fields
 
     path = Path(own["hf"]) / "config.json"
     try:

@@ -16,9 +16,9 @@ from typing import Sequence
 def import_worker(argv: Sequence[str]) -> int:
     """One process of the conversion: build the engine with the HF weights and save step 0."""
     from launcher.engines import spec
+    from launcher.parallel.distributed import destroy_distributed
     from launcher.runtime import checkpoint
     from launcher.runtime import resume as resume_safety
-    from launcher.runtime.distributed import destroy_distributed
     from launcher.runtime.rundir import redact, to_plain
     from launcher.train import _engine_configs, start_worker
 
@@ -49,8 +49,9 @@ def run_import(hf: str, out: str, overrides: Sequence[str]) -> int:
     import sys
     import uuid
 
-    from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
+    from launcher.compose import compose_or_exit, to_object
     from launcher.convert.model_source import adopt_model
+    from launcher.core.exits import CONFIG_ERROR_EXIT
     from launcher.launch.local import launch_local_world
     from launcher.plan import plan_or_exit
 

@@ -16,7 +16,7 @@ from typing import Iterable
 
 import torch
 
-from launcher.atomic import atomic_write_json
+from launcher.core.atomic import atomic_write_json
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}

@@ -16,8 +16,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Sequence
 
-from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
+from launcher.compose import compose_or_exit, to_object
 from launcher.config import ModelConfig
+from launcher.core.exits import CONFIG_ERROR_EXIT
 
 MODEL_FIELDS = {f.name for f in fields(ModelConfig)}
 
@@ -31,10 +32,10 @@ def source_model(path: str) -> dict:
     directory); ValueError naming the path when there are none."""
     p = Path(path)
     if (p / "config.json").is_file():
-        from launcher.convert.hf_config import model_fields
+        from launcher.engines.weights.hf_config import model_fields
 
         return model_fields(json.loads((p / "config.json").read_text()), str(p / "config.json"))
-    from launcher.convert.sources import _model_of, step_dir_of
+    from launcher.engines.weights.sources import _model_of, step_dir_of
 
     return {k: v for k, v in _model_of(step_dir_of(p)).items() if k in MODEL_FIELDS}
 
@@ -63,7 +64,7 @@ def with_model(argv: Sequence[str], model: dict) -> list[str]:
 
 def differences(weights: dict, composed: Any) -> list[str]:
     """``model.<field>: weights <a>, config <b> (set model.<field>=<a>)`` per differing field."""
-    from launcher.convert.hf_config import architecture_differences
+    from launcher.engines.weights.hf_config import architecture_differences
     from launcher.runtime.rundir import to_plain
 
     now = to_plain(composed) if not isinstance(composed, dict) else composed

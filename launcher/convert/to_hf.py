@@ -1,7 +1,7 @@
 """``launcher.convert to_hf``: a trainwright checkpoint -> a Hugging Face model directory.
 
-Reads either engine's checkpoint (:mod:`launcher.convert.sources`), maps every Megatron-Core
-tensor to its HF tensors (:mod:`launcher.convert.mapping`) layer by layer and streams them into
+Reads either engine's checkpoint (:mod:`launcher.engines.weights.sources`), maps every Megatron-Core
+tensor to its HF tensors (:mod:`launcher.engines.weights.mapping`) layer by layer and streams them into
 safetensors shards (:mod:`launcher.convert.hf_writer`); then writes ``config.json``,
 ``generation_config.json`` and, when the run's tokenizer is a Hugging Face ``tokenizer.json``,
 the tokenizer files. Runs in one CPU process; no GPU, no model is built.
@@ -18,13 +18,15 @@ from typing import Callable, Optional
 
 import torch
 
-from launcher.atomic import atomic_write_json
-from launcher.convert import hf_writer, mapping
-from launcher.convert.hf_config import hf_config
-from launcher.convert.sources import checkpoint_meta
+from launcher.convert import hf_writer
+from launcher.core.atomic import atomic_write_json
+from launcher.engines.weights import mapping
+from launcher.engines.weights.hf_config import hf_config
+from launcher.engines.weights.sources import checkpoint_meta
+from launcher.shape import ResolvedModel
 
 
-def _layer_groups(dims: mapping.Dims):
+def _layer_groups(dims: ResolvedModel):
     """entries() grouped so that one group is read at once (embedding, each layer, the rest)."""
     def group(item):
         rule, index = item
@@ -39,7 +41,7 @@ def _read_group(source, items: list) -> dict:
     return {r: source.tensor(*r) for r in requests}
 
 
-def _hf_sizes(source, dims: mapping.Dims, dtype: Optional[torch.dtype]) -> list:
+def _hf_sizes(source, dims: ResolvedModel, dtype: Optional[torch.dtype]) -> list:
     """(HF name, bytes) of every output tensor, from shapes only (meta tensors)."""
     sizes = []
     for rule, index in mapping.entries(dims):

@@ -10,22 +10,23 @@ adding its package and one registry line.
 The runtime engine hands the training loop one :class:`StepResult` per optimizer step and a
 :class:`CheckpointIO` that writes and reads its state natively inside a step directory (the
 neutral protocol around it, ``step_N.tmp`` -> ``complete`` -> rename -> ``latest``, is
-:class:`launcher.runtime.checkpoint.CheckpointManager`'s).
+:class:`launcher.runtime.checkpoint.CheckpointManager`'s; the directory layout is
+:mod:`launcher.core.checkpoints`).
+
+Torch-free: the plan imports it through the engine specs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Iterable, Optional, Protocol
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that was asked for (or pointed at) cannot be used; the message names it."""
-
-
-class NonFiniteLoss(RuntimeError):
-    """A micro-batch produced a NaN/inf loss on some rank (raised under nan_policy=abort)."""
+from launcher.config import (EngineConfig, ModelConfig, OptimizerConfig, ParallelismConfig,
+                             Precision, TrainerConfig, TrainwrightConfig)
+from launcher.core.phases import PhaseTimer
+from launcher.core.problems import Problem
+from launcher.shape import Batch, ParallelDims
 
 
 @dataclass
@@ -53,14 +54,6 @@ class StateBytes:
     cpu: float = 0.0
 
 
-@dataclass(frozen=True)
-class EngineProblem:
-    """A config the engine cannot run: the keys involved and a message with the fix."""
-
-    keys: tuple
-    message: str
-
-
 class CheckpointIO(Protocol):
     """An engine's native checkpoint writer/reader for one step directory."""
 
@@ -85,13 +78,14 @@ class Engine(Protocol):
 
     checkpoint_io: CheckpointIO
 
-    def train_step(self, next_batch: Callable[[], dict], lr: float, timer: Any) -> StepResult:
+    def train_step(self, next_batch: Callable[[], dict], lr: float,
+                   timer: PhaseTimer) -> StepResult:
         """One optimizer step over the step's micro-batches, phases timed on ``timer``."""
 
-    def eval_loss(self, batches: Any) -> float:
+    def eval_loss(self, batches: Iterable[dict]) -> float:
         """Mean masked loss over ``batches`` on all ranks."""
 
-    def reduce_phase_times(self, times: dict) -> dict:
+    def reduce_phase_times(self, times: dict[str, float]) -> dict[str, float]:
         """Per-phase seconds as logged (e.g. the maximum over pipeline stages; collective)."""
 
 
@@ -100,36 +94,28 @@ class EngineSpec(Protocol):
 
     name: str
 
-    def summary(self, cfg: Any) -> str:
+    def summary(self, cfg: TrainwrightConfig) -> str:
         """What the engine does with this layout, in one line."""
 
-    def cannot_run(self, cfg: Any) -> list:
+    def cannot_run(self, cfg: TrainwrightConfig) -> list[str]:
         """Settings of ``cfg`` this engine cannot run, each with its reason (for the notes)."""
 
-    def problems(self, cfg: Any) -> list:
-        """:class:`EngineProblem` for each setting of ``cfg`` this engine refuses."""
+    def problems(self, cfg: TrainwrightConfig) -> list[Problem]:
+        """A :class:`Problem` for each setting of ``cfg`` this engine refuses."""
 
-    def state_bytes(self, *, precision: Any, zero_stage: int, grad_fp32: bool,
+    def state_bytes(self, *, precision: Precision, zero_stage: int, grad_fp32: bool,
                     offload_optimizer: bool, offload_params: bool, shards: int) -> StateBytes:
         """Bytes per parameter on one GPU when ``shards`` replicas share the state."""
 
     def gathered_layers(self, zero_stage: int) -> int:
         """Whole layers of weights a GPU gathers at once on top of its shard (ZeRO-3)."""
 
-    def build(self, plan: Any, *, model: Any, parallelism: Any, optimizer: Any, trainer: Any,
-              engine: Any) -> Engine:
+    def build(self, *, dims: ParallelDims, batch: Batch, model: ModelConfig,
+              parallelism: ParallelismConfig, optimizer: OptimizerConfig,
+              trainer: TrainerConfig, engine: EngineConfig) -> Engine:
         """The runtime engine on an initialised parallel state (collective)."""
 
-    def run_files(self, plan: Any, *, parallelism: Any, optimizer: Any, trainer: Any,
-                  engine: Any) -> dict:
+    def run_files(self, *, dims: ParallelDims, batch: Batch,
+                  parallelism: ParallelismConfig, optimizer: OptimizerConfig,
+                  trainer: TrainerConfig, engine: EngineConfig) -> dict[str, Any]:
         """Files (name -> JSON-able object) rank 0 writes into the run directory."""
-
-
-def mixed_precision_bytes(precision: Any, grad_fp32: bool) -> tuple[int, int, int]:
-    """(weight, gradient, optimizer) bytes per parameter before any sharding: 2-byte weights,
-    2- or 4-byte gradients and 12 bytes of fp32 master copy + Adam moments under bf16/fp16
-    (the ZeRO paper's accounting); 4, 4 and 8 under fp32."""
-    mixed = getattr(precision, "value", precision) != "fp32"
-    weight = 2 if mixed else 4
-    grad = 4 if (grad_fp32 or not mixed) else 2
-    return weight, grad, 12 if mixed else 8

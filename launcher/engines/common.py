@@ -1,4 +1,5 @@
-"""What both engines use (torch): the masked loss, AdamW's decay groups and the initial weights."""
+"""What both engines use (torch): the masked loss, AdamW's decay groups, the learning rate of a
+step and the initial weights."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ def masked_mean(token_losses: torch.Tensor, loss_mask: torch.Tensor) -> torch.Te
     """Mean of per-token losses over the tokens whose mask is set (0 when none is)."""
     mask = loss_mask.to(token_losses.dtype)
     return (token_losses.float() * mask).sum() / mask.sum().clamp(min=1)
+
+
+def set_lr(torch_optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Write ``lr`` into every parameter group of a torch optimizer (before its step)."""
+    for group in torch_optimizer.param_groups:
+        group["lr"] = lr
 
 
 def param_groups(module: torch.nn.Module, weight_decay: float) -> list:
@@ -31,7 +38,7 @@ def initialize_weights(chunks: list, *, init_from: str, seed: int, layout_invari
     ``layout_invariant`` a redraw that every layout shares (:mod:`.seeded_init`), else
     Megatron-Core's own per-rank draw as built."""
     if init_from:
-        from launcher.convert.fill import fill_chunks
+        from launcher.engines.weights.fill import fill_chunks
 
         fill_chunks(chunks, init_from)
     elif layout_invariant:

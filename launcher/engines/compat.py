@@ -31,6 +31,8 @@ from typing import Callable, Optional
 import torch
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
+from launcher.core.stop import ignore_stop_signals
+
 _STATE = {"mode": None, "applied": []}
 
 DISABLE_TE_ENV = "TRAINWRIGHT_DISABLE_TE"
@@ -248,20 +250,6 @@ def unshare_adam_steps(subs: list) -> None:
                 state["step"] = state["step"].clone()
 
 
-STOP_SIGNALS_OF_SERVERS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
-"""Signals the save-results queue's server ignores (see :func:`warm_save_results_queue`)."""
-
-
-def ignore_stop_signals() -> None:
-    """Initializer of the save-results queue's server process: a stop signal sent to the whole
-    process group is for the training processes, which then save through this server; it ends
-    when they shut it down (or with SIGKILL, like the rest of the group)."""
-    import signal
-
-    for name in STOP_SIGNALS_OF_SERVERS:
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
-
-
 def _start_results_queue():
     """Megatron-Core's save-results queue, created here with a server that survives stop
     signals (its own ``_get_write_results_queue`` spawns one that SIGTERM or SIGUSR1 to the
@@ -274,7 +262,7 @@ def _start_results_queue():
 
     if filesystem_async._results_queue is None:
         manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
-        manager.start(initializer=ignore_stop_signals)
+        manager.start(initializer=ignore_stop_signals)  # a stop is for the ranks
         filesystem_async._results_queue = manager.Queue()  # the proxy keeps the manager alive
     return filesystem_async._results_queue
 

@@ -17,24 +17,11 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from launcher.config import (
-    Activation,
-    AmaxAlgo,
-    Arch,
-    AttentionBackend,
-    CrossEntropyFusion,
-    Fp8Format,
-    Fp8Recipe,
-    ModelConfig,
-    ParallelismConfig,
-    Precision,
-    Recompute,
-    TrainerConfig,
-    compute_precision,
-    is_fp8,
-)
-from launcher.plan.memory import loss_kernel
-from launcher.plan.params import padded_vocab_size
+from launcher.config import (Activation, AmaxAlgo, Arch, AttentionBackend, CrossEntropyFusion,
+                             Fp8Format, Fp8Recipe, ModelConfig, ParallelismConfig, Precision,
+                             Recompute, RopeScaling, TrainerConfig, compute_precision, is_fp8,
+                             loss_kernel)
+from launcher.shape import ResolvedModel
 
 __all__ = [
     "KernelUnavailable",
@@ -42,7 +29,6 @@ __all__ = [
     "build_gpt_model",
     "fp8_fields",
     "init_parallel_state",
-    "padded_vocab_size",
     "runnable_attention",
     "transformer_config",
     "use_transformer_engine",
@@ -176,16 +162,15 @@ def activation_function(model: ModelConfig, *, fused: bool = False):
     return F.gelu
 
 
-def _arch_fields(model: ModelConfig) -> dict:
+def _arch_fields(model: ModelConfig, resolved: ResolvedModel) -> dict:
     """Norm, MLP activation and bias settings that follow from the architecture."""
-    llama = model.arch == Arch.llama
     fusions = _fusion_fields(model, gpu=torch.cuda.is_available(), te=use_transformer_engine())
     return dict(
-        normalization="RMSNorm" if llama else "LayerNorm",
-        gated_linear_unit=llama,
+        normalization=resolved.normalization,
+        gated_linear_unit=resolved.gated,
         activation_func=activation_function(model, fused=fusions["bias_activation_fusion"]),
-        add_bias_linear=model.add_bias_linear,
-        add_qkv_bias=model.add_qkv_bias or model.add_bias_linear,
+        add_bias_linear=resolved.bias,
+        add_qkv_bias=resolved.qkv_bias,
         masked_softmax_fusion=False,  # needs Megatron-LM's compiled softmax kernels
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,  # needs main_grad, which DeepSpeed does not have
@@ -211,16 +196,17 @@ def _fusion_fields(model: ModelConfig, *, gpu: bool, te: bool) -> dict:
     )
 
 
-def _moe_fields(model: ModelConfig, parallelism: ParallelismConfig, fp8: bool) -> dict:
+def _moe_fields(model: ModelConfig, resolved: ResolvedModel, parallelism: ParallelismConfig,
+                fp8: bool) -> dict:
     """Mixture-of-experts settings; empty for a dense model. ``fp8``: each expert's tokens are
     padded to TE's FP8 alignment, which only the alltoall dispatcher does."""
-    if model.num_experts <= 0:
+    if resolved.experts <= 0:
         return {}
     alltoall = torch.cuda.is_available() and (parallelism.expert_parallel_size > 1 or fp8)
     return dict(
-        num_moe_experts=model.num_experts,
-        moe_router_topk=model.moe_router_topk,
-        moe_ffn_hidden_size=model.moe_ffn_hidden_size or model.ffn_hidden_size,
+        num_moe_experts=resolved.experts,
+        moe_router_topk=resolved.topk,
+        moe_ffn_hidden_size=resolved.expert_ffn,
         moe_aux_loss_coeff=model.moe_aux_loss_coeff,
         moe_router_load_balancing_type="aux_loss",
         moe_expert_capacity_factor=model.moe_capacity_factor or None,
@@ -268,7 +254,7 @@ def _parallel_fields(parallelism: ParallelismConfig, dtype: torch.dtype) -> dict
 
 
 def _stage_split_fields(parallelism: ParallelismConfig) -> dict:
-    """Uneven pipeline stages (launcher.plan.stages): 0 = an even share is Megatron-Core's None."""
+    """Uneven pipeline stages (launcher.shape.stages): 0 = an even share is Megatron-Core's None."""
     return dict(
         num_layers_in_first_pipeline_stage=parallelism.layers_in_first_stage or None,
         num_layers_in_last_pipeline_stage=parallelism.layers_in_last_stage or None,
@@ -289,25 +275,23 @@ def _recompute_fields(recompute: Recompute) -> dict:
 
 
 def transformer_config(model: ModelConfig, parallelism: ParallelismConfig, trainer: TrainerConfig):
-    """The ``TransformerConfig`` of ``model`` trained with ``parallelism`` at ``trainer.precision``.
-
-    Sentinels resolve here: num_query_groups 0 = heads, kv_channels 0 = hidden / heads,
-    moe_ffn_hidden_size 0 = ffn_hidden_size, moe_capacity_factor 0 = no token dropping.
-    """
+    """The ``TransformerConfig`` of ``model`` trained with ``parallelism`` at ``trainer.precision``
+    (the model's sentinels resolved by :class:`~launcher.shape.ResolvedModel`;
+    moe_capacity_factor 0 = no token dropping)."""
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.enums import AttnBackend
 
     precision = Precision(compute_precision(trainer.precision))  # fp8: bf16 outside FP8 GEMMs
     dtype = _DTYPES[precision]
-    heads = model.num_attention_heads
+    r = ResolvedModel.of(model, parallelism.tensor_parallel_size)
     return TransformerConfig(
-        num_layers=model.num_layers,
-        hidden_size=model.hidden_size,
-        ffn_hidden_size=model.ffn_hidden_size,
-        num_attention_heads=heads,
-        num_query_groups=model.num_query_groups or heads,
-        kv_channels=model.kv_channels or model.hidden_size // heads,
-        layernorm_epsilon=model.norm_epsilon,
+        num_layers=r.layers,
+        hidden_size=r.hidden,
+        ffn_hidden_size=r.ffn,
+        num_attention_heads=r.heads,
+        num_query_groups=r.groups,
+        kv_channels=r.head_dim,
+        layernorm_epsilon=r.norm_epsilon,
         hidden_dropout=model.hidden_dropout,
         attention_dropout=model.attention_dropout,
         init_method_std=model.init_method_std,
@@ -318,8 +302,8 @@ def transformer_config(model: ModelConfig, parallelism: ParallelismConfig, train
         attention_backend=AttnBackend[AttentionBackend(trainer.attention_backend).value]
         if use_transformer_engine()
         else AttnBackend.local,
-        **_arch_fields(model),
-        **_moe_fields(model, parallelism, fp8=is_fp8(trainer.precision)),
+        **_arch_fields(model, r),
+        **_moe_fields(model, r, parallelism, fp8=is_fp8(trainer.precision)),
         **fp8_fields(trainer, model),
         **_parallel_fields(parallelism, dtype),
         **_recompute_fields(Recompute(trainer.activation_recompute)),
@@ -386,22 +370,19 @@ def build_gpt_model(
     from megatron.core.models.gpt import GPTModel
 
     config = transformer_config(model, parallelism, trainer)
-    llama = model.arch == Arch.llama
-    vocab = padded_vocab_size(
-        model.vocab_size, model.make_vocab_size_divisible_by, parallelism.tensor_parallel_size
-    )
+    r = ResolvedModel.of(model, parallelism.tensor_parallel_size)
     return GPTModel(
         config=config,
         transformer_layer_spec=_block_spec(config, vp_stage),
-        vocab_size=vocab,
-        max_sequence_length=model.max_position_embeddings or model.seq_length,
+        vocab_size=r.padded_vocab,
+        max_sequence_length=r.max_positions,
         pre_process=pre_process,
         post_process=post_process,
-        share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
-        position_embedding_type="rope" if llama else "learned_absolute",
-        rotary_base=model.rotary_base,
-        rope_scaling=llama and getattr(model.rope_scaling, "value", model.rope_scaling) == "llama3",
-        rope_scaling_factor=model.rope_scaling_factor,
+        share_embeddings_and_output_weights=r.tied,
+        position_embedding_type="rope" if r.llama else "learned_absolute",
+        rotary_base=r.rotary_base,
+        rope_scaling=r.llama and r.rope_scaling == RopeScaling.llama3,
+        rope_scaling_factor=r.rope_scaling_factor,
         vp_stage=vp_stage,
     )
 

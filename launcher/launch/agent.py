@@ -19,8 +19,8 @@ import argparse
 import sys
 from typing import Sequence
 
+from launcher.core.stop import child_ranks, elastic_signals, forward_stop_signals
 from launcher.launch.local import failure_exit_code
-from launcher.runtime.signals import child_ranks, elastic_signals, forward_stop_signals
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

@@ -10,9 +10,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
-from launcher.runtime.distributed import free_port
-from launcher.runtime.signals import (child_ranks, elastic_signals, forward_stop_signals,
-                                      restore_handlers)
+from launcher.core.stop import child_ranks, elastic_signals, forward_stop_signals, restore_handlers
+from launcher.parallel.distributed import free_port
 
 
 def failure_exit_code(exc) -> tuple[int, int, str]:
@@ -43,11 +42,11 @@ def launch_local_world(entrypoint: Callable, args: tuple, nprocs: int, run_id: s
     stdout/stderr go to files there (``<log_dir>/<run_id>_*/attempt_0/<rank>/``).
 
     If any worker fails, prints which one to stderr and raises ``SystemExit`` with that worker's
-    exit code (so REQUEUE_EXIT_CODE from a worker becomes the launcher's exit code).
+    exit code (so REQUEUE_EXIT from a worker becomes the launcher's exit code).
 
-    While the workers run, a stop signal (:func:`launcher.runtime.signals.stop_signals`) sent to
+    While the workers run, a stop signal (:func:`launcher.core.stop.stop_signals`) sent to
     this process is forwarded to the workers, whose StopRequest saves and exits with
-    REQUEUE_EXIT_CODE, which is passed on; sent to the whole process group, the workers get it
+    REQUEUE_EXIT, which is passed on; sent to the whole process group, the workers get it
     directly and the forwarded copy changes nothing. Other terminating signals (SIGHUP,
     SIGQUIT) make the elastic agent stop the workers and this raise ``SystemExit`` with 128 +
     the signal number.

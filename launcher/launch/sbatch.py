@@ -3,7 +3,7 @@
 The script is a header of ``#SBATCH`` directives, one ``srun`` line that starts the training with
 the caller's overrides (each one ``shlex.quote``-d, so no character of a value is ever interpreted
 by the shell), and the requeue logic: when the training exits with
-:data:`launcher.runtime.signals.REQUEUE_EXIT_CODE` (it saved after the early-warning signal) and the job
+:data:`launcher.core.stop.REQUEUE_EXIT` (it saved after the early-warning signal) and the job
 has restarted fewer than ``cluster.max_restarts`` times, the job requeues itself with
 ``scontrol requeue``; every other exit status is the job's own.
 
@@ -18,7 +18,8 @@ import shlex
 from pathlib import Path
 from typing import Sequence
 
-from launcher.runtime.signals import REQUEUE_EXIT_CODE, resolve_signal
+from launcher.core.exits import REQUEUE_EXIT
+from launcher.core.stop import resolve_signal
 
 _PLAIN_VALUE = re.compile(r"[^\s\"'\\]*")
 
@@ -113,7 +114,7 @@ def body(cfg, plan, overrides: Sequence[str], workdir: Path, python: str) -> lis
     if cfg.launch.mode.value == "torchrun":
         lines.append('HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)')
     lines += [srun_line(cfg, plan, overrides), "rc=$?",
-              f'if [ "$rc" -eq {REQUEUE_EXIT_CODE} ]; then',
+              f'if [ "$rc" -eq {REQUEUE_EXIT} ]; then',
               f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {cfg.cluster.max_restarts} ]; then',
               '    echo "trainwright: stopped for requeue; requeueing job ${SLURM_JOB_ID}"',
               '    scontrol requeue "$SLURM_JOB_ID" && exit 0',

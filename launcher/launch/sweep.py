@@ -13,7 +13,7 @@ Slurm job per point; its resources come from the ``cluster`` group (one task per
 partition, account, qos and constraint). A summary of a finished sweep:
 ``python -m launcher.sweep_summary <sweep dir>``.
 
-Stops follow the contract of single runs (:mod:`launcher.runtime.signals`). On Slurm, submitit
+Stops follow the contract of single runs (:mod:`launcher.core.stop`). On Slurm, submitit
 sends its warning ``cluster.signal_lead_s`` seconds before the time limit, as
 ``trainer.stop_signal`` (``SUBMITIT_PREEMPT_SIGNAL``); a point's process forwards every stop
 signal to its ``launcher.train`` child instead of letting submitit requeue at once, waits for it
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Sequence
 
 from launcher.compose import CONF_DIR, compose_or_exit, to_object
-from launcher.runtime.signals import (REQUEUE_EXIT_CODE, forward_stop_signals, resolve_signal,
-                                      restore_handlers)
+from launcher.core.exits import REQUEUE_EXIT
+from launcher.core.stop import forward_stop_signals, resolve_signal, restore_handlers
 
 SWEEP_FLAGS = ("-m", "--multirun")
 """Command-line flags that make launcher.train run a sweep."""
@@ -127,14 +127,14 @@ def run_point(sweep_dir: str, group: str, stop_signal: str = "SIGUSR1",
             f"logger.group={_quote(group)}"]
     print(f"sweep: point {hydra_cfg.job.num}: {name}", flush=True)
     code = train_point(argv, stop_signal)
-    if code == REQUEUE_EXIT_CODE and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+    if code == REQUEUE_EXIT and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
         if requeue_slurm_job(max_restarts):
-            raise SystemExit(REQUEUE_EXIT_CODE)  # the job runs this point again and resumes
+            raise SystemExit(REQUEUE_EXIT)  # the job runs this point again and resumes
         raise RuntimeError(f"sweep point {name!r} saved and stopped, and was not requeued")
-    if code == REQUEUE_EXIT_CODE:
+    if code == REQUEUE_EXIT:
         print(f"sweep: point {name!r} saved and stopped; run the same sweep again to resume it",
               flush=True)
-        raise SystemExit(REQUEUE_EXIT_CODE)
+        raise SystemExit(REQUEUE_EXIT)
     if code != 0:
         raise RuntimeError(f"sweep point {name!r} exited with {code}")
 

@@ -11,7 +11,8 @@ import json
 import sys
 
 from launcher.cli import handle_flags
-from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
+from launcher.compose import compose_or_exit, to_object
+from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.plan.plan import PlanError, compute_plan, print_problems, print_warnings
 from launcher.plan.report import render_plan
 

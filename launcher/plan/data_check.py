@@ -39,7 +39,7 @@ def vocab_problems(prefixes: Sequence[str], vocab_size: int) -> list[str]:
 
 def check_data_or_exit(prefixes: Sequence[str], vocab_size: int) -> None:
     """Print every problem of :func:`vocab_problems` and exit 2 when there is any."""
-    from launcher.compose import CONFIG_ERROR_EXIT
+    from launcher.core.exits import CONFIG_ERROR_EXIT
 
     problems = vocab_problems(prefixes, vocab_size)
     if problems:

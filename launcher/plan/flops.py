@@ -13,10 +13,10 @@ with those logs (``mfu_causal``). ``mfu`` stays the full-attention one (PaLM, to
 
 from __future__ import annotations
 
-from launcher.plan.params import Dims
+from launcher.shape.model import ResolvedModel
 
 
-def forward_flops_per_token(d: Dims, causal: bool = False) -> float:
+def forward_flops_per_token(d: ResolvedModel, causal: bool = False) -> float:
     attn_linear = 2 * d.hidden * (d.q_dim + 2 * d.kv_dim) + 2 * d.q_dim * d.hidden
     attn_scores = 2 * 2 * d.seq * d.q_dim / (2 if causal else 1)  # QK^T and scores x V
     matrices = 3 if d.gated else 2
@@ -28,6 +28,6 @@ def forward_flops_per_token(d: Dims, causal: bool = False) -> float:
     return d.layers * (attn_linear + attn_scores + mlp) + logits
 
 
-def train_flops_per_token(d: Dims, causal: bool = False) -> float:
+def train_flops_per_token(d: ResolvedModel, causal: bool = False) -> float:
     """Forward + backward (backward = 2x forward)."""
     return 3 * forward_flops_per_token(d, causal)

@@ -11,10 +11,11 @@ model in bf16 (Megatron-Core's ``first_last_layers_bf16``).
 from __future__ import annotations
 
 from launcher.config import TrainwrightConfig, is_fp8
-from launcher.plan.dims import ParallelDims
+from launcher.core.problems import Problem
 from launcher.plan.hardware import DEVICES, Device
-from launcher.plan.params import Dims, layer_params, model_dims
-from launcher.plan.problems import Problem
+from launcher.plan.params import layer_params
+from launcher.shape.dims import ParallelDims
+from launcher.shape.model import ResolvedModel
 
 ALIGN = {"mxfp8": 32}
 """Every dimension of an FP8 GEMM must be a multiple of this (TE's ``assert_dim_for_fp8_exec``
@@ -74,7 +75,7 @@ def describe(cfg: TrainwrightConfig) -> str:
             "bf16: embedding, output layer, attention core, norms, loss")
 
 
-def extra_state_bytes(cfg: TrainwrightConfig, d: Dims, dims: ParallelDims,
+def extra_state_bytes(cfg: TrainwrightConfig, d: ResolvedModel, dims: ParallelDims,
                       fp8_layers: int) -> float:
     """Bytes TE keeps on one GPU for ``fp8_layers`` FP8 layers: weight copies (see
     WEIGHT_COPY_BYTES) and the scaling state (amax history of the delayed recipe) of each
@@ -97,7 +98,7 @@ def problems(cfg: TrainwrightConfig, dims: ParallelDims, device: Device | None) 
     out = _setting_problems(cfg, dims)
     if device is not None:
         out += _device_problems(cfg, device)
-    return out + _shape_problems(cfg, dims, model_dims(cfg.model, dims.tp))
+    return out + _shape_problems(cfg, dims, ResolvedModel.of(cfg.model, dims.tp))
 
 
 def _device_problems(cfg: TrainwrightConfig, device: Device) -> list[Problem]:
@@ -167,7 +168,7 @@ def _param_gather_problems(cfg: TrainwrightConfig) -> list[Problem]:
     return out
 
 
-def _shape_problems(cfg: TrainwrightConfig, dims: ParallelDims, d: Dims) -> list[Problem]:
+def _shape_problems(cfg: TrainwrightConfig, dims: ParallelDims, d: ResolvedModel) -> list[Problem]:
     """Each GEMM dimension that breaks TE's alignment, named by the keys that set it."""
     recipe = _value(cfg.trainer.fp8.recipe)
     align = ALIGN.get(recipe, DEFAULT_ALIGN)
@@ -183,7 +184,7 @@ def _shape_problems(cfg: TrainwrightConfig, dims: ParallelDims, d: Dims) -> list
     return out
 
 
-def _gemm_dims(cfg: TrainwrightConfig, dims: ParallelDims, d: Dims) -> list[tuple]:
+def _gemm_dims(cfg: TrainwrightConfig, dims: ParallelDims, d: ResolvedModel) -> list[tuple]:
     """(keys, how it is computed, value) of every distinct dimension of the FP8 GEMMs on one
     GPU: tokens of a micro-batch (rows; the K dimension of the weight-gradient GEMM), the
     hidden size, and the TP shards of QKV, projection and MLP widths. Expert token counts are

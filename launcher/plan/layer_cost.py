@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from launcher.plan.hardware import Device
-from launcher.plan.params import Dims
+from launcher.shape.model import ResolvedModel
 
 FLASH_BACKWARD_FACTOR = 2.5
 """Flash attention backward / forward work (FlashAttention-2: 5 matmuls vs 2)."""
@@ -49,7 +49,7 @@ forward quantizes the input and the weight, backward the output gradient."""
 class Workload:
     """What one GPU computes per micro-batch, and how fast (see :func:`workload`)."""
 
-    d: Dims
+    d: ResolvedModel
     tokens: int
     """Tokens of one micro-batch on one context-parallel rank."""
     tp: int
@@ -72,7 +72,7 @@ class Workload:
     """FLOP/s of large FP8 matmuls (FP8 peak x FP8_GEMM_EFFICIENCY / slowdown); 0 = no FP8."""
 
 
-def workload(d: Dims, *, micro_batch: int, tp: int, sp: bool, cp: int, ep: int, recompute: str,
+def workload(d: ResolvedModel, *, micro_batch: int, tp: int, sp: bool, cp: int, ep: int, recompute: str,
              flash: bool, elem: int, peak_flops: float, dev: Device, slowdown: float) -> Workload:
     """``slowdown``: compute time multiplier (ranks sharing a GPU, a slower engine). The
     workload is bf16's; ``dataclasses.replace(w, fp8=True)`` is an FP8 layer's."""

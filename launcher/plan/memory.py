@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.config import Precision, Recompute, compute_precision
+from launcher.config import Precision, Recompute
 from launcher.engines import spec
 from launcher.engines.base import StateBytes
-from launcher.plan.dims import ParallelDims
-from launcher.plan.params import Dims
+from launcher.shape.dims import ParallelDims
+from launcher.shape.model import ResolvedModel
 
 
 def state_bytes_per_param(*, precision: Precision, engine: str, zero_stage: int,
@@ -28,8 +28,6 @@ def state_bytes_per_param(*, precision: Precision, engine: str, zero_stage: int,
                           shards: int) -> StateBytes:
     """Per-parameter bytes on one GPU when ``shards`` data-parallel replicas share the state, as
     the engine shards them (its spec in :mod:`launcher.engines`)."""
-    from launcher.engines import spec
-
     return spec(engine).state_bytes(precision=precision, zero_stage=zero_stage,
                                     grad_fp32=grad_fp32, offload_optimizer=offload_optimizer,
                                     offload_params=offload_params, shards=shards)
@@ -50,18 +48,6 @@ class ActivationSettings:
     logits_fp32: bool = True  # the loss keeps an fp32 copy of the logits (all but TE's fused CE)
 
 
-def loss_kernel(choice: str, *, precision: str, gpu: bool, te: bool) -> str:
-    """The cross-entropy kernel ``trainer.cross_entropy_fusion=choice`` runs: ``te``, ``native``
-    or ``off``. ``auto``: Transformer Engine's on a GPU in bf16 where TE imports (``te``),
-    Megatron-Core's fused one without it; off on CPU and for fp32/fp16, where Megatron-Core's
-    fused kernel would return bf16 logit gradients. Only ``te`` keeps no fp32 logits."""
-    if choice != "auto":
-        return getattr(choice, "value", choice)
-    if not gpu or compute_precision(precision) != "bf16":  # fp8: the loss is bf16
-        return "off"
-    return "te" if te else "native"
-
-
 def unfused_score_bytes(a: ActivationSettings) -> int:
     """Bytes unfused attention keeps per attention score (one query-key pair of one head).
 
@@ -76,7 +62,7 @@ def unfused_score_bytes(a: ActivationSettings) -> int:
     return kept + (1 + e if a.attention_dropout else 0)
 
 
-def layer_activation_bytes(d: Dims, a: ActivationSettings) -> float:
+def layer_activation_bytes(d: ResolvedModel, a: ActivationSettings) -> float:
     """Bytes one transformer layer keeps for backward, for one micro-batch, on one GPU."""
     sb, t, e = a.seq_local * a.micro_batch, a.tp, a.elem_bytes
     sp = t if a.sequence_parallel else 1
@@ -113,7 +99,7 @@ def in_flight_microbatches(dims: ParallelDims, grad_accum: int, stage: int = 0) 
     return float(min(pp - stage, grad_accum))
 
 
-def stage_activation_bytes(d: Dims, a: ActivationSettings, *, layers: int, in_flight: float,
+def stage_activation_bytes(d: ResolvedModel, a: ActivationSettings, *, layers: int, in_flight: float,
                            first: bool, last: bool) -> float:
     """Activation bytes of one GPU of a pipeline stage at the peak of the schedule."""
     per_layer = layer_activation_bytes(d, a)

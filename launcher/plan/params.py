@@ -12,66 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.config import Arch, ModelConfig
-from launcher.plan.dims import ParallelDims
-
-
-def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: int = 1) -> int:
-    """Rows of the embedding table: vocab_size rounded up to divisible_by x TP."""
-    multiple = divisible_by * tensor_parallel_size
-    return -(-vocab_size // multiple) * multiple
-
-
-@dataclass(frozen=True)
-class Dims:
-    """Derived shapes of a ModelConfig (all sentinels resolved)."""
-
-    hidden: int
-    ffn: int
-    heads: int
-    groups: int
-    head_dim: int
-    layers: int
-    vocab: int
-    padded_vocab: int
-    seq: int
-    positions: int  # rows of the learned position table, 0 for rotary
-    gated: bool
-    norm_params: int  # parameters of one norm over the hidden size
-    bias: bool
-    qkv_bias: bool
-    experts: int
-    topk: int
-    expert_ffn: int
-    tied: bool
-
-    @property
-    def q_dim(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.groups * self.head_dim
-
-
-def model_dims(model: ModelConfig, tensor_parallel_size: int = 1) -> Dims:
-    gpt2 = model.arch == Arch.gpt2
-    heads = model.num_attention_heads
-    return Dims(
-        hidden=model.hidden_size, ffn=model.ffn_hidden_size, heads=heads,
-        groups=model.num_query_groups or heads,
-        head_dim=model.kv_channels or model.hidden_size // heads,
-        layers=model.num_layers, vocab=model.vocab_size,
-        padded_vocab=padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by,
-                                       tensor_parallel_size),
-        seq=model.seq_length,
-        positions=(model.max_position_embeddings or model.seq_length) if gpt2 else 0,
-        gated=not gpt2, norm_params=model.hidden_size * (2 if gpt2 else 1),
-        bias=model.add_bias_linear, qkv_bias=model.add_bias_linear or model.add_qkv_bias,
-        experts=model.num_experts, topk=model.moe_router_topk if model.num_experts else 0,
-        expert_ffn=model.moe_ffn_hidden_size or model.ffn_hidden_size,
-        tied=not model.untie_embeddings_and_output_weights,
-    )
+from launcher.config import ModelConfig
+from launcher.shape import ParallelDims, ResolvedModel
 
 
 @dataclass(frozen=True)
@@ -95,7 +37,7 @@ def _mlp_params(hidden: int, ffn: int, gated: bool, bias: bool, tp: int) -> int:
     return fc1 + fc2
 
 
-def layer_params(d: Dims, tp: int = 1, ep: int = 1) -> LayerParams:
+def layer_params(d: ResolvedModel, tp: int = 1, ep: int = 1) -> LayerParams:
     """Parameters of one layer held by one GPU of a TP (and EP) group."""
     qkv_out = (d.q_dim + 2 * d.kv_dim) // tp
     attention = d.hidden * qkv_out + (qkv_out if d.qkv_bias else 0)
@@ -124,7 +66,7 @@ class ParamCounts:
 
 
 def count_parameters(model: ModelConfig, tensor_parallel_size: int = 1) -> ParamCounts:
-    d = model_dims(model, tensor_parallel_size)
+    d = ResolvedModel.of(model, tensor_parallel_size)
     layer = layer_params(d)
     word = d.padded_vocab * d.hidden
     embedding = word + d.positions * d.hidden
@@ -160,7 +102,7 @@ def stage_params(model: ModelConfig, dims: ParallelDims, first: bool, last: bool
     a middle stage). ``layers``: the stage's transformer layers, by default those the stage
     split gives the first, last or second stage (:meth:`ParallelDims.stage_layers`)."""
     tp, pp = dims.tp, dims.pp
-    d = model_dims(model, tp)
+    d = ResolvedModel.of(model, tp)
     layer = layer_params(d, tp, dims.ep)
     if layers is None:
         split = dims.stage_layers(d.layers)

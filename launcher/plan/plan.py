@@ -11,21 +11,21 @@ import math
 import sys
 from dataclasses import asdict, dataclass, field
 
-from launcher.config import AttentionBackend, Precision, TrainwrightConfig
+from launcher.config import AttentionBackend, Precision, TrainwrightConfig, loss_kernel
 from launcher.engines import spec
 from launcher.plan import fp8
-from launcher.plan.dims import ParallelDims, cluster_world_size
 from launcher.plan.engine_choice import engine_notes
 from launcher.plan.flops import train_flops_per_token
 from launcher.plan.hardware import Device, resolve_device
-from launcher.plan.memory import (ActivationSettings, in_flight_microbatches, loss_kernel,
+from launcher.plan.memory import (ActivationSettings, in_flight_microbatches,
                                   stage_activation_bytes, state_bytes_per_param)
-from launcher.plan.params import (ParamCounts, StageParams, count_parameters, model_dims,
-                                  stage_params)
+from launcher.plan.params import ParamCounts, StageParams, count_parameters, stage_params
 from launcher.plan.step_time import StepTime
 from launcher.plan.timing import peak_flops, predict_step
 from launcher.plan.validate import (Problem, check_batch, check_interleaving, check_positive,
                                     check_static, check_values, schedule_warnings)
+from launcher.shape.dims import ParallelDims, cluster_world_size
+from launcher.shape.model import ResolvedModel
 
 
 class PlanError(Exception):
@@ -161,7 +161,7 @@ def _memory(cfg: TrainwrightConfig, dims: ParallelDims, batch: _Batch, flash: bo
             gpu_kernels: bool) -> MemoryPerGPU:
     """Memory per GPU; ``gpu_kernels``: the target is a GPU, where the model uses fused kernels."""
     m, p, e = cfg.model, cfg.parallelism, cfg.engine
-    d = model_dims(m, dims.tp)
+    d = ResolvedModel.of(m, dims.tp)
     state = dict(precision=cfg.trainer.precision, engine=e.name, zero_stage=p.zero_stage,
                  grad_fp32=e.grad_reduce_in_fp32, offload_optimizer=p.offload_optimizer,
                  offload_params=p.offload_params)
@@ -269,7 +269,7 @@ def _step(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: _Ba
 def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: _Batch) -> Plan:
     m, t, c = cfg.model, cfg.trainer, cfg.cluster
     counts = count_parameters(m, dims.tp)
-    d = model_dims(m, dims.tp)
+    d = ResolvedModel.of(m, dims.tp)
     flash = _uses_flash(cfg, device)
     mem = _memory(cfg, dims, batch, flash, gpu_kernels=device.name != "cpu")
     one_copy, redundant = _state_totals(cfg, counts, mem, dims.world)
@@ -373,7 +373,7 @@ def print_warnings(plan: Plan) -> None:
 
 def plan_or_exit(cfg: TrainwrightConfig, world_size: int | None = None) -> Plan:
     """compute_plan for entry points: on problems print them and exit with code 2."""
-    from launcher.compose import CONFIG_ERROR_EXIT
+    from launcher.core.exits import CONFIG_ERROR_EXIT
 
     try:
         plan = compute_plan(cfg, world_size)
@@ -411,7 +411,7 @@ def estimate_layout(cfg: TrainwrightConfig, world: int, device: Device,
     if problems:
         return None, problems
     mem = _memory(cfg, dims, batch, flash, gpu_kernels=device.name != "cpu")
-    flops = train_flops_per_token(model_dims(cfg.model, dims.tp)) * batch.global_batch \
+    flops = train_flops_per_token(ResolvedModel.of(cfg.model, dims.tp)) * batch.global_batch \
         * cfg.model.seq_length
     return LayoutEstimate(dims, batch.grad_accum, mem, flops), []
 

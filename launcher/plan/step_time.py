@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from launcher.plan.dims import ParallelDims
 from launcher.plan.hardware import Device
 from launcher.plan.layer_cost import (Workload, attention_seconds, layer_compute, layer_cp_seconds,
-                                     layer_ep_seconds, layer_tp_seconds, output_compute)
+                                      layer_ep_seconds, layer_tp_seconds, output_compute)
+from launcher.shape.dims import ParallelDims
 
 OPTIMIZER_BYTES_PER_PARAM = 64
 """HBM traffic of one fused Adam step per parameter (fp32 master, moments, gradient, bf16 copy,

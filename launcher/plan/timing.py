@@ -7,14 +7,15 @@ once; the plan and the search (:mod:`launcher.search`) both call it.
 from __future__ import annotations
 
 from launcher.config import Precision, TrainwrightConfig
-from launcher.plan.dims import ParallelDims
 from launcher.plan.fp8 import stage_fp8_layers
 from launcher.plan.hardware import Device
 from launcher.plan.layer_cost import workload
-from launcher.plan.params import layer_params, model_dims
+from launcher.plan.params import layer_params
 from launcher.plan.step_time import (DEEPSPEED_COMPUTE_FACTOR, DataParallelWork, StepTime,
                                      data_parallel_seconds, group_links, optimizer_seconds,
                                      p2p_seconds, pipeline_step, stage_cost)
+from launcher.shape.dims import ParallelDims
+from launcher.shape.model import ResolvedModel
 
 
 def peak_flops(cfg: TrainwrightConfig, device: Device) -> float:
@@ -49,7 +50,7 @@ def predict_step(cfg: TrainwrightConfig, dims: ParallelDims, grad_accum: int, de
     ``stage_expert``: parameters of the most loaded GPU; ``model_flops_per_gpu``: the step's
     model FLOPs per GPU (for the compute-only MFU)."""
     m, t, c = cfg.model, cfg.trainer, cfg.cluster
-    d = model_dims(m, dims.tp)
+    d = ResolvedModel.of(m, dims.tp)
     elem = 4 if t.precision == Precision.fp32 else 2
     peak, slowdown = peak_flops(cfg, device), _slowdown(cfg)
     w = workload(d, micro_batch=t.micro_batch_size, tp=dims.tp, sp=dims.sequence_parallel,

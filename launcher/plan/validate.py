@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 import signal
+from pathlib import PurePath
 
 from launcher.config import ModelConfig, TrainwrightConfig, compute_precision
+from launcher.core.problems import Problem, divisors, fmt_values
+from launcher.core.stop import resolve_signal
 from launcher.engines import spec
-from launcher.plan.dims import ParallelDims
-from launcher.plan.problems import Problem, divisors, fmt_values
-from launcher.plan.stages import KEYS as SPLIT_KEYS, StageSplit, split_problems
+from launcher.shape.dims import ParallelDims
+from launcher.shape.stages import KEYS as SPLIT_KEYS, StageSplit, split_problems
 
 
 def _not_divisible(key: str, value: int, by_key: str, by: int, fix_key: str | None = None) -> Problem:
@@ -92,8 +94,6 @@ def _check_loss_fusion(t) -> list[Problem]:
 
 def _check_stop_signal(name: str) -> list[Problem]:
     """trainer.stop_signal must name a signal a process can catch."""
-    from launcher.runtime.signals import resolve_signal
-
     key = "trainer.stop_signal"
     try:
         sig = resolve_signal(name)
@@ -105,10 +105,16 @@ def _check_stop_signal(name: str) -> list[Problem]:
     return []
 
 
+def names_a_run_dir(name: str) -> bool:
+    """Whether ``name`` is a directory strictly inside run.output_root: relative, no '..', and
+    not the output root itself ('.')."""
+    path = PurePath(name)
+    return bool(name) and not path.is_absolute() and ".." not in path.parts \
+        and name.strip("/") not in (".", "")
+
+
 def _check_run_name(name: str) -> list[Problem]:
     """run.name is one directory inside run.output_root ('' = <model>_<cluster>)."""
-    from launcher.runtime.rundir import names_a_run_dir
-
     if name and not names_a_run_dir(name):
         return [Problem(("run.name",), f"run.name={name!r} must name a directory inside "
                                        "run.output_root (no leading '/', no '..', not '.'), "

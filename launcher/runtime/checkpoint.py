@@ -1,22 +1,14 @@
 """Crash-safe checkpoints of any engine plus everything a resume needs: :class:`CheckpointManager`.
 
-Layout under ``<run_dir>/checkpoints``::
-
-    step_000100/          the engine's own files (DeepSpeed's model and ZeRO partitions, or
-                          Megatron-Core's megatron/ dist-checkpoint), written by every rank
-      trainwright.json    step, consumed samples, resolved config and plan, and the records
-                          a resume is checked against: architecture, layout, training
-                          (launcher.runtime.resume; rank 0)
-      rng/rank_<r>.pt     python, numpy, torch CPU, CUDA and Megatron RNG-tracker states
-      complete            written last; a directory without it is never resumed from
-    latest                pointer file naming the newest complete step directory
-
-A save writes ``step_<N>.tmp``; after every rank has finished (barrier) rank 0 writes
-``complete``, renames the directory to ``step_<N>``, moves ``latest`` (atomic rename) and only then
-prunes to ``keep_last``. A crash at any point leaves the previous checkpoint and pointer intact.
-A write that fails (a full disk, a full quota, an I/O error) raises :class:`CheckpointError`
-naming the directory and its free space (:mod:`launcher.runtime.diskfull`); rank 0 removes the
-partial ``step_<N>.tmp``, and stale ``.tmp`` directories are removed before each save.
+The directory layout (``step_<N>/``, ``complete``, ``latest``, ``trainwright.json``) and the
+choice of the checkpoint a run resumes from are :mod:`launcher.core.checkpoints`'s. A save writes
+``step_<N>.tmp``; after every rank has finished (barrier) rank 0 writes ``complete``, renames the
+directory to ``step_<N>``, moves ``latest`` (atomic rename) and only then prunes to
+``keep_last``. A crash at any point leaves the previous checkpoint and pointer intact. A write
+that fails (a full disk, a full quota, an I/O error) raises
+:class:`~launcher.core.errors.CheckpointError` naming the directory and its free space
+(:mod:`launcher.core.diskspace`); rank 0 removes the partial ``step_<N>.tmp``, and stale ``.tmp``
+directories are removed before each save.
 
 An async save (engine=megatron, ``trainer.async_save``) returns once the tensor write is scheduled
 in a background process; the same completion (barrier, ``complete``, rename, ``latest``, prune)
@@ -25,16 +17,13 @@ rank's write has finished: polled at each step by the loop, waited for before th
 before the training loop exits (also when the stop step was already saved). Until then the
 directory is ``step_<N>.tmp``.
 
-:func:`find_resume` never starts from scratch silently: an explicitly requested checkpoint that is
-missing or incomplete, or a ``latest`` that names nothing usable, raises :class:`CheckpointError`
-naming the file. A load that fails names every tensor torch or Megatron-Core names (missing and
-unexpected keys, both shapes of a mismatch), not just the first line of the error.
+A load that fails names every tensor torch or Megatron-Core names (missing and unexpected keys,
+both shapes of a mismatch), not just the first line of the error.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import pickle
 import random
 import re
@@ -48,44 +37,17 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from launcher.atomic import atomic_symlink_or_pointer, atomic_write_json, atomic_write_text, \
-    read_pointer
-from launcher.compose import CONFIG_ERROR_EXIT
-from launcher.engines.base import CheckpointError
-from launcher.runtime import collectives, diskfull
+from launcher.core import diskspace
+from launcher.core.atomic import (atomic_symlink_or_pointer, atomic_write_json, atomic_write_text,
+                                  read_pointer)
+from launcher.core.checkpoints import (COMPLETE, LATEST, META, Resume, directory_bytes, prune,
+                                       step_name)
+from launcher.core.errors import CheckpointError
+from launcher.parallel import collectives
 from launcher.runtime.metrics import NullMetricsLogger
 
-__all__ = ["CheckpointError", "CheckpointManager", "IncompatibleCheckpoint", "Resume",
-           "complete_steps", "find_resume", "load", "prune", "read_meta", "step_name",
-           "unreadable_files"]
-
-COMPLETE = "complete"
-META = "trainwright.json"
-LATEST = "latest"
-_STEP_RE = re.compile(r"^step_(\d+)$")
 MAX_ERROR_LINES = 40
 """Lines of a load error kept in the CheckpointError (torch lists one line per tensor)."""
-
-
-class IncompatibleCheckpoint(CheckpointError):
-    """A checkpoint this run must not (or cannot) load as configured: a different architecture,
-    engine or a layout the engine cannot convert. A config error: the process exits 2 and the
-    message names every difference and the settings that would resume it."""
-
-    exit_code = CONFIG_ERROR_EXIT
-
-
-@dataclass(frozen=True)
-class Resume:
-    """Where training continues from."""
-
-    path: Path  # the step_<N> directory
-    step: int  # optimizer steps already taken
-    consumed_samples: int
-
-
-def step_name(step: int) -> str:
-    return f"step_{step:06d}"
 
 
 def _rng_state() -> dict:
@@ -137,11 +99,6 @@ class _Pending:
     step: int
     started: float  # time.perf_counter() when the save began
     background: bool = False  # written while training went on (the seconds include steps)
-
-
-def directory_bytes(path: Path) -> int:
-    """Bytes of every file under ``path``."""
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
 def _rate(nbytes: int, seconds: float) -> str:
@@ -216,9 +173,9 @@ class CheckpointManager:
                 atomic_write_json(tmp / META, meta)
             return deferred
         except (OSError, RuntimeError) as exc:
-            if not diskfull.is_write_failure(exc):
+            if not diskspace.is_write_failure(exc):
                 raise
-            error = diskfull.write_error(exc, tmp, step=step, latest=read_pointer(
+            error = diskspace.write_error(exc, tmp, step=step, latest=read_pointer(
                 self.dir / LATEST))
             if rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -269,80 +226,6 @@ class CheckpointManager:
             self.report("checkpoint", f"checkpoint step {resume.step} loaded: "
                         f"{_rate(nbytes, seconds)}", step=resume.step, bytes=nbytes,
                         seconds=round(seconds, 3))
-
-
-def complete_steps(checkpoints_dir: Path) -> list[Path]:
-    """Complete ``step_<N>`` directories, oldest first."""
-    found = [(int(m.group(1)), p) for p in Path(checkpoints_dir).glob("step_*")
-             if (m := _STEP_RE.match(p.name)) and (p / COMPLETE).is_file()]
-    return [p for _, p in sorted(found)]
-
-
-def prune(checkpoints_dir: Path, keep_last: int) -> None:
-    """Delete complete checkpoints beyond the newest ``keep_last`` (0 = keep all), and stale
-    ``.tmp`` directories."""
-    for stale in Path(checkpoints_dir).glob("step_*.tmp"):
-        shutil.rmtree(stale, ignore_errors=True)
-    if keep_last > 0:
-        for old in complete_steps(checkpoints_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def read_meta(step_dir: Path) -> dict:
-    """The ``trainwright.json`` of a step directory ({} when it cannot be read)."""
-    try:
-        meta = json.loads((Path(step_dir) / META).read_text())
-    except (OSError, ValueError):
-        return {}
-    return meta if isinstance(meta, dict) else {}
-
-
-def _read_meta(step_dir: Path) -> Resume:
-    if not step_dir.is_dir():
-        raise CheckpointError(f"checkpoint {step_dir} does not exist")
-    if not (step_dir / COMPLETE).is_file():
-        raise CheckpointError(f"checkpoint {step_dir} is incomplete or corrupt: "
-                              f"{step_dir / COMPLETE} is missing")
-    try:
-        meta = json.loads((step_dir / META).read_text())
-        return Resume(step_dir, int(meta["step"]), int(meta["consumed_samples"]))
-    except (OSError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"checkpoint metadata {step_dir / META} is unreadable: {exc}") \
-            from exc
-
-
-def _from_pointer(checkpoints_dir: Path) -> Resume:
-    pointer = checkpoints_dir / LATEST
-    name = read_pointer(pointer)
-    if name is None:
-        raise CheckpointError(f"{pointer} is empty or corrupt; point it at a complete step_<N> "
-                              "directory or delete it")
-    try:
-        return _read_meta(checkpoints_dir / name)
-    except CheckpointError as exc:
-        raise CheckpointError(f"{pointer} names {name!r}, which is unusable: {exc}") from exc
-
-
-def find_resume(run_dir: Path, load: str = "") -> Optional[Resume]:
-    """The checkpoint to continue from, or None for a fresh start.
-
-    ``load`` (trainer.load) may name a step directory, a checkpoints directory or a run directory;
-    it must resolve to a complete checkpoint. Without it, the run directory's ``latest`` is used
-    when present (it must then be valid), else None.
-    """
-    if load:
-        path = Path(load)
-        for base in (path, path / "checkpoints"):
-            if (base / LATEST).exists():
-                return _from_pointer(base)
-        return _read_meta(path)
-    checkpoints_dir = Path(run_dir) / "checkpoints"
-    if (checkpoints_dir / LATEST).exists():
-        return _from_pointer(checkpoints_dir)
-    if complete_steps(checkpoints_dir):
-        raise CheckpointError(f"{checkpoints_dir} holds complete checkpoints but no {LATEST} "
-                              f"pointer; set trainer.load to one of them")
-    return None
 
 
 def unreadable_files(step_dir: Path) -> list[Path]:

@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from launcher.atomic import atomic_write_text
+from launcher.core.atomic import atomic_write_text
 
 __all__ = ["HISTORY_DIR", "attempts", "record_attempt"]
 

@@ -25,9 +25,8 @@ from typing import Iterator, List, Optional
 
 import torch
 
-from launcher.runtime.signals import ignore_stop_signals
-
 from launcher.config import DataConfig
+from launcher.core.stop import ignore_stop_signals
 
 
 @dataclass
@@ -136,7 +135,7 @@ def make_loader(dataset, *, consumed_samples: int, micro_batch_size: int, dp_ran
                 stop_signal: str = "SIGUSR1"):
     """A DataLoader over this rank's micro-batches (worker processes + prefetch; pinned on GPU).
 
-    Worker processes ignore the stop signals (:func:`launcher.runtime.signals.ignore_stop_signals`):
+    Worker processes ignore the stop signals (:func:`launcher.core.stop.ignore_stop_signals`):
     a signal sent to the whole process group must stop the run through its ranks, which save
     first, not kill a worker mid-batch."""
     sampler = DataParallelSampler(

@@ -2,12 +2,12 @@
 
 Every rank runs :meth:`TrainLoop.run` in lockstep; the collectives it makes (loss agreement inside
 the step, evaluation, straggler gathers, stop agreement, checkpoint barriers; all in
-:mod:`launcher.runtime.collectives`) happen at the same step on every rank. Only the metrics
+:mod:`launcher.parallel.collectives`) happen at the same step on every rank. Only the metrics
 logger knows about rank 0. The engine, the checkpoint manager and the stop request are handed
 in; the loop finds nothing through module globals.
 
 Per optimizer step it records ``time/<phase>`` for the seven phases of
-:data:`launcher.runtime.timers.PHASES` (under DeepSpeed ``backward`` is reported as
+:data:`launcher.core.phases.PHASES` (under DeepSpeed ``backward`` is reported as
 ``backward+grad_sync``, see :mod:`launcher.engines.deepspeed.engine`; the Megatron engine times
 them apart and reports each phase's maximum over the pipeline stages: ``Engine.reduce_phase_times``),
 tokens/s, TFLOP/s per GPU and MFU (from the plan's FLOPs per token and peak), memory, loss, lr,
@@ -25,25 +25,15 @@ from typing import Callable, Optional
 import torch
 
 from launcher.config import OptimizerConfig, TrainerConfig
-from launcher.engines.base import Engine, NonFiniteLoss, StepResult
+from launcher.core.errors import NonFiniteLoss, TrainingAborted
+from launcher.core.exits import REQUEUE_EXIT
+from launcher.engines.base import Engine, StepResult
 from launcher.runtime.checkpoint import CheckpointManager
 from launcher.runtime.schedule import lr_at
-from launcher.runtime.signals import REQUEUE_EXIT_CODE
 from launcher.runtime.straggler import find_stragglers, gather_times
-
-NON_FINITE_EXIT_CODE = 3
-"""Exit code when training aborts on a non-finite loss or gradient norm."""
 
 SPIKE_WINDOW = 20
 """Recent steps whose maximum loss a new loss is compared with (spike detection)."""
-
-
-class TrainingAborted(RuntimeError):
-    """Training cannot continue (non-finite values); ``exit_code`` says how the process exits."""
-
-    def __init__(self, message: str, exit_code: int = NON_FINITE_EXIT_CODE):
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 @dataclass
@@ -81,23 +71,23 @@ class TrainLoop:
     next_batch: Callable[[], dict]
     eval_batches: Optional[Callable[[], object]]  # a fresh iterable of validation micro-batches
     metrics: object  # launcher.runtime.metrics logger
-    timer: object  # launcher.runtime.timers.PhaseTimer
-    stop: object  # launcher.runtime.signals.StopRequest
+    timer: object  # launcher.core.phases.PhaseTimer
+    stop: object  # launcher.core.stop.StopRequest
     checkpoints: CheckpointManager
     saved_extras: dict  # {"config": ..., "plan": ...} stored with every checkpoint
     state: LoopState = field(default_factory=LoopState)
 
     def run(self) -> int:
-        """Train to plan.train_steps; returns 0, or REQUEUE_EXIT_CODE after a stop request."""
+        """Train to plan.train_steps; returns 0, or REQUEUE_EXIT after a stop request."""
         self.state.window_start = time.perf_counter()  # throughput excludes start-up
         self.checkpoints.warm_up()
         while self.state.step < self.plan.train_steps:
             self._one_step()
             if self.stop.agree():
                 self.metrics.log_event("stop", f"stop requested; saving at step {self.state.step}"
-                                       f" and exiting {REQUEUE_EXIT_CODE} for requeue")
+                                       f" and exiting {REQUEUE_EXIT} for requeue")
                 self.save(background=False)
-                return REQUEUE_EXIT_CODE
+                return REQUEUE_EXIT
         self.save(background=False)
         return 0
 

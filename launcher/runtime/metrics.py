@@ -31,11 +31,11 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Union
 
-from launcher.atomic import atomic_write_json, atomic_write_text
 from launcher.config import LoggerConfig
+from launcher.core.atomic import atomic_write_json, atomic_write_text
+from launcher.core.phases import PHASES
 from launcher.runtime.rundir import (prepare_run_dir, redact, redact_text, secret_env_values,
                                      to_plain)
-from launcher.runtime.timers import PHASES
 
 WANDB_ID_FILE = "wandb_id"
 """File in the run directory holding the wandb run id across restarts."""

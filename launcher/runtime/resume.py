@@ -13,7 +13,7 @@ records of the run that wrote it (:func:`run_record`, written by
 A resume, in order (``launcher.train``):
 
 1. :func:`refuse_incompatible`, before the engine is built: a different architecture or engine
-   raises :class:`~launcher.runtime.checkpoint.IncompatibleCheckpoint` (exit 2) naming every
+   raises :class:`~launcher.core.errors.IncompatibleCheckpoint` (exit 2) naming every
    differing field with both values and the fix. Layout changes are the engine's to judge, in its
    checkpoint reader before any tensor is read (Megatron-Core reshards TP/PP/DP; see
    :func:`launcher.engines.megatron.checkpoint.check_compatible` and
@@ -34,37 +34,18 @@ shows in the load error, which names every tensor.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from launcher.config import ModelConfig
-from launcher.plan.dims import MODEL_PARALLEL_SIZES
-from launcher.runtime import collectives
-from launcher.runtime.checkpoint import IncompatibleCheckpoint, Resume, read_meta
+from launcher.core.checkpoints import Resume, read_meta
+from launcher.core.errors import IncompatibleCheckpoint
+from launcher.parallel import collectives
+from launcher.shape import MODEL_PARALLEL_SIZES, ResolvedModel
+from launcher.shape.model import ARCHITECTURE_KEYS, DERIVED
 
 __all__ = ["ARCHITECTURE_KEYS", "already_trained", "architecture", "architecture_changes",
            "layout", "refuse_incompatible", "report_changes", "run_record", "saved_record",
            "started", "training"]
-
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
-             if f.default is not dataclasses.MISSING and f.default != "???"}
-"""ModelConfig defaults, for configs saved before a field existed."""
-
-DERIVED = {"normalization": "from model.arch", "activation": "from model.arch and model.activation",
-           "position_embedding": "from model.arch"}
-"""Architecture entries that are not a config key of their own: what sets them."""
-
-ARCHITECTURE_KEYS = (
-    "arch", "normalization", "activation", "position_embedding", "num_layers", "hidden_size",
-    "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
-    "max_position_embeddings", "rotary_base", "rope_scaling", "rope_scaling_factor",
-    "norm_epsilon",
-    "untie_embeddings_and_output_weights", "add_bias_linear", "add_qkv_bias", "num_experts",
-    "moe_router_topk", "moe_ffn_hidden_size")
-"""What the architecture record holds, in message order. The padded vocabulary is not part of
-it: it follows TP, and Megatron-Core loads embeddings padded differently (the padding rows carry
-no token)."""
 
 LAYOUT_KEYS = ("engine", "tensor_parallel_size", "pipeline_parallel_size",
                "virtual_pipeline_parallel_size", "context_parallel_size",
@@ -79,35 +60,9 @@ def _plain(value: Any) -> Any:
 
 
 def architecture(model: Mapping) -> dict:
-    """The architecture record of ``model`` (ModelConfig fields as a mapping), sentinels resolved
-    as :func:`launcher.engines.model.transformer_config` resolves them."""
-    m = {k: _plain(v) for k, v in {**_DEFAULTS, **model}.items()}
-    llama, moe = m["arch"] == "llama", int(m["num_experts"]) > 0
-    heads, hidden = int(m["num_attention_heads"]), int(m["hidden_size"])
-    return {
-        "arch": m["arch"], "normalization": "RMSNorm" if llama else "LayerNorm",
-        "activation": "swiglu" if llama else
-        ("gelu_tanh" if m["activation"] == "gelu_tanh" else "gelu"),
-        "position_embedding": "rope" if llama else "learned_absolute",
-        "num_layers": m["num_layers"], "hidden_size": hidden,
-        "ffn_hidden_size": m["ffn_hidden_size"], "num_attention_heads": heads,
-        "num_query_groups": m["num_query_groups"] or heads,
-        "kv_channels": m["kv_channels"] or hidden // heads, "vocab_size": m["vocab_size"],
-        "max_position_embeddings": None if llama else
-        (m["max_position_embeddings"] or m["seq_length"]),
-        "rotary_base": m["rotary_base"] if llama else None,
-        "rope_scaling": m["rope_scaling"] if llama else None,
-        "rope_scaling_factor": float(m["rope_scaling_factor"])
-        if llama and m["rope_scaling"] != "none" else None,
-        "norm_epsilon": m["norm_epsilon"],
-        "untie_embeddings_and_output_weights": bool(m["untie_embeddings_and_output_weights"]),
-        "add_bias_linear": bool(m["add_bias_linear"]),
-        "add_qkv_bias": bool(m["add_qkv_bias"] or m["add_bias_linear"]),
-        "num_experts": m["num_experts"],
-        "moe_router_topk": m["moe_router_topk"] if moe else None,
-        "moe_ffn_hidden_size": (m["moe_ffn_hidden_size"] or m["ffn_hidden_size"]) if moe
-        else None,
-    }
+    """The architecture record of ``model`` (ModelConfig fields as a mapping; fields it lacks, as
+    in a config saved before they existed, take their defaults): :class:`ResolvedModel`'s."""
+    return ResolvedModel.of_fields(model).architecture()
 
 
 def layout(plan: Mapping) -> dict:
@@ -124,11 +79,9 @@ def training(plan: Mapping) -> dict:
 
 def run_record(cfg, plan) -> dict:
     """This run's records, as every checkpoint it writes stores them."""
-    from launcher.runtime.rundir import to_plain
-
     plan_dict = plan.to_dict()
-    return {"architecture": architecture(to_plain(cfg.model)), "layout": layout(plan_dict),
-            "training": training(plan_dict)}
+    return {"architecture": ResolvedModel.of(cfg.model).architecture(),
+            "layout": layout(plan_dict), "training": training(plan_dict)}
 
 
 def saved_record(meta: Mapping) -> dict:

@@ -35,8 +35,9 @@ from typing import Any, Mapping
 
 import yaml
 
-from launcher.atomic import atomic_write_json, atomic_write_text
 from launcher.config import RunConfig
+from launcher.core.atomic import atomic_write_json, atomic_write_text
+from launcher.plan.validate import names_a_run_dir
 from launcher.runtime.confighistory import record_attempt
 
 REDACTED = "<redacted>"
@@ -70,14 +71,6 @@ RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"
             "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID",
             "SLURM_NTASKS", "SLURM_NNODES", "SLURM_JOB_NODELIST", "SLURM_NTASKS_PER_NODE",
             "SLURM_RESTART_COUNT", "CUDA_VISIBLE_DEVICES")
-
-
-def names_a_run_dir(name: str) -> bool:
-    """Whether ``name`` is a directory strictly inside run.output_root: relative, no '..', and
-    not the output root itself ('.')."""
-    path = PurePath(name)
-    return bool(name) and not path.is_absolute() and ".." not in path.parts \
-        and name.strip("/") not in (".", "")
 
 
 def run_dir_path(run: RunConfig, model_name: str, cluster_name: str) -> Path:
@@ -191,7 +184,7 @@ def _hosts(env: Mapping[str, str]) -> list[str]:
     """This host, or every host of the Slurm allocation."""
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if nodelist:
-        from launcher.runtime.distributed import expand_hostlist
+        from launcher.parallel.distributed import expand_hostlist
 
         try:
             return expand_hostlist(nodelist)

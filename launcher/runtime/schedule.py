@@ -58,9 +58,3 @@ def lr_at(step: int, *, optimizer: OptimizerConfig, total_steps: int) -> float:
     if schedule == Schedule.wsd:
         return _wsd(step, optimizer, total_steps)
     return optimizer.lr
-
-
-def set_lr(torch_optimizer, lr: float) -> None:
-    """Write ``lr`` into every parameter group of a torch optimizer (before its step)."""
-    for group in torch_optimizer.param_groups:
-        group["lr"] = lr

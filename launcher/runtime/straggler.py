@@ -57,7 +57,7 @@ def gather_times(step_time: float, data_time: float,
     """Every rank's (step_time, data_time), indexed by rank; a collective on all ranks.
 
     Without an initialised process group the lists hold only this process's values."""
-    from launcher.runtime import collectives
+    from launcher.parallel import collectives
 
     rows = collectives.gather_floats([step_time, data_time], group)
     return [r[0] for r in rows], [r[1] for r in rows]

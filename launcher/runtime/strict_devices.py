@@ -290,7 +290,7 @@ def check(name: str, group, tensors) -> None:
             raise DeviceRuleError(
                 f"torch.distributed.{name} on a group whose backend on a GPU machine is NCCL got "
                 f"a host (CPU) tensor created at {where}; NCCL only takes GPU tensors: create it "
-                f"on the group's device (launcher.runtime.collectives.device_for(group)) or move "
+                f"on the group's device (launcher.parallel.collectives.device_for(group)) or move "
                 f"it there with .to(device)")
 
 

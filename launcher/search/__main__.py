@@ -15,7 +15,8 @@ from __future__ import annotations
 import sys
 
 from launcher.cli import handle_flags
-from launcher.compose import CONFIG_ERROR_EXIT, compose_or_exit, to_object
+from launcher.compose import compose_or_exit, to_object
+from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.plan.plan import PlanError, print_problems
 from launcher.search.measure import measure
 from launcher.search.report import render, to_json

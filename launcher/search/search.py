@@ -6,12 +6,12 @@ import math
 from dataclasses import dataclass
 
 from launcher.config import TrainwrightConfig
-from launcher.plan.dims import cluster_world_size
 from launcher.plan.hardware import resolve_device
 from launcher.plan.plan import PlanError, uses_flash
 from launcher.plan.validate import Problem, check_positive, check_values
 from launcher.search.evaluate import Scored, engine_presets, score
 from launcher.search.space import candidates, engine_names
+from launcher.shape.dims import cluster_world_size
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from launcher.config import Recompute, TrainwrightConfig
-from launcher.plan.problems import divisors
-from launcher.plan.stages import StageSplit
+from launcher.core.problems import divisors
+from launcher.shape.stages import StageSplit
 
 RECOMPUTE = (Recompute.none, Recompute.selective, Recompute.full)
 MAX_CONTEXT_PARALLEL = 32

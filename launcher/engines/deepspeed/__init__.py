@@ -8,7 +8,10 @@ timed step, the checkpoint IO).
 from __future__ import annotations
 
 from launcher.config import is_fp8
-from launcher.engines.base import EngineProblem, StateBytes, mixed_precision_bytes
+from launcher.core.problems import Problem
+from launcher.engines.base import StateBytes
+from launcher.engines.state_bytes import mixed_precision_bytes
+
 
 class DeepSpeedSpec:
     """What engine=deepspeed runs (see :class:`launcher.engines.base.EngineSpec`)."""
@@ -48,7 +51,7 @@ class DeepSpeedSpec:
         p = cfg.parallelism
         out = []
         if p.pipeline_parallel_size > 1 and p.zero_stage >= 2:
-            out.append(EngineProblem(
+            out.append(Problem(
                 ("parallelism.zero_stage", "parallelism.pipeline_parallel_size", "engine"),
                 f"parallelism.zero_stage={p.zero_stage} with pipeline_parallel_size="
                 f"{p.pipeline_parallel_size} is not supported by DeepSpeed (ZeRO 2/3 shard "
@@ -58,20 +61,20 @@ class DeepSpeedSpec:
                 "engine=megatron with the distributed optimizer (parallelism.zero_stage=1)"))
         out += _layout_problems(p)
         if cfg.trainer.async_save:
-            out.append(EngineProblem(
+            out.append(Problem(
                 ("trainer.async_save", "engine"),
                 "trainer.async_save=true needs engine=megatron (Megatron-Core "
                 "dist-checkpointing); DeepSpeed saves synchronously: set "
                 "trainer.async_save=false or engine=megatron"))
         if is_fp8(cfg.trainer.precision):
-            out.append(EngineProblem(
+            out.append(Problem(
                 ("trainer.precision", "engine"),
                 "trainer.precision=fp8 needs engine=megatron (Megatron-Core's transformer block "
                 "enters Transformer Engine's FP8 autocast and reduces its scaling state; the "
                 "DeepSpeed path was not built or measured with FP8); use engine=megatron or "
                 "trainer.precision=bf16"))
         if p.offload_params and p.zero_stage != 3:
-            out.append(EngineProblem(
+            out.append(Problem(
                 ("parallelism.offload_params", "parallelism.zero_stage"),
                 f"parallelism.offload_params=true needs zero_stage=3 (got {p.zero_stage}); set "
                 "parallelism.zero_stage=3 or parallelism.offload_params=false"))
@@ -117,7 +120,7 @@ def _layout_problems(p) -> list:
              "virtual_pipeline_parallel_size": p.virtual_pipeline_parallel_size,
              "context_parallel_size": p.context_parallel_size,
              "expert_parallel_size": p.expert_parallel_size}
-    return [EngineProblem((f"parallelism.{key}", "engine"),
+    return [Problem((f"parallelism.{key}", "engine"),
                           f"parallelism.{key}={value} is not supported by engine=deepspeed "
                           "(trainwright's DeepSpeed path has no Megatron-Core schedule or "
                           f"expert/context-parallel gradient groups); use engine=megatron, or "

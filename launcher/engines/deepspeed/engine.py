@@ -25,12 +25,11 @@ import torch
 
 from launcher.config import (EngineConfig, ModelConfig, OptimizerConfig, ParallelismConfig,
                              Precision, TrainerConfig)
-from launcher.engines.base import CheckpointError, NonFiniteLoss, StepResult
-from launcher.engines.common import initialize_weights, masked_mean, param_groups
+from launcher.core.errors import CheckpointError, IncompatibleCheckpoint, NonFiniteLoss
+from launcher.engines.base import StepResult
+from launcher.engines.common import initialize_weights, masked_mean, param_groups, set_lr
 from launcher.engines.deepspeed.mpu import DeepSpeedMPU
-from launcher.runtime import collectives
-from launcher.runtime.checkpoint import IncompatibleCheckpoint
-from launcher.runtime.schedule import set_lr
+from launcher.parallel import collectives
 
 __all__ = ["DeepSpeedEngine", "DeepSpeedCheckpointIO", "DeepSpeedMPU", "build_engine",
            "check_layout", "deepspeed_config", "param_groups", "saved_layout", "FUSED_BACKWARD"]

@@ -8,7 +8,9 @@ This ``__init__`` is the torch-free :class:`launcher.engines.base.EngineSpec` th
 from __future__ import annotations
 
 from launcher.config import is_fp8
-from launcher.engines.base import EngineProblem, StateBytes, mixed_precision_bytes
+from launcher.core.problems import Problem
+from launcher.engines.base import StateBytes
+from launcher.engines.state_bytes import mixed_precision_bytes
 
 
 class MegatronSpec:
@@ -40,18 +42,18 @@ class MegatronSpec:
         p = cfg.parallelism
         out = []
         if p.zero_stage >= 2:
-            out.append(EngineProblem(
+            out.append(Problem(
                 ("parallelism.zero_stage", "engine"),
                 f"engine=megatron supports parallelism.zero_stage 0 (DDP) or 1 (distributed "
                 f"optimizer, ZeRO-1), got {p.zero_stage}; set parallelism.zero_stage=1, or use "
                 "engine=deepspeed for ZeRO 2/3 (without pipeline parallelism)"))
         if p.offload_optimizer or p.offload_params:
-            out.append(EngineProblem(
+            out.append(Problem(
                 ("parallelism.offload_optimizer", "parallelism.offload_params", "engine"),
                 "CPU offload (parallelism.offload_optimizer/offload_params) is a DeepSpeed "
                 "feature; use engine=deepspeed or set both to false"))
         if is_fp8(cfg.trainer.precision) and cfg.trainer.fp8.param_gather and p.zero_stage != 1:
-            out.append(EngineProblem(
+            out.append(Problem(
                 ("trainer.fp8.param_gather", "parallelism.zero_stage"),
                 "trainer.fp8.param_gather=true all-gathers FP8 weights from the distributed "
                 f"optimizer's shards, which needs parallelism.zero_stage=1 (got {p.zero_stage}); "

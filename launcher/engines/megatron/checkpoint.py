@@ -17,7 +17,7 @@ another. The optimizer follows the same idea:
 
 The checkpoint records its layout and optimizer format as dist-checkpointing *content metadata*;
 a load reads it back, builds the optimizer's sharded state dict in the saved format, and refuses
-with :class:`launcher.runtime.checkpoint.IncompatibleCheckpoint` (a config error, exit 2; naming
+with :class:`launcher.core.errors.IncompatibleCheckpoint` (a config error, exit 2; naming
 both layouts and the fix), before reading any tensor, what Megatron-Core cannot convert:
 optimizer state across ``zero_stage`` 0 <-> 1, and across a change in the number of chained
 optimizers (MoE with EP > 1 vs EP = 1). The architecture (and the engine) are checked earlier,
@@ -41,10 +41,10 @@ from pathlib import Path
 
 import torch
 
+from launcher.core.errors import IncompatibleCheckpoint
 from launcher.engines import compat
-from launcher.plan.dims import MODEL_PARALLEL_SIZES
-from launcher.runtime import collectives
-from launcher.runtime.checkpoint import IncompatibleCheckpoint
+from launcher.parallel import collectives
+from launcher.shape.dims import MODEL_PARALLEL_SIZES
 
 SUBDIR = "megatron"
 """Directory inside a step directory that holds the torch_dist files."""

@@ -29,10 +29,11 @@ import torch
 
 from launcher.config import (EngineConfig, ModelConfig, OptimizerConfig, ParallelismConfig,
                              Precision, TrainerConfig, compute_precision, is_fp8)
-from launcher.engines.base import NonFiniteLoss, StepResult
-from launcher.runtime import collectives
-from launcher.runtime.schedule import set_lr
-from launcher.runtime.timers import PHASES
+from launcher.core.errors import NonFiniteLoss
+from launcher.core.phases import PHASES
+from launcher.engines.base import StepResult
+from launcher.engines.common import set_lr
+from launcher.parallel import collectives
 
 LOAD_BALANCING_METRIC = "moe/load_balancing_loss"
 """Metric name of the MoE router's load-balancing (aux) loss, mean over MoE layers."""

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from launcher.runtime import collectives
+from launcher.parallel import collectives
 
 
 class Generator:

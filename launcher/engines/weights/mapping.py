@@ -25,38 +25,14 @@ Facts the mapping relies on (Megatron-Core 0.16, transformers 4.45-5.x):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator
 
 import torch
 
+from launcher.shape import ResolvedModel
+
 L = "decoder.layers."
 EXPERTS = L + "mlp.experts.experts."
-
-
-@dataclass(frozen=True)
-class Dims:
-    """What the mapping needs to know about a model."""
-
-    arch: str  # llama (also Mixtral when experts > 0) or gpt2
-    layers: int
-    hidden: int
-    heads: int
-    groups: int
-    head_dim: int
-    vocab: int
-    experts: int
-    tied: bool
-
-    @classmethod
-    def of(cls, model: Mapping) -> "Dims":
-        """From ModelConfig fields (a mapping; sentinels resolved as the engine does)."""
-        m = {k: getattr(v, "value", v) for k, v in model.items()}
-        heads = int(m["num_attention_heads"])
-        return cls(arch=m["arch"], layers=int(m["num_layers"]), hidden=int(m["hidden_size"]),
-                   heads=heads, groups=int(m.get("num_query_groups") or heads),
-                   head_dim=int(m.get("kv_channels") or int(m["hidden_size"]) // heads),
-                   vocab=int(m["vocab_size"]), experts=int(m.get("num_experts") or 0),
-                   tied=not m["untie_embeddings_and_output_weights"])
 
 
 @dataclass(frozen=True)
@@ -69,7 +45,7 @@ class Rule:
     stacked: int  # 0 (whole model), 1 (per layer) or 2 (per layer and expert)
 
 
-def _llama_rules(d: Dims) -> list[Rule]:
+def _llama_rules(d: ResolvedModel) -> list[Rule]:
     p = "model.layers.{l}."
     rules = [Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab", 0),
              Rule(L + "self_attention.linear_qkv.layer_norm_weight",
@@ -96,7 +72,7 @@ def _llama_rules(d: Dims) -> list[Rule]:
     return rules
 
 
-def _gpt2_rules(d: Dims) -> list[Rule]:
+def _gpt2_rules(d: ResolvedModel) -> list[Rule]:
     p = "transformer.h.{l}."
     rules = [Rule("embedding.word_embeddings.weight", ("transformer.wte.weight",), "vocab", 0),
              Rule("embedding.position_embeddings.weight", ("transformer.wpe.weight",), "copy", 0)]
@@ -118,12 +94,12 @@ def _gpt2_rules(d: Dims) -> list[Rule]:
     return rules
 
 
-def rules(d: Dims) -> list[Rule]:
+def rules(d: ResolvedModel) -> list[Rule]:
     """Every tensor of the model, in HF file order (embedding, layers, final norm, output)."""
     return _gpt2_rules(d) if d.arch == "gpt2" else _llama_rules(d)
 
 
-def entries(d: Dims) -> Iterator[tuple[Rule, tuple]]:
+def entries(d: ResolvedModel) -> Iterator[tuple[Rule, tuple]]:
     """(rule, index) for every canonical tensor, layer by layer (one layer's tensors together,
     so that a streaming reader or writer holds one layer at a time)."""
     all_rules = rules(d)
@@ -147,11 +123,11 @@ def hf_names(rule: Rule, index: tuple) -> list[str]:
     return [name.format(**fill) for name in rule.hf]
 
 
-def by_key(d: Dims) -> dict[str, Rule]:
+def by_key(d: ResolvedModel) -> dict[str, Rule]:
     return {rule.key: rule for rule in rules(d)}
 
 
-def _qkv_join(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d: Dims) -> torch.Tensor:
+def _qkv_join(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d: ResolvedModel) -> torch.Tensor:
     per = d.heads // d.groups
     tail = q.shape[1:]
     parts = (q.reshape(d.groups, per * d.head_dim, *tail), k.reshape(d.groups, d.head_dim, *tail),
@@ -159,7 +135,7 @@ def _qkv_join(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d: Dims) -> tor
     return torch.cat(parts, dim=1).reshape(-1, *tail)
 
 
-def _qkv_split(qkv: torch.Tensor, d: Dims) -> list[torch.Tensor]:
+def _qkv_split(qkv: torch.Tensor, d: ResolvedModel) -> list[torch.Tensor]:
     per = d.heads // d.groups
     tail = qkv.shape[1:]
     grouped = qkv.reshape(d.groups, (per + 2) * d.head_dim, *tail)
@@ -177,7 +153,7 @@ def pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
 
 
-def to_canonical(rule: Rule, index: tuple, read: Callable[[str], torch.Tensor], d: Dims,
+def to_canonical(rule: Rule, index: tuple, read: Callable[[str], torch.Tensor], d: ResolvedModel,
                  rows: int = 0) -> torch.Tensor:
     """The Megatron-Core tensor of ``rule`` at ``index`` from HF tensors (``read(name)``);
     ``rows``: the padded vocabulary for vocab tensors."""
@@ -199,7 +175,7 @@ def to_canonical(rule: Rule, index: tuple, read: Callable[[str], torch.Tensor], 
     raise ValueError(f"unknown mapping kind {rule.kind!r}")
 
 
-def to_hf(rule: Rule, index: tuple, tensor: torch.Tensor, d: Dims) -> list[tuple[str, torch.Tensor]]:
+def to_hf(rule: Rule, index: tuple, tensor: torch.Tensor, d: ResolvedModel) -> list[tuple[str, torch.Tensor]]:
     """The HF tensors (name, tensor) of the Megatron-Core tensor of ``rule`` at ``index``."""
     names = hf_names(rule, index)
     if rule.kind == "copy":

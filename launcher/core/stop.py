@@ -3,7 +3,7 @@
 Stop signals are SIGTERM (preemption, ``scancel``, Kubernetes), SIGINT (Ctrl-C), SIGUSR2
 (submitit's time-limit warning) and ``trainer.stop_signal`` (Slurm's early warning,
 ``#SBATCH --signal=USR1@120``). They arrive in three ways, and each ends the same way (every rank
-saves the same step, the job exits :data:`REQUEUE_EXIT_CODE`):
+saves the same step, the job exits :data:`~launcher.core.exits.REQUEUE_EXIT`):
 
 * to one rank: :class:`StopRequest` in that rank sets its flag, the others learn it at the next
   agreement;
@@ -15,15 +15,16 @@ saves the same step, the job exits :data:`REQUEUE_EXIT_CODE`):
   ``worker_init_fn``) so they do not die mid-batch, and the launcher's forwarded copy only sets a
   flag that is already set. The handlers only set a flag (nothing else is
 async-signal-safe in the middle of a collective); the training loop asks
-``stop.agree()`` at each step boundary. ``agree`` all-reduces the flag (MAX) over the default
-group, so if any rank got the signal every rank sees True at the same step, saves a checkpoint and
-exits with :data:`REQUEUE_EXIT_CODE`.
+``stop.agree()`` at each step boundary. ``agree`` reduces the flag over the ranks (the
+``any_rank`` collective it is given, :func:`launcher.parallel.collectives.any_rank`), so if any
+rank got the signal every rank sees True at the same step, saves a checkpoint and exits with
+:data:`~launcher.core.exits.REQUEUE_EXIT`.
 
-    stop = StopRequest(cfg.trainer.stop_signal)
+    stop = StopRequest(cfg.trainer.stop_signal, any_rank=collectives.any_rank)
     for step in ...:
         train_step()
         if stop.agree():
-            save_checkpoint(); raise SystemExit(REQUEUE_EXIT_CODE)
+            save_checkpoint(); raise SystemExit(REQUEUE_EXIT)
     stop.restore()
 """
 
@@ -38,10 +39,6 @@ from typing import Any, Callable, Dict, Iterable, Optional
 # the handler again on a half-initialised module (a launcher gets a stop twice under Slurm:
 # from Slurm itself and forwarded by its parent).
 import psutil
-
-REQUEUE_EXIT_CODE = 75
-"""Exit code meaning "checkpoint saved, requeue me" (EX_TEMPFAIL of sysexits.h). The Slurm
-wrapper requeues the job (``scontrol requeue``) when the training step exits with it."""
 
 
 def resolve_signal(name: str) -> signal.Signals:
@@ -60,7 +57,6 @@ ALWAYS_STOP = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
 """Stop signals whatever trainer.stop_signal says (preemption, Ctrl-C, submitit's warning)."""
 
 
-
 def stop_signals(stop_signal: str = "SIGUSR1") -> tuple:
     """Every stop signal: :data:`ALWAYS_STOP` and ``trainer.stop_signal``."""
     extra = resolve_signal(stop_signal)
@@ -68,8 +64,9 @@ def stop_signals(stop_signal: str = "SIGUSR1") -> tuple:
 
 
 def ignore_stop_signals(stop_signal: str = "SIGUSR1", *_: Any) -> None:
-    """Ignore every stop signal in this process (a DataLoader worker: its rank saves and stops
-    it). Usable as ``worker_init_fn`` through functools.partial (extra arguments ignored)."""
+    """Ignore every stop signal in this process: a helper process of a rank (a DataLoader
+    worker, Megatron-Core's save-results server) that its rank saves and stops. Usable as
+    ``worker_init_fn`` through functools.partial (extra arguments ignored)."""
     for sig in stop_signals(stop_signal):
         signal.signal(sig, signal.SIG_IGN)
 
@@ -126,9 +123,12 @@ def child_ranks() -> list:
 
 class StopRequest:
     """Flag set by any stop signal (:func:`stop_signals`); installed on construction (main thread
-    only)."""
+    only). ``any_rank(flag)`` is the collective that tells whether any rank's flag is set (the
+    default, for a single process: the local flag)."""
 
-    def __init__(self, signal_name: str = "SIGUSR1"):
+    def __init__(self, signal_name: str = "SIGUSR1",
+                 any_rank: Optional[Callable[[bool], bool]] = None):
+        self._any_rank = any_rank or bool
         self._flag = False
         self.decided = False  # the ranks agreed to stop: stop signals are ignored from then on
         self._previous: Dict[signal.Signals, Any] = {}
@@ -146,15 +146,10 @@ class StopRequest:
         """True once this process received one of the signals (no communication)."""
         return self._flag
 
-    def agree(self, group: Any = None) -> bool:
-        """True on every rank if any rank of ``group`` (default: the world) got a signal.
-
-        A collective: every rank of the group must call it at the same step. Without an
-        initialised process group it returns the local flag.
-        """
-        from launcher.runtime import collectives
-
-        self.decided = collectives.any_rank(self._flag, group)
+    def agree(self) -> bool:
+        """True on every rank if any rank got a signal. A collective: every rank must call it
+        at the same step."""
+        self.decided = self._any_rank(self._flag)
         if self.decided:  # later copies (a launcher's forwarded one) must not kill the rank
             for sig in self._previous:
                 signal.signal(sig, signal.SIG_IGN)

@@ -1,7 +1,7 @@
 """Weight sources: where the tensors of a model come from, one tensor at a time.
 
 Every source answers ``tensor(key, index, shape)``: the whole Megatron-Core tensor of ``key`` at
-``index`` along its stacked axes (see :mod:`launcher.convert.mapping`), read lazily so that only
+``index`` along its stacked axes (see :mod:`launcher.engines.weights.mapping`), read lazily so that only
 that tensor is in memory. ``shape`` (optional) is the caller's padded shape for vocabulary
 tensors. ``model`` holds the ModelConfig fields of the weights.
 
@@ -24,8 +24,9 @@ from typing import Iterable, Optional
 
 import torch
 
-from launcher.convert import mapping
-from launcher.convert.hf_config import model_fields
+from launcher.engines.weights import mapping
+from launcher.engines.weights.hf_config import model_fields
+from launcher.shape import ResolvedModel
 
 
 class SourceError(ValueError):
@@ -46,7 +47,7 @@ class HFSource:
         config_file = self.path / "config.json"
         self.config = json.loads(config_file.read_text())
         self.model = model_fields(self.config, str(config_file))
-        self.dims = mapping.Dims.of(self.model)
+        self.dims = ResolvedModel.of_fields(self.model)
         self.rules = mapping.by_key(self.dims)
         self.files = self._weight_map()
         self._open: dict = {}
@@ -136,7 +137,7 @@ class MegatronSource:
         self.step_dir = Path(step_dir)
         self.path = self.step_dir / "megatron"
         self.model = _model_of(self.step_dir)
-        self.dims = mapping.Dims.of(self.model)
+        self.dims = ResolvedModel.of_fields(self.model)
         self.meta = FileSystemReader(str(self.path)).read_metadata().state_dict_metadata
 
     def shape(self, key: str, index: tuple) -> tuple:
@@ -195,7 +196,7 @@ class DeepSpeedSource:
     def __init__(self, step_dir: Path):
         self.step_dir = Path(step_dir)
         self.model = _model_of(self.step_dir)
-        self.dims = mapping.Dims.of(self.model)
+        self.dims = ResolvedModel.of_fields(self.model)
         if any(self.step_dir.glob("*mp_rank_01_*")):
             raise SourceError(f"{self.step_dir}: a DeepSpeed checkpoint with tensor parallelism "
                               "(mp_rank_01); export reads DeepSpeed checkpoints at TP=1. Train "
@@ -230,7 +231,7 @@ class DeepSpeedSource:
 def step_dir_of(path: Path) -> Path:
     """A step directory for a run directory, its ``checkpoints`` directory or a step directory
     (the latest complete step when given a run or checkpoints directory)."""
-    from launcher.runtime.checkpoint import find_resume
+    from launcher.core.checkpoints import find_resume
 
     path = Path(path)
     if (path / "trainwright.json").is_file():

@@ -42,7 +42,7 @@ def _load_exact(module: torch.nn.Module, tensors: dict, source: str) -> None:
 @torch.no_grad()
 def fill_chunk(chunk, source, label: str = "") -> None:
     """Copy every local parameter of one GPTModel chunk from ``source`` (see
-    :mod:`launcher.convert.sources`)."""
+    :mod:`launcher.engines.weights.sources`)."""
     from megatron.core.dist_checkpointing.dict_utils import dict_list_map_inplace
     from megatron.core.dist_checkpointing.mapping import (ShardedObject, ShardedTensor,
                                                           apply_factory_merges)
@@ -86,7 +86,7 @@ def fill_chunks(chunks: list, path: str) -> None:
     """Initialise ``chunks`` (this rank's model chunks, any layout) from the weights at ``path``
     (an HF directory or a trainwright run / checkpoints / step directory); collective when the
     weights are an engine=megatron checkpoint."""
-    from launcher.convert.sources import open_source, step_dir_of
+    from launcher.engines.weights.sources import open_source, step_dir_of
 
     p = Path(path)
     if not (p / "config.json").is_file():

@@ -14,9 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.config import ClusterConfig, ParallelismConfig
-from launcher.plan.problems import Problem, divisors, fmt_values
-from launcher.plan.stages import StageSplit, stage_layers
-
+from launcher.core.problems import Problem, divisors, fmt_values
+from launcher.shape.stages import StageSplit, stage_layers
 
 MODEL_PARALLEL_SIZES = (("tp", "tensor_parallel_size", "TP"), ("pp", "pipeline_parallel_size", "PP"),
                         ("vpp", "virtual_pipeline_parallel_size", "VPP"),
@@ -108,7 +107,7 @@ class ParallelDims:
         return self.tp if self.sequence_parallel else 1
 
     def stage_layers(self, num_layers: int) -> tuple[int, ...]:
-        """Transformer layers of every pipeline stage, first to last (see launcher.plan.stages)."""
+        """Transformer layers of every pipeline stage, first to last (see launcher.shape.stages)."""
         return stage_layers(num_layers, self.pp, self.split)
 
     def layers_per_stage(self, num_layers: int) -> int:

@@ -158,7 +158,7 @@ def _single_process_env() -> None:
                if not os.environ.get(k)]
     if missing:
         raise RuntimeError(f"launched process lacks {', '.join(missing)}; start it with torchrun, "
-                           f"srun or launcher.runtime.distributed.launch_local_world")
+                           f"srun or launcher.parallel.distributed.launch_local_world")
 
 
 def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S,

@@ -199,7 +199,7 @@ def hf_config(model: Mapping, *, dtype: str, eos_id: int = -1, bos_id: int = -1)
 def architecture_differences(hf: Mapping, composed: Mapping) -> list[tuple[str, Any, Any]]:
     """``(field, HF value, composed value)`` for every architecture field of the composed
     ``model`` that differs from the HF config's (both ModelConfig field mappings)."""
-    from launcher.runtime.resume import architecture
+    from launcher.shape import ResolvedModel
 
-    a, b = architecture(hf), architecture(composed)
+    a, b = (ResolvedModel.of_fields(m).architecture() for m in (hf, composed))
     return [(key, a[key], b.get(key)) for key in a if a[key] != b.get(key)]

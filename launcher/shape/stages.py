@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.plan.problems import Problem, divisors, fmt_values
+from launcher.core.problems import Problem, divisors, fmt_values
 
 KEYS = ("parallelism.layers_in_first_stage", "parallelism.layers_in_last_stage",
         "parallelism.account_for_embedding_in_pipeline_split",

@@ -10,7 +10,7 @@ quota) from Python's own writes, and torch's zip writer failing without an errno
 :func:`out_of_space` looks at the filesystem itself (:func:`shutil.disk_usage`): with (almost)
 nothing free there, the disk is full.
 
-:func:`write_error` turns either into a :class:`launcher.engines.base.CheckpointError` naming the
+:func:`write_error` turns either into a :class:`launcher.core.errors.CheckpointError` naming the
 directory, the free space and the fix, e.g.::
 
     no space left on /scratch/run/checkpoints/step_000200.tmp (0 B free of 1.0 MiB) while saving
@@ -25,7 +25,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from launcher.engines.base import CheckpointError
+from launcher.core.errors import CheckpointError
 
 __all__ = ["TORCH_WRITE_FAILURES", "filesystem_usage", "free_space_text", "human_bytes",
            "is_write_failure", "no_space_cause", "out_of_space", "write_error"]

@@ -1,0 +1,10 @@
+"""The ground floor: what every other layer of trainwright (and data_prep) stands on.
+
+Torch-free and Hydra-free, so a launcher process, a plan or a data_prep run loads it in
+milliseconds: exit codes (:mod:`.exits`), the error classes processes exit by (:mod:`.errors`),
+the stop contract (:mod:`.stop`), crash-safe writes (:mod:`.atomic`), locks (:mod:`.locks`),
+disk-space checks (:mod:`.diskspace`), the step's phase names and timer (:mod:`.phases`), the
+problem type every check reports (:mod:`.problems`), the engine and checkpoint protocols
+(:mod:`.engine`) and the checkpoint directory layout (:mod:`.checkpoints`).
+Nothing here imports another part of trainwright.
+"""

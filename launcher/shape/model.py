@@ -1,0 +1,166 @@
+"""The model as it is built: one :class:`ResolvedModel` with every 0-sentinel of the config
+resolved, once.
+
+``model.num_query_groups=0`` means multi-head attention, ``kv_channels=0`` hidden / heads,
+``moe_ffn_hidden_size=0`` the dense MLP's width, ``max_position_embeddings=0`` the sequence
+length; the arch decides the norm, the activation and the position embedding. Those rules live
+here and nowhere else: parameter counts, memory, FLOPs and validation (:mod:`launcher.plan`),
+Megatron-Core's ``TransformerConfig`` and ``GPTModel`` (:mod:`launcher.engines.model`), the
+Hugging Face mapping (:mod:`launcher.engines.weights`) and the architecture a checkpoint records
+and a resume is checked against (:meth:`ResolvedModel.architecture`) all read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from launcher.config import Activation, Arch, ModelConfig, RopeScaling
+
+ARCHITECTURE_KEYS = (
+    "arch", "normalization", "activation", "position_embedding", "num_layers", "hidden_size",
+    "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
+    "max_position_embeddings", "rotary_base", "rope_scaling", "rope_scaling_factor",
+    "norm_epsilon", "untie_embeddings_and_output_weights", "add_bias_linear", "add_qkv_bias",
+    "num_experts", "moe_router_topk", "moe_ffn_hidden_size")
+"""What the architecture record holds, in message order: every model setting that gives the
+weights their meaning (dropout, init and the MoE loss and capacity are training settings). The
+padded vocabulary is not part of it: it follows TP, and Megatron-Core loads embeddings padded
+differently (the padding rows carry no token)."""
+
+DERIVED = {"normalization": "from model.arch", "activation": "from model.arch and model.activation",
+           "position_embedding": "from model.arch"}
+"""Architecture entries that are not a config key of their own: what sets them."""
+
+_ENUMS = {"arch": Arch, "activation": Activation, "rope_scaling": RopeScaling}
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: int = 1) -> int:
+    """Rows of the embedding table: vocab_size rounded up to divisible_by x TP."""
+    multiple = divisible_by * tensor_parallel_size
+    return -(-vocab_size // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A ModelConfig at a tensor-parallel size, sentinels resolved (build with :meth:`of`)."""
+
+    arch: Arch
+    layers: int
+    hidden: int
+    ffn: int
+    """Dense MLP inner width (each of gate and up for SwiGLU)."""
+    heads: int
+    groups: int
+    """Key/value heads (num_query_groups, 0 = heads)."""
+    head_dim: int
+    """Per-head dimension (kv_channels, 0 = hidden / heads)."""
+    vocab: int
+    padded_vocab: int
+    """Embedding rows at this tensor-parallel size."""
+    seq: int
+    max_positions: int
+    """Longest context (max_position_embeddings, 0 = seq)."""
+    positions: int
+    """Rows of the learned position table (gpt2), 0 for rotary."""
+    gated: bool
+    """SwiGLU MLP (llama) rather than GeLU (gpt2)."""
+    normalization: str
+    """``RMSNorm`` (llama) or ``LayerNorm`` (gpt2)."""
+    activation: str
+    """``swiglu``, ``gelu`` (exact) or ``gelu_tanh``."""
+    norm_params: int
+    """Parameters of one norm over the hidden size."""
+    bias: bool
+    qkv_bias: bool
+    experts: int
+    topk: int
+    """Experts a token is routed to (0 for a dense model)."""
+    expert_ffn: int
+    """Inner width of each expert (moe_ffn_hidden_size, 0 = ffn)."""
+    tied: bool
+    """The output layer reuses the input embedding."""
+    rotary_base: int
+    rope_scaling: RopeScaling
+    rope_scaling_factor: float
+    norm_epsilon: float
+
+    @classmethod
+    def of(cls, model: ModelConfig, tensor_parallel_size: int = 1) -> "ResolvedModel":
+        """``model`` as Megatron-Core builds it at ``tensor_parallel_size``."""
+        gpt2, heads = model.arch == Arch.gpt2, model.num_attention_heads
+        max_positions = model.max_position_embeddings or model.seq_length
+        return cls(
+            arch=Arch(model.arch), layers=model.num_layers, hidden=model.hidden_size,
+            ffn=model.ffn_hidden_size, heads=heads, groups=model.num_query_groups or heads,
+            head_dim=model.kv_channels or model.hidden_size // heads, vocab=model.vocab_size,
+            padded_vocab=padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by,
+                                           tensor_parallel_size),
+            seq=model.seq_length, max_positions=max_positions,
+            positions=max_positions if gpt2 else 0, gated=not gpt2,
+            normalization="LayerNorm" if gpt2 else "RMSNorm",
+            activation=_activation(model), norm_params=model.hidden_size * (2 if gpt2 else 1),
+            bias=model.add_bias_linear, qkv_bias=model.add_bias_linear or model.add_qkv_bias,
+            experts=model.num_experts, topk=model.moe_router_topk if model.num_experts else 0,
+            expert_ffn=model.moe_ffn_hidden_size or model.ffn_hidden_size,
+            tied=not model.untie_embeddings_and_output_weights, rotary_base=model.rotary_base,
+            rope_scaling=RopeScaling(model.rope_scaling),
+            rope_scaling_factor=model.rope_scaling_factor, norm_epsilon=model.norm_epsilon)
+
+    @classmethod
+    def of_fields(cls, fields: Mapping[str, Any], tensor_parallel_size: int = 1) -> "ResolvedModel":
+        """From ModelConfig fields as JSON holds them (a checkpoint's config, an HF import);
+        fields the mapping lacks take ModelConfig's defaults."""
+        return cls.of(model_config(fields), tensor_parallel_size)
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.groups * self.head_dim
+
+    @property
+    def llama(self) -> bool:
+        return self.arch == Arch.llama
+
+    def architecture(self) -> dict:
+        """The architecture record (:data:`ARCHITECTURE_KEYS`), as a checkpoint stores it; a
+        setting the arch does not use is None."""
+        llama, moe = self.llama, self.experts > 0
+        return {
+            "arch": self.arch.value, "normalization": self.normalization,
+            "activation": self.activation,
+            "position_embedding": "rope" if llama else "learned_absolute",
+            "num_layers": self.layers, "hidden_size": self.hidden, "ffn_hidden_size": self.ffn,
+            "num_attention_heads": self.heads, "num_query_groups": self.groups,
+            "kv_channels": self.head_dim, "vocab_size": self.vocab,
+            "max_position_embeddings": None if llama else self.max_positions,
+            "rotary_base": self.rotary_base if llama else None,
+            "rope_scaling": self.rope_scaling.value if llama else None,
+            "rope_scaling_factor": float(self.rope_scaling_factor)
+            if llama and self.rope_scaling != RopeScaling.none else None,
+            "norm_epsilon": self.norm_epsilon,
+            "untie_embeddings_and_output_weights": not self.tied,
+            "add_bias_linear": self.bias, "add_qkv_bias": self.qkv_bias,
+            "num_experts": self.experts, "moe_router_topk": self.topk if moe else None,
+            "moe_ffn_hidden_size": self.expert_ffn if moe else None,
+        }
+
+
+def _activation(model: ModelConfig) -> str:
+    """The MLP activation's name: swiglu for llama, gelu or gelu_tanh for gpt2."""
+    if model.arch == Arch.llama:
+        return "swiglu"
+    return "gelu_tanh" if model.activation == Activation.gelu_tanh else "gelu"
+
+
+def model_config(fields: Mapping[str, Any], base: Optional[ModelConfig] = None) -> ModelConfig:
+    """A ModelConfig from JSON fields (enums from their strings; unknown keys ignored), on top
+    of ``base`` (ModelConfig's defaults when None)."""
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    values = {k: _ENUMS[k](v) if k in _ENUMS and v is not None else v
+              for k, v in fields.items() if k in known}
+    return dataclasses.replace(base or ModelConfig(), **values)
