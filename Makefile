@@ -22,6 +22,7 @@ demo: install
 	$(BIN)/python -m launcher.demo
 
 test: install
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 plan: install

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import threading
 import time
 from typing import List, Optional
 

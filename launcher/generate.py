@@ -8,19 +8,23 @@ checkpoint (an explicit model that disagrees exits 2). Each new token re-runs th
 over the whole sequence through Megatron-Core's schedule (no KV cache: a tool to look at a
 model and to prove its forward pass, not a server). ``generate.format=json`` prints
 ``{"prompt_ids": [...], "output_ids": [...], "text": "..."}`` (output_ids = the new tokens).
-Exit codes: 0 done, 2 config error.
+Exit codes: 0 done, 2 config error, 128 + N stopped by signal N (SIGTERM, SIGINT, ...) before
+the output was printed.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from launcher.compose import compose_or_exit, to_object
 from launcher.core.exits import CONFIG_ERROR_EXIT
+from launcher.launch.bootstrap import Rank, run_ranks
+from launcher.launch.job import prepare
+from launcher.launch.model_source import adopt_model
 
 
 def split_checkpoint(argv: Sequence[str]) -> tuple[str, list]:
@@ -44,12 +48,11 @@ def tokenizer_path(gen, checkpoint: str) -> Optional[Path]:
             return p
         if (p / "tokenizer.json").is_file():
             return p / "tokenizer.json"
-    from launcher.engines.weights.sources import checkpoint_meta, step_dir_of
-    from launcher.convert.to_hf import tokenizer_files
+    from launcher.engines.weights.sources import checkpoint_meta, step_dir_of, tokenizer_file
 
     if (Path(checkpoint) / "config.json").is_file():
         return None
-    return tokenizer_files(checkpoint_meta(step_dir_of(Path(checkpoint))))
+    return tokenizer_file(checkpoint_meta(step_dir_of(Path(checkpoint))))
 
 
 def prompt_ids(gen, tokenizer: Optional[Path]) -> list[int]:
@@ -75,44 +78,37 @@ def decode(ids: list[int], tokenizer: Optional[Path]) -> str:
     return tokenizers.Tokenizer.from_file(str(tokenizer)).decode(ids)
 
 
-def run(argv: Sequence[str], checkpoint: str) -> int:
-    """Body of every generation process."""
+def generate_rank(rank: Rank, checkpoint: str) -> int:
+    """One rank of the generation: the checkpoint's weights into this layout's model chunks,
+    then token by token (each token a point where a stop signal ends the command)."""
     import torch
 
-    from launcher.engines import compat
     from launcher.engines.megatron.engine import build_model_chunks
-    from launcher.engines.model import init_parallel_state
-    from launcher.engines.weights.fill import fill_chunks
-    from launcher.parallel.distributed import destroy_distributed, init_distributed
     from launcher.engines.megatron.generation import Generator
+    from launcher.engines.weights.fill import fill_chunks
 
-    cfg = to_object(compose_or_exit(argv))
-    compat.install()
-    init_distributed(ranks_per_gpu=cfg.cluster.ranks_per_gpu)
-    try:
-        tokenizer = tokenizer_path(cfg.generate, checkpoint)
-        ids = prompt_ids(cfg.generate, tokenizer)
-        parallelism = _for_inference(cfg.parallelism)
-        init_parallel_state(parallelism, seed=cfg.trainer.seed)
-        chunks = build_model_chunks(cfg.model, parallelism, cfg.trainer)
-        fill_chunks(chunks, checkpoint)
-        generator = Generator(chunks, vocab_size=cfg.model.vocab_size)
-        with torch.no_grad():
-            new, logits = generator.generate(ids, cfg.generate)
-        _report(cfg.generate, ids, new, logits, tokenizer, generator)
-        return 0
-    finally:
-        destroy_distributed()
+    cfg = rank.job.cfg
+    tokenizer = tokenizer_path(cfg.generate, checkpoint)
+    ids = prompt_ids(cfg.generate, tokenizer)
+    chunks = build_model_chunks(cfg.model, cfg.parallelism, cfg.trainer)
+    fill_chunks(chunks, checkpoint)
+    generator = Generator(chunks, vocab_size=cfg.model.vocab_size)
+    with torch.no_grad():
+        new, logits = generator.generate(ids, cfg.generate, stop=rank.stop.agree)
+    if rank.stop.decided:
+        rank.console.error(f"generate: stopped by signal {rank.stop.signal_received} after "
+                           f"{len(new)} token(s); nothing written")
+        return rank.stopped_exit()
+    _report(cfg.generate, ids, new, logits, tokenizer, generator, rank.console.out)
+    return 0
 
 
-def _for_inference(parallelism):
+def _for_inference(argv: Sequence[str]) -> list[str]:
     """No sequence parallelism (the prompt need not divide by TP); the rest as given."""
-    import dataclasses
-
-    return dataclasses.replace(parallelism, sequence_parallel=False)
+    return [*argv, "parallelism.sequence_parallel=false"]
 
 
-def _report(gen, ids, new, logits, tokenizer, generator) -> None:
+def _report(gen, ids, new, logits, tokenizer, generator, out) -> None:
     if gen.logits_file and logits is not None and generator.writes_logits():
         import numpy as np
 
@@ -126,24 +122,13 @@ def _report(gen, ids, new, logits, tokenizer, generator) -> None:
         return
     text = decode(new, tokenizer)
     if gen.format == "json":
-        print(json.dumps({"prompt_ids": ids, "output_ids": new, "text": text}), flush=True)
+        print(json.dumps({"prompt_ids": ids, "output_ids": new, "text": text}), file=out,
+              flush=True)
     else:
-        print(text if tokenizer else " ".join(map(str, new)), flush=True)
-
-
-def _entry(argv: list, checkpoint: str) -> None:
-    code = run(argv, checkpoint)
-    if code:
-        raise SystemExit(code)
+        print(text if tokenizer else " ".join(map(str, new)), file=out, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import uuid
-
-    from launcher.convert.model_source import adopt_model
-    from launcher.launch.local import launch_local_world
-    from launcher.parallel.distributed import in_distributed_launch
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
@@ -153,17 +138,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("generate: missing checkpoint=<run, step or Hugging Face directory>",
               file=sys.stderr)
         return CONFIG_ERROR_EXIT
-    argv = adopt_model(rest, "checkpoint", path=checkpoint)
-    cfg = to_object(compose_or_exit(argv))
-    if cfg.generate.format not in ("text", "json"):
-        print(f"generate: generate.format={cfg.generate.format}: use text or json",
+    job = prepare(_for_inference(adopt_model(rest, "checkpoint", path=checkpoint)), plan=False)
+    if job.cfg.generate.format not in ("text", "json"):
+        print(f"generate: generate.format={job.cfg.generate.format}: use text or json",
               file=sys.stderr)
         return CONFIG_ERROR_EXIT
-    nprocs = cfg.cluster.gpus_per_node * cfg.cluster.ranks_per_gpu
-    if in_distributed_launch() or nprocs == 1:
-        return run(argv, checkpoint)
-    launch_local_world(_entry, (argv, checkpoint), nprocs, run_id=f"tw-{uuid.uuid4().hex[:8]}")
-    return 0
+    return run_ranks(job, functools.partial(generate_rank, checkpoint=checkpoint),
+                     command="generate")
 
 
 if __name__ == "__main__":

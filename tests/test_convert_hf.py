@@ -65,7 +65,7 @@ def layout_worker(args: dict):
     import dataclasses
 
     from launcher.config import ModelConfig, ParallelismConfig, Precision, TrainerConfig
-    from launcher.convert.model_source import source_model
+    from launcher.launch.model_source import source_model
     from launcher.engines.megatron.engine import build_model_chunks
     from launcher.engines.megatron.generation import Generator
     from launcher.engines.model import init_parallel_state

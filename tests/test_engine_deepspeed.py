@@ -25,7 +25,7 @@ def test_deepspeed_config_follows_the_plan():
                   "parallelism.offload_optimizer=true", "parallelism.offload_params=true",
                   "trainer.precision=fp16", "optimizer.clip_grad=0.5"])
     plan = compute_plan(cfg, world_size=2)
-    ds = deepspeed_config(plan, parallelism=cfg.parallelism, optimizer=cfg.optimizer,
+    ds = deepspeed_config(plan.batch, parallelism=cfg.parallelism, optimizer=cfg.optimizer,
                           trainer=cfg.trainer, engine=cfg.engine)
     assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"],
             ds["train_batch_size"]) == (2, 4, 16)
@@ -38,7 +38,7 @@ def test_deepspeed_config_follows_the_plan():
     assert ds["fp16"]["enabled"] and ds["fp16"]["loss_scale"] == 0 and not ds["bf16"]["enabled"]
     assert ds["gradient_clipping"] == 0.5
     plain = cfg_of(["trainer.precision=bf16"])
-    bf16 = deepspeed_config(compute_plan(plain, world_size=1), parallelism=plain.parallelism,
+    bf16 = deepspeed_config(compute_plan(plain, world_size=1).batch, parallelism=plain.parallelism,
                             optimizer=plain.optimizer, trainer=plain.trainer, engine=plain.engine)
     assert bf16["bf16"]["enabled"] and not bf16["fp16"]["enabled"]
     assert "offload_param" not in bf16["zero_optimization"]
@@ -89,7 +89,7 @@ def run_layout(overrides, steps: int, data_seed: int) -> dict:
     cfg = cfg_of(overrides)
     plan = compute_plan(cfg, world_size=torch.distributed.get_world_size())
     init_parallel_state(cfg.parallelism, seed=cfg.trainer.seed)
-    eng = build_engine(plan, model=cfg.model, parallelism=cfg.parallelism,
+    eng = build_engine(batch=plan.batch, model=cfg.model, parallelism=cfg.parallelism,
                        optimizer=cfg.optimizer, trainer=cfg.trainer, engine=cfg.engine)
     next_batch = fixed_batches(cfg.model.vocab_size, cfg.model.seq_length,
                                cfg.trainer.micro_batch_size, data_seed)

@@ -22,15 +22,14 @@ def build(overrides):
     """(cfg, plan, engine) for ``overrides`` on this process group."""
     import torch
 
-    from launcher.engines import build_engine
+    from launcher.engines import engine_inputs, spec
     from launcher.engines.model import init_parallel_state
     from launcher.plan import compute_plan
 
     cfg = cfg_of(MEGATRON + list(overrides))
     plan = compute_plan(cfg, world_size=torch.distributed.get_world_size())
     init_parallel_state(cfg.parallelism, seed=cfg.trainer.seed)
-    eng = build_engine(plan, model=cfg.model, parallelism=cfg.parallelism,
-                           optimizer=cfg.optimizer, trainer=cfg.trainer, engine=cfg.engine)
+    eng = spec(cfg.engine.name).build(batch=plan.batch, model=cfg.model, **engine_inputs(cfg))
     return cfg, plan, eng
 
 

@@ -10,7 +10,6 @@ the tokenizer files. Runs in one CPU process; no GPU, no model is built.
 from __future__ import annotations
 
 import itertools
-import json
 import shutil
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from launcher.convert import hf_writer
 from launcher.core.atomic import atomic_write_json
 from launcher.engines.weights import mapping
 from launcher.engines.weights.hf_config import hf_config
-from launcher.engines.weights.sources import checkpoint_meta
+from launcher.engines.weights.sources import checkpoint_meta, tokenizer_file
 from launcher.shape import ResolvedModel
 
 
@@ -73,23 +72,6 @@ def convert_tensors(source, out: Path, *, dtype: Optional[torch.dtype], max_shar
     return {"dtype": seen_dtype, "bytes": writer.total_bytes, "shards": len(writer.files)}
 
 
-def tokenizer_files(meta: dict) -> Optional[Path]:
-    """The run's HF ``tokenizer.json`` (data.tokenizer_path, or the tokenizer named by the
-    manifest next to its first data prefix); None for other kinds or mock data."""
-    data = (meta.get("config") or {}).get("data") or {}
-    candidates = [data.get("tokenizer_path") or ""]
-    for prefix in data.get("prefixes") or []:
-        manifest = Path(prefix).parent / "manifest.json"
-        if manifest.is_file():
-            tok = json.loads(manifest.read_text()).get("tokenizer") or {}
-            if tok.get("kind") == "hf":
-                candidates.append(tok.get("path") or "")
-    for candidate in candidates:
-        if candidate and Path(candidate).name.endswith(".json") and Path(candidate).is_file():
-            return Path(candidate)
-    return None
-
-
 def write_tokenizer(tokenizer_json: Path, out: Path, eod_id: int) -> dict:
     """tokenizer.json + tokenizer_config.json; returns the special token ids found."""
     import tokenizers
@@ -116,7 +98,7 @@ def export(source, step_dir: Path, out: Path, *, dtype_name: str = "auto",
         source, partial, dtype=dtype, max_shard_bytes=int(max_shard_gb * 1e9),
         progress=lambda done, total: log(f"to_hf: {done}/{total} tensor groups written"))
     eod = int(((meta.get("config") or {}).get("data") or {}).get("eod_token_id", -1))
-    tokenizer = tokenizer_files(meta)
+    tokenizer = tokenizer_file(meta)
     eos = write_tokenizer(tokenizer, partial, eod)["eos"] if tokenizer else -1
     atomic_write_json(partial / "config.json", hf_config(
         source.model, dtype=hf_writer.DTYPE_NAMES[report["dtype"]], eos_id=eos))

@@ -26,7 +26,7 @@ from launcher.config import (EngineConfig, ModelConfig, OptimizerConfig, Paralle
                              Precision, TrainerConfig, TrainwrightConfig)
 from launcher.core.phases import PhaseTimer
 from launcher.core.problems import Problem
-from launcher.shape import Batch, ParallelDims
+from launcher.shape import Batch
 
 
 @dataclass
@@ -110,12 +110,12 @@ class EngineSpec(Protocol):
     def gathered_layers(self, zero_stage: int) -> int:
         """Whole layers of weights a GPU gathers at once on top of its shard (ZeRO-3)."""
 
-    def build(self, *, dims: ParallelDims, batch: Batch, model: ModelConfig,
+    def build(self, *, batch: Batch, model: ModelConfig,
               parallelism: ParallelismConfig, optimizer: OptimizerConfig,
               trainer: TrainerConfig, engine: EngineConfig) -> Engine:
         """The runtime engine on an initialised parallel state (collective)."""
 
-    def run_files(self, *, dims: ParallelDims, batch: Batch,
+    def run_files(self, *, batch: Batch,
                   parallelism: ParallelismConfig, optimizer: OptimizerConfig,
                   trainer: TrainerConfig, engine: EngineConfig) -> dict[str, Any]:
         """Files (name -> JSON-able object) rank 0 writes into the run directory."""

@@ -25,6 +25,7 @@ from launcher.plan.timing import peak_flops, predict_step
 from launcher.plan.validate import (Problem, check_batch, check_interleaving, check_positive,
                                     check_static, check_values, schedule_warnings)
 from launcher.shape.dims import ParallelDims, cluster_world_size
+from launcher.shape import Batch
 from launcher.shape.model import ResolvedModel
 
 
@@ -118,6 +119,15 @@ class Plan:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def batch(self) -> Batch:
+        """The run's batch (what the engines build from)."""
+        return Batch(micro_batch_size=self.micro_batch_size, seq_length=self.seq_length,
+                     data_parallel_size=self.data_parallel_size,
+                     grad_accum_steps=self.grad_accum_steps,
+                     global_batch_size=self.global_batch_size, train_steps=self.train_steps,
+                     train_tokens=self.train_tokens)
 
 
 @dataclass(frozen=True)

@@ -71,10 +71,10 @@ def route_output(run_dir: Path, rank: int, verbose: bool) -> Console:
     return Console(out, err, log)
 
 
-def report_crash(console: Console, rank: int, exc: BaseException) -> None:
+def report_crash(console: Console, rank: int, exc: BaseException, command: str) -> None:
     """The traceback of an exception that ends a rank: on the console and in its log."""
     text = "".join(traceback.format_exception(exc))
-    console.error(f"train: rank {rank} failed:\n{text.rstrip()}")
+    console.error(f"{command}: rank {rank} failed:\n{text.rstrip()}")
 
 
 @contextlib.contextmanager

@@ -99,16 +99,16 @@ class DeepSpeedSpec:
         """ZeRO-3 holds the layer it computes plus the prefetched next one, gathered whole."""
         return 2 if zero_stage >= 3 else 0
 
-    def build(self, plan, *, model, parallelism, optimizer, trainer, engine):
+    def build(self, *, batch, model, parallelism, optimizer, trainer, engine):
         from launcher.engines.deepspeed.engine import build_engine
 
-        return build_engine(plan, model=model, parallelism=parallelism, optimizer=optimizer,
-                            trainer=trainer, engine=engine)
+        return build_engine(batch=batch, model=model, parallelism=parallelism,
+                            optimizer=optimizer, trainer=trainer, engine=engine)
 
-    def run_files(self, plan, *, parallelism, optimizer, trainer, engine) -> dict:
+    def run_files(self, *, batch, parallelism, optimizer, trainer, engine) -> dict:
         from launcher.engines.deepspeed.engine import deepspeed_config
 
-        return {"ds_config.json": deepspeed_config(plan, parallelism=parallelism,
+        return {"ds_config.json": deepspeed_config(batch, parallelism=parallelism,
                                                    optimizer=optimizer, trainer=trainer,
                                                    engine=engine)}
 

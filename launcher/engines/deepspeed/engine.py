@@ -1,6 +1,6 @@
 """The DeepSpeed engine around the Megatron-Core GPTModel, one timed training step, its checkpoints.
 
-:func:`deepspeed_config` derives DeepSpeed's JSON config from the plan (batch sizes, accumulation)
+:func:`deepspeed_config` derives DeepSpeed's JSON config from the plan's batch (batch sizes, accumulation)
 and the narrow sub-configs (ZeRO stage and offload, precision and loss scaling, clipping, bucket
 sizes); no value is restated by hand. :func:`build_engine` builds the model through
 :mod:`launcher.engines.model`, AdamW with weight-decay groups (none on biases and norms) and
@@ -30,6 +30,7 @@ from launcher.engines.base import StepResult
 from launcher.engines.common import initialize_weights, masked_mean, param_groups, set_lr
 from launcher.engines.deepspeed.mpu import DeepSpeedMPU
 from launcher.parallel import collectives
+from launcher.shape import Batch
 
 __all__ = ["DeepSpeedEngine", "DeepSpeedCheckpointIO", "DeepSpeedMPU", "build_engine",
            "check_layout", "deepspeed_config", "param_groups", "saved_layout", "FUSED_BACKWARD"]
@@ -39,11 +40,11 @@ FUSED_BACKWARD = "backward+grad_sync"
 """Metric name of the backward phase: DeepSpeed reduces gradients inside engine.backward."""
 
 
-def _zero_section(plan, parallelism: ParallelismConfig, engine: EngineConfig) -> dict:
+def _zero_section(batch: Batch, parallelism: ParallelismConfig, engine: EngineConfig) -> dict:
     stage = parallelism.zero_stage
     zero = {"stage": stage, "reduce_bucket_size": engine.reduce_bucket_size,
             "allgather_bucket_size": engine.reduce_bucket_size,
-            "overlap_comm": engine.overlap_grad_reduce and plan.data_parallel_size > 1,
+            "overlap_comm": engine.overlap_grad_reduce and batch.data_parallel_size > 1,
             "contiguous_gradients": True}
     if parallelism.offload_optimizer and stage >= 1:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
@@ -54,16 +55,16 @@ def _zero_section(plan, parallelism: ParallelismConfig, engine: EngineConfig) ->
     return zero
 
 
-def deepspeed_config(plan, *, parallelism: ParallelismConfig, optimizer: OptimizerConfig,
+def deepspeed_config(batch: Batch, *, parallelism: ParallelismConfig, optimizer: OptimizerConfig,
                      trainer: TrainerConfig, engine: EngineConfig) -> dict:
-    """DeepSpeed's config dict for ``plan`` (a :class:`launcher.plan.Plan`)."""
+    """DeepSpeed's config dict for ``batch``."""
     precision = Precision(trainer.precision)
     return {
-        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
-        "gradient_accumulation_steps": plan.grad_accum_steps,
-        "train_batch_size": plan.global_batch_size,
+        "train_micro_batch_size_per_gpu": batch.micro_batch_size,
+        "gradient_accumulation_steps": batch.grad_accum_steps,
+        "train_batch_size": batch.global_batch_size,
         "gradient_clipping": optimizer.clip_grad,
-        "zero_optimization": _zero_section(plan, parallelism, engine),
+        "zero_optimization": _zero_section(batch, parallelism, engine),
         "bf16": {"enabled": precision == Precision.bf16},
         # loss_scale 0 = dynamic loss scaling, starting at 2**initial_scale_power.
         "fp16": {"enabled": precision == Precision.fp16, "loss_scale": 0,
@@ -96,7 +97,7 @@ def _sync_sequence_parallel_grads(module: torch.nn.Module) -> None:
             param.register_hook(reduce)
 
 
-def build_engine(plan, *, model: ModelConfig, parallelism: ParallelismConfig,
+def build_engine(*, batch: Batch, model: ModelConfig, parallelism: ParallelismConfig,
                  optimizer: OptimizerConfig, trainer: TrainerConfig, engine: EngineConfig,
                  ds_config: Optional[dict] = None) -> "DeepSpeedEngine":
     """GPTModel + AdamW + DeepSpeed engine on an initialised parallel state (collective)."""
@@ -114,11 +115,11 @@ def build_engine(plan, *, model: ModelConfig, parallelism: ParallelismConfig,
     adamw = torch.optim.AdamW(param_groups(gpt, optimizer.weight_decay), lr=optimizer.lr,
                               betas=(optimizer.adam_beta1, optimizer.adam_beta2),
                               eps=optimizer.adam_eps)
-    config = ds_config or deepspeed_config(plan, parallelism=parallelism, optimizer=optimizer,
+    config = ds_config or deepspeed_config(batch, parallelism=parallelism, optimizer=optimizer,
                                            trainer=trainer, engine=engine)
     ds_engine, ds_optimizer, _, _ = deepspeed.initialize(
         args=_device_args(), model=gpt, optimizer=adamw, config=config, mpu=DeepSpeedMPU())
-    return DeepSpeedEngine(ds_engine, ds_optimizer, plan.grad_accum_steps, trainer.nan_policy)
+    return DeepSpeedEngine(ds_engine, ds_optimizer, batch.grad_accum_steps, trainer.nan_policy)
 
 
 def _device_args() -> SimpleNamespace:

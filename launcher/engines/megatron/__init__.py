@@ -69,13 +69,13 @@ class MegatronSpec:
     def gathered_layers(self, zero_stage: int) -> int:
         return 0
 
-    def build(self, plan, *, model, parallelism, optimizer, trainer, engine):
+    def build(self, *, batch, model, parallelism, optimizer, trainer, engine):
         from launcher.engines.megatron.engine import build_megatron_engine
 
-        return build_megatron_engine(plan, model=model, parallelism=parallelism,
+        return build_megatron_engine(batch=batch, model=model, parallelism=parallelism,
                                      optimizer=optimizer, trainer=trainer, engine=engine)
 
-    def run_files(self, plan, *, parallelism, optimizer, trainer, engine) -> dict:
+    def run_files(self, *, batch, parallelism, optimizer, trainer, engine) -> dict:
         return {}
 
 

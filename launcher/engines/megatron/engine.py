@@ -34,6 +34,7 @@ from launcher.core.phases import PHASES
 from launcher.engines.base import StepResult
 from launcher.engines.common import set_lr
 from launcher.parallel import collectives
+from launcher.shape import Batch
 
 LOAD_BALANCING_METRIC = "moe/load_balancing_loss"
 """Metric name of the MoE router's load-balancing (aux) loss, mean over MoE layers."""
@@ -139,7 +140,7 @@ def _configure_schedule(chunks: list, optimizer, engine: EngineConfig, timer_box
     config.grad_scale_func = optimizer.scale_loss
 
 
-def build_megatron_engine(plan, *, model: ModelConfig, parallelism: ParallelismConfig,
+def build_megatron_engine(*, batch: Batch, model: ModelConfig, parallelism: ParallelismConfig,
                           optimizer: OptimizerConfig, trainer: TrainerConfig,
                           engine: EngineConfig) -> "MegatronEngine":
     """Model chunks + DDP + Megatron optimizer on an initialised parallel state (collective)."""
@@ -153,7 +154,7 @@ def build_megatron_engine(plan, *, model: ModelConfig, parallelism: ParallelismC
     chunks = _wrap_chunks(chunks, parallelism, engine, trainer)
     opt = get_megatron_optimizer(
         optimizer_config(optimizer, trainer, parallelism.zero_stage == 1), chunks)
-    return MegatronEngine(chunks, opt, plan=plan, engine=engine, trainer=trainer,
+    return MegatronEngine(chunks, opt, batch=batch, engine=engine, trainer=trainer,
                           moe_layers=model.num_layers if model.num_experts else 0)
 
 
@@ -173,17 +174,17 @@ class MegatronEngine:
     ``chunks`` are the DDP-wrapped model chunks (one per virtual stage); ``optimizer`` is the
     Megatron optimizer; :attr:`checkpoint_io` writes and reads them with dist-checkpointing."""
 
-    def __init__(self, chunks: list, optimizer, *, plan, engine: EngineConfig,
+    def __init__(self, chunks: list, optimizer, *, batch: Batch, engine: EngineConfig,
                  trainer: TrainerConfig, moe_layers: int = 0):
         from megatron.core import parallel_state
 
         from launcher.engines.megatron.checkpoint import MegatronCheckpointIO
 
         self.chunks, self.optimizer = chunks, optimizer
-        self.grad_accum_steps, self.nan_policy = plan.grad_accum_steps, trainer.nan_policy
-        self.micro_batch_size, self.moe_layers = plan.micro_batch_size, moe_layers
+        self.grad_accum_steps, self.nan_policy = batch.grad_accum_steps, trainer.nan_policy
+        self.micro_batch_size, self.moe_layers = batch.micro_batch_size, moe_layers
         self.cp = parallel_state.get_context_parallel_world_size()
-        self.seq_length = plan.seq_length // self.cp
+        self.seq_length = batch.seq_length // self.cp
         self.device = collectives.device_for()
         self._box: dict = {}
         self._grad_norm: Optional[float] = None

@@ -9,10 +9,11 @@ every rank) and broadcasts it over the pipeline group.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
+from launcher.config import GenerateConfig
 from launcher.parallel import collectives
 
 
@@ -80,13 +81,17 @@ class Generator:
         return collectives.broadcast_int(token, self.ps.get_pipeline_model_parallel_last_rank(),
                                          self.ps.get_pipeline_model_parallel_group())
 
-    def generate(self, ids: list[int], gen) -> tuple[list[int], Optional[torch.Tensor]]:
-        """(new token ids, the prompt's logits on the last stage)."""
+    def generate(self, ids: list[int], gen: GenerateConfig,
+                 stop: Callable[[], bool] = bool) -> tuple[list[int], Optional[torch.Tensor]]:
+        """(new token ids, the prompt's logits on the last stage). ``stop()`` is asked before
+        each token (a collective: every rank asks at the same token); True ends the loop."""
         rng = torch.Generator().manual_seed(gen.seed)
         sequence, new = list(ids), []
         logits = self._logits(sequence)  # collective: every rank runs each forward
         prompt_logits = None if logits is None else logits.cpu()
         for step in range(gen.max_new_tokens):
+            if stop():
+                break
             if step:
                 logits = self._logits(sequence)
             token = self._pick(logits[-1].cpu(), gen, rng) if logits is not None else -1

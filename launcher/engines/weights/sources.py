@@ -256,3 +256,20 @@ def open_source(path: Path):
     if (step_dir / "megatron").is_dir():
         return MegatronSource(step_dir)
     return DeepSpeedSource(step_dir)
+
+
+def tokenizer_file(meta: dict) -> Optional[Path]:
+    """The run's HF ``tokenizer.json`` (data.tokenizer_path, or the tokenizer named by the
+    manifest next to its first data prefix); None for other kinds or mock data."""
+    data = (meta.get("config") or {}).get("data") or {}
+    candidates = [data.get("tokenizer_path") or ""]
+    for prefix in data.get("prefixes") or []:
+        manifest = Path(prefix).parent / "manifest.json"
+        if manifest.is_file():
+            tok = json.loads(manifest.read_text()).get("tokenizer") or {}
+            if tok.get("kind") == "hf":
+                candidates.append(tok.get("path") or "")
+    for candidate in candidates:
+        if candidate and Path(candidate).name.endswith(".json") and Path(candidate).is_file():
+            return Path(candidate)
+    return None

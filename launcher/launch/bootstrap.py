@@ -1,0 +1,143 @@
+"""One process bootstrap: how every command that runs on ranks starts them (:func:`run_ranks`).
+
+``launcher.train``, ``launcher.convert from_hf`` and ``launcher.generate`` each prepare one
+:class:`~launcher.launch.job.Job` (composed and planned once, in the launching process) and a
+rank body, a module-level function ``body(rank: Rank) -> int``. :func:`run_ranks` then runs the
+body on every rank of the job:
+
+* in this process, when it already is a rank (started by torchrun, the per-node agent or
+  ``srun``) or when the job has one process;
+* else in ``job.local_ranks`` processes it spawns on this machine (torch elastic, c10d on
+  localhost; :func:`launcher.launch.local.launch_local_world`), handing each the same Job.
+
+Every rank starts the same way (:func:`start_rank`): its library output goes to
+``<run_dir>/logs/rank_<r>.log`` (unless ``run.verbose``), the stop contract is installed
+(:class:`launcher.core.stop.StopRequest`: a stop signal only sets a flag that the ranks agree on
+at a safe point), the libraries are patched (:mod:`launcher.engines.compat`), the process group
+and Megatron-Core's parallel state are set up for the plan's layout, and its pid is written to
+``<run_dir>/logs/rank_<r>.pid``. Whatever the body returns or raises, the rank closes the same
+way (:meth:`Rank.close`). The launching process exits with the failing rank's exit code: 75
+when the ranks stopped for requeue, 128 + N when a signal N ended them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from launcher.core.atomic import atomic_write_text
+from launcher.core.exits import CONFIG_ERROR_EXIT
+from launcher.core.stop import StopRequest
+from launcher.launch.job import Job
+from launcher.launch.local import launch_local_world
+from launcher.parallel.distributed import in_distributed_launch, launch_rank
+from launcher.runtime.console import Console, library_logs_to, report_crash, route_output
+
+STOPPED_EXIT_BASE = 128
+"""A command that trains nothing and is stopped by signal N exits 128 + N (the shell's code)."""
+
+
+@dataclass
+class Rank:
+    """One started rank of a job: what a rank body gets."""
+
+    job: Job
+    rank: int
+    """Global rank."""
+    world: int
+    """Ranks in all."""
+    stop: StopRequest
+    """The stop contract of this rank: ``stop.agree()`` at each safe point (a collective)."""
+    console: Console
+    """Where the command's own lines go (the terminal, while library output goes to the log)."""
+
+    def stopped_exit(self) -> int:
+        """The exit code of a command that trains nothing and stopped on a signal."""
+        return STOPPED_EXIT_BASE + int(self.stop.signal_received or 15)
+
+    def close(self) -> None:
+        """Leave the process group; put the signal handlers back, unless the ranks agreed to
+        stop (a stopping rank ignores further stop signals until it has exited)."""
+        from launcher.parallel.distributed import destroy_distributed
+
+        if not self.stop.decided:
+            self.stop.restore()
+        destroy_distributed()
+
+
+RankBody = Callable[[Rank], int]
+"""A command's work on one rank; returns the rank's exit code."""
+
+
+def run_ranks(job: Job, body: RankBody, *, command: str) -> int:
+    """Run ``body`` on every rank of ``job`` (see the module docstring); the exit code."""
+    nodes = job.cfg.cluster.nodes
+    if in_distributed_launch() or (nodes == 1 and job.local_ranks == 1):
+        return on_this_rank(job, body, command)
+    if nodes > 1:
+        print(f"{command}: cluster.nodes={nodes} needs a multi-node launcher (srun or torchrun, "
+              "e.g. launcher.submit); this process starts ranks on one machine only",
+              file=sys.stderr)
+        return CONFIG_ERROR_EXIT
+    log = None if job.cfg.run.verbose or job.run_dir is None \
+        else job.run_dir / "logs" / "launcher.log"
+    with library_logs_to(log):
+        launch_local_world(_spawned_rank, (job, body, command), job.local_ranks,
+                           run_id=f"tw-{uuid.uuid4().hex[:8]}",
+                           stop_signal=job.cfg.trainer.stop_signal)
+    return 0
+
+
+def _spawned_rank(job: Job, body: RankBody, command: str) -> None:
+    """Entry of a spawned rank (module level, so it pickles): exit with the body's code."""
+    code = on_this_rank(job, body, command)
+    if code:
+        raise SystemExit(code)
+
+
+def on_this_rank(job: Job, body: RankBody, command: str) -> int:
+    """Start this process as a rank of ``job``, run ``body``, close; the body's exit code. A
+    crash is reported on the console with its traceback (library output is in the rank log)."""
+    rank = start_rank(job)
+    try:
+        return body(rank)
+    except Exception as exc:
+        report_crash(rank.console, rank.rank, exc, command)
+        raise
+    finally:
+        rank.close()
+
+
+def start_rank(job: Job) -> Rank:
+    """Output routing, the stop contract, library patches, process group and parallel state."""
+    from launcher.engines import compat
+    from launcher.engines.model import init_parallel_state
+    from launcher.parallel import collectives
+    from launcher.parallel.distributed import init_distributed
+    from launcher.runtime import strict_devices
+
+    cfg = job.cfg
+    console = route_output(job.run_dir, launch_rank(), cfg.run.verbose) \
+        if job.run_dir is not None else Console(sys.stdout, sys.stderr)
+    stop = StopRequest(cfg.trainer.stop_signal, any_rank=collectives.any_rank)
+    compat.install()
+    strict_devices.install_if_requested()
+    rank, _, world = init_distributed(ranks_per_gpu=cfg.cluster.ranks_per_gpu)
+    if job.plan is not None and world != job.plan.dims.world:
+        raise RuntimeError(f"the job was planned for {job.plan.dims.world} ranks and the launcher "
+                           f"started {world}; plan and launch with the same cluster settings")
+    init_parallel_state(cfg.parallelism, seed=cfg.trainer.seed)
+    if job.run_dir is not None:
+        write_pid_file(job.run_dir, rank)
+    return Rank(job, rank, world, stop, console)
+
+
+def write_pid_file(run_dir: Path, rank: int) -> None:
+    """``run_dir/logs/rank_<r>.pid``: this rank's process id, so that an operator (or a test) can
+    signal one rank, e.g. the early-warning stop signal."""
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "logs" / f"rank_{rank}.pid", f"{os.getpid()}\n")

@@ -1,0 +1,114 @@
+"""A job, composed and planned once, in the process that launches it: :func:`prepare`.
+
+Every command that runs on ranks (``launcher.train``, ``launcher.convert from_hf``,
+``launcher.generate``) turns its command line into one :class:`Job` before any rank exists:
+compose (the weights' model adopted when the command starts from weights; exit 2 on a config
+error), plan for the world the ranks will form (exit 2 on a plan problem), re-plan with the
+kernels this machine really runs. :mod:`launcher.launch.bootstrap` hands the same Job to every
+rank it starts, so no rank composes or plans again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher.compose import compose_or_exit, to_object
+from launcher.config import TrainwrightConfig
+from launcher.core.exits import CONFIG_ERROR_EXIT
+from launcher.launch.model_source import adopt_model
+from launcher.parallel.distributed import in_distributed_launch
+from launcher.plan import Plan, PlanError, compute_plan, plan_or_exit, print_problems
+from launcher.plan.data_check import check_data_or_exit
+from launcher.runtime.rundir import run_dir_path, to_plain
+from launcher.shape import cluster_world_size
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every rank of a command starts from."""
+
+    argv: tuple[str, ...]
+    """The overrides the config was composed from (with the weights' model, when adopted)."""
+    config: dict
+    """The resolved config as plain values (what config.yaml and checkpoints record)."""
+    cfg: TrainwrightConfig
+    """The typed config (with the attention kernels this machine runs)."""
+    plan: Optional[Plan]
+    """The plan for the world the ranks form; None for a command that trains nothing."""
+    run_dir: Optional[Path]
+    """Where the ranks write their logs, pid files and checkpoints; None: nowhere (their
+    library output stays on the console)."""
+    notes: tuple[str, ...] = ()
+    """Events worth logging once the run's metrics exist (e.g. a re-plan for the kernels)."""
+
+    @property
+    def local_ranks(self) -> int:
+        """Training processes on each machine: GPUs per node x ranks per GPU."""
+        return self.cfg.cluster.gpus_per_node * self.cfg.cluster.ranks_per_gpu
+
+
+def launched_world(cfg: TrainwrightConfig) -> int:
+    """The world the ranks will form: the launcher's (torchrun's WORLD_SIZE, srun's
+    SLURM_NTASKS) when this process is one of them, else the cluster's."""
+    if in_distributed_launch():
+        return int(os.environ.get("WORLD_SIZE") or os.environ["SLURM_NTASKS"])
+    return cluster_world_size(cfg.cluster)
+
+
+def compose(argv: Sequence[str], weights_key: str = "") -> tuple[list[str], DictConfig]:
+    """(the overrides, the composed config), with the model of the weights that ``weights_key``
+    names (``trainer.init_from``) adopted; exit 2 on a config error or a model mismatch."""
+    argv = list(argv)
+    raw = compose_or_exit(argv)
+    weights = str(OmegaConf.select(raw, weights_key) or "") if weights_key else ""
+    if weights:
+        argv = adopt_model(argv, weights_key, weights)
+        raw = compose_or_exit(argv)
+    return argv, raw
+
+
+def prepare(argv: Sequence[str], *, weights_key: str = "", plan: bool = True,
+            run_dir: Optional[Path] = None) -> Job:
+    """The job of ``argv``: composed, planned (unless ``plan`` is False) and checked against its
+    data; ``run_dir`` replaces the config's run directory (None: the config's, when planned)."""
+    argv, raw = compose(argv, weights_key)
+    cfg = to_object(raw)
+    if not plan:
+        return Job(tuple(argv), to_plain(raw), cfg, None, run_dir)
+    world = launched_world(cfg)
+    cfg, planned, notes = plan_for_this_machine(cfg, plan_or_exit(cfg, world), world)
+    check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size)
+    run_dir = run_dir or run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name)
+    return Job(tuple(argv), to_plain(raw), cfg, planned, run_dir, notes)
+
+
+def plan_for_this_machine(cfg: TrainwrightConfig, plan: Plan,
+                          world: int) -> tuple[TrainwrightConfig, Plan, tuple[str, ...]]:
+    """(cfg, plan, notes): re-planned with the kernels this machine runs when the plan counted
+    Transformer Engine's (flash attention, TE's fused loss) and TE is not importable; exit 2
+    when an explicitly asked-for kernel is unavailable (FP8 included: no TE, an older GPU) or
+    the re-plan no longer fits."""
+    from launcher.engines.model import KernelUnavailable, runnable_attention
+
+    try:
+        trainer, note = runnable_attention(cfg.trainer, planned_flash=plan.flash_attention)
+    except KernelUnavailable as exc:
+        print(f"train: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(CONFIG_ERROR_EXIT) from None
+    if trainer == cfg.trainer:
+        return cfg, plan, ()
+    cfg = dataclasses.replace(cfg, trainer=trainer)
+    try:
+        return cfg, compute_plan(cfg, world), (note,) if note else ()
+    except PlanError as exc:
+        if note:
+            print(f"train: {note}", file=sys.stderr)
+        print_problems(exc)
+        raise SystemExit(CONFIG_ERROR_EXIT) from None
