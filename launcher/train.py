@@ -17,6 +17,7 @@ from launcher.core.errors import CheckpointError, TrainingAborted
 from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.launch.bootstrap import Rank, run_ranks
 from launcher.launch.job import prepare
+from launcher.runtime.metrics import Metrics
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -50,7 +51,7 @@ def train(rank: Rank) -> int:
             return exc.exit_code
 
 
-def resume_build_train(rank: Rank, metrics) -> int:
+def resume_build_train(rank: Rank, metrics: Metrics) -> int:
     """Resume (refused before anything is built when the checkpoint does not fit), build the
     engine, its checkpoint manager and the data, then train."""
     import torch
@@ -69,14 +70,14 @@ def resume_build_train(rank: Rank, metrics) -> int:
     resume = find_resume(job.run_dir, job.cfg.trainer.load)
     record = resume_safety.run_record(job.cfg, plan)
     resume_safety.refuse_incompatible(resume, record)  # exit 2 before anything is built
-    if resume_safety.already_trained(resume, plan, metrics):
+    if resume_safety.already_trained(resume, plan.batch.train_steps, metrics):
         return 0
     cfg = initial_weights(job.cfg, resume, metrics)
     engine_spec, subs = spec(cfg.engine.name), engine_inputs(cfg)
     engine = engine_spec.build(batch=plan.batch, model=cfg.model, **subs)
     checkpoints = CheckpointManager(
         job.run_dir / "checkpoints", engine.checkpoint_io, keep_last=cfg.trainer.keep_last,
-        async_save=cfg.trainer.async_save, final_step=plan.train_steps, record=record,
+        async_save=cfg.trainer.async_save, final_step=plan.batch.train_steps, record=record,
         report=metrics.log_event)
     state = resume_safety.resume_state(checkpoints, resume, record, metrics, cfg.optimizer)
     resume_safety.started(job.run_dir, config=job.config, plan=plan,

@@ -30,7 +30,7 @@ def test_deepspeed_config_follows_the_plan():
     assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"],
             ds["train_batch_size"]) == (2, 4, 16)
     assert ds["train_batch_size"] == (ds["train_micro_batch_size_per_gpu"]
-                                      * ds["gradient_accumulation_steps"] * plan.data_parallel_size)
+                                      * ds["gradient_accumulation_steps"] * plan.dims.dp)
     zero = ds["zero_optimization"]
     assert zero["stage"] == 3 and zero["offload_param"]["device"] == "cpu"
     assert zero["offload_optimizer"]["device"] == "cpu"
@@ -95,7 +95,7 @@ def run_layout(overrides, steps: int, data_seed: int) -> dict:
                                cfg.trainer.micro_batch_size, data_seed)
     timer, out = PhaseTimer(), {"loss": [], "grad_norm": [], "loss_scale": []}
     for step in range(steps):
-        lr = lr_at(step, optimizer=cfg.optimizer, total_steps=plan.train_steps)
+        lr = lr_at(step, optimizer=cfg.optimizer, total_steps=plan.batch.train_steps)
         result = eng.train_step(next_batch, lr, timer)
         for key in out:
             out[key].append(getattr(result, key))

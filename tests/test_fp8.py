@@ -73,8 +73,8 @@ def test_bf16_run_sets_no_fp8_field_and_moe_pads_expert_tokens():
 def test_plan_fp8_slower_at_1b_width_faster_at_8b_width_as_measured():
     ratios = {}
     for name, shape in (("1b", ONE_B), ("8b_width", EIGHT_B_WIDTH)):
-        bf16 = plan_of(*shape).step_time_s
-        ratios[name] = plan_of(*shape, "trainer.precision=fp8").step_time_s / bf16
+        bf16 = plan_of(*shape).compute.step_time_s
+        ratios[name] = plan_of(*shape, "trainer.precision=fp8").compute.step_time_s / bf16
     assert ratios["1b"] > 1.0 > ratios["8b_width"]
     for name, measured in MEASURED_FP8_OVER_BF16.items():
         assert abs(ratios[name] / measured - 1) < 0.10, (name, ratios[name], measured)
@@ -83,12 +83,12 @@ def test_plan_fp8_slower_at_1b_width_faster_at_8b_width_as_measured():
 def test_fp8_only_speeds_the_layer_gemms():
     bf16 = plan_of(*EIGHT_B_WIDTH)
     fp8 = plan_of(*EIGHT_B_WIDTH, "trainer.precision=fp8")
-    assert fp8.step_time_parts["optimizer"] == bf16.step_time_parts["optimizer"]
-    assert fp8.flops_per_step == bf16.flops_per_step and fp8.mfu > bf16.mfu
+    assert fp8.compute.parts["optimizer"] == bf16.compute.parts["optimizer"]
+    assert fp8.compute.flops_per_step == bf16.compute.flops_per_step and fp8.compute.mfu > bf16.compute.mfu
     ends = plan_of(*EIGHT_B_WIDTH, "trainer.precision=fp8", "trainer.fp8.recipe=tensorwise",
                    "trainer.fp8.bf16_first_layers=1", "trainer.fp8.bf16_last_layers=1")
-    assert fp8.step_time_s < ends.step_time_s < bf16.step_time_s
-    assert "layers 2-7 of 8" in ends.fp8_layers and bf16.fp8_layers == ""
+    assert fp8.compute.step_time_s < ends.compute.step_time_s < bf16.compute.step_time_s
+    assert "layers 2-7 of 8" in ends.compute.fp8_layers and bf16.compute.fp8_layers == ""
 
 
 def test_fp8_memory_counts_te_weight_copies_unless_weights_are_fp8():
@@ -96,8 +96,8 @@ def test_fp8_memory_counts_te_weight_copies_unless_weights_are_fp8():
     from launcher.shape.model import ResolvedModel
 
     base = EIGHT_B_WIDTH + ["trainer.fp8.recipe=tensorwise"]
-    bf16 = plan_of(*base).memory_per_gpu
-    fp8 = plan_of(*base, "trainer.precision=fp8").memory_per_gpu
+    bf16 = plan_of(*base).memory.per_gpu
+    fp8 = plan_of(*base, "trainer.precision=fp8").memory.per_gpu
     layer = layer_params(ResolvedModel.of(cfg_of(*base).model))
     copies = 8 * 2 * (layer.attention + layer.mlp)
     scaling = 8 * 4 * 5 * 1 * 4  # layers x GEMMs x scaling values x history x fp32
@@ -105,14 +105,14 @@ def test_fp8_memory_counts_te_weight_copies_unless_weights_are_fp8():
     assert (fp8.grads, fp8.optimizer, fp8.activations) == (bf16.grads, bf16.optimizer,
                                                            bf16.activations)
     gathered = plan_of(*base, "trainer.precision=fp8", "trainer.fp8.param_gather=true",
-                       "trainer.layout_invariant_init=false").memory_per_gpu
+                       "trainer.layout_invariant_init=false").memory.per_gpu
     assert gathered.weights - bf16.weights == scaling
 
 
 def test_fp8_keeps_the_fused_loss_of_bf16():
     bf16 = plan_of(*H100, "model=llama3_1b", "model.seq_length=8192")
     fp8 = plan_of(*H100, "model=llama3_1b", "model.seq_length=8192", "trainer.precision=fp8")
-    assert fp8.memory_per_gpu.activations == bf16.memory_per_gpu.activations
+    assert fp8.memory.per_gpu.activations == bf16.memory.per_gpu.activations
 
 
 def test_every_refusal_is_reported_together():
@@ -132,7 +132,7 @@ def test_mxfp8_needs_blackwell_and_32_alignment():
         *H100, "model=tiny", "trainer.precision=fp8", "trainer.fp8.recipe=mxfp8")
     b200 = H100 + ["cluster.gpu=B200", "model=tiny", "trainer.precision=fp8",
                    "trainer.fp8.recipe=mxfp8"]
-    assert plan_of(*b200).fp8_layers.startswith("layers 1-4 of 4 (mxfp8")
+    assert plan_of(*b200).compute.fp8_layers.startswith("layers 1-4 of 4 (mxfp8")
     short = ["model.seq_length=272", "trainer.micro_batch_size=1"]  # 272 = 17 x 16
     text = problems_of(*b200, *short)
     assert "micro_batch_size x seq_length / context_parallel_size" in text and "by 32" in text

@@ -40,7 +40,7 @@ def cp_worker(args: dict) -> dict:
     next_batch = fixed_batches(cfg.model.vocab_size, cfg.model.seq_length,
                                cfg.trainer.micro_batch_size, 7)
     out = {"loss": [], "grad_norm": [], "seq_per_rank": eng.seq_length,
-           "micro_batches": plan.grad_accum_steps}
+           "micro_batches": plan.batch.grad_accum_steps}
     for _ in range(STEPS):
         result = eng.train_step(next_batch, 3e-3, PhaseTimer())
         out["loss"].append(result.loss)

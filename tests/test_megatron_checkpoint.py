@@ -57,14 +57,14 @@ def _steps(eng, cfg, plan, batches: list, steps: int) -> list:
 _MANAGERS: dict = {}
 """One CheckpointManager per (engine, directory), as launcher.train keeps one per run."""
 _SETTINGS: dict = {}
-"""id(engine) -> (trainer.async_save, plan.train_steps) it was built with."""
+"""id(engine) -> (trainer.async_save, plan.batch.train_steps) it was built with."""
 
 
 def build(overrides):
     """(cfg, plan, engine) as tests.test_megatron_engine builds them, remembering what the
     engine's checkpoint manager needs."""
     cfg, plan, eng = build_engine(overrides)
-    _SETTINGS[id(eng)] = (cfg.trainer.async_save, plan.train_steps)
+    _SETTINGS[id(eng)] = (cfg.trainer.async_save, plan.batch.train_steps)
     return cfg, plan, eng
 
 

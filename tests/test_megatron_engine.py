@@ -93,7 +93,7 @@ def layouts_worker(args: dict) -> dict:
     reference = {k: v.detach().clone() for k, v in global_params(eng).items()}
     out["pp1"] = train(eng, cfg, args["steps"])
     cfg, plan, eng = build(tied + ["parallelism=pp2", "trainer.global_batch_size=8"])
-    out["pp2_micro_batches"] = plan.grad_accum_steps
+    out["pp2_micro_batches"] = plan.batch.grad_accum_steps
     out["pp2"] = train(eng, cfg, args["steps"], reference=reference)
     cfg, _, eng = build(tied + ["parallelism=pp2", "parallelism.virtual_pipeline_parallel_size=2",
                          "trainer.global_batch_size=8"])

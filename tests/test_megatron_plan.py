@@ -90,4 +90,4 @@ def test_mixtral_preset_plans_on_megatron_with_expert_parallelism():
                    "parallelism.expert_parallel_size=8", "parallelism.pipeline_parallel_size=4",
                    "trainer.activation_recompute=full", "trainer.micro_batch_size=1",
                    "model.num_layers=32")
-    assert plan.expert_parallel_size == 8 and "(works)" in plan.engine_notes[0]
+    assert plan.dims.ep == 8 and "(works)" in plan.engine_notes[0]

@@ -299,13 +299,13 @@ def test_gpu_without_transformer_engine_replans_with_unfused_attention():
     from launcher.plan import PlanError, compute_plan
 
     cfg, plan = _plan_of("model.seq_length=2048", "trainer.micro_batch_size=2")
-    assert plan.flash_attention
+    assert plan.memory.flash_attention
     trainer, note = runnable_attention(cfg.trainer, planned_flash=True, gpu=True, te=False)
     assert trainer.attention_backend == AttentionBackend.unfused and "Transformer Engine" in note
     replanned = compute_plan(type(cfg)(**{**cfg.__dict__, "trainer": trainer}))
-    assert not replanned.flash_attention
+    assert not replanned.memory.flash_attention
     scores = 16 * 32 * 2048 ** 2 * 2 * (4 + 2)  # layers x heads x s^2 x b x bytes per score
-    grown = replanned.memory_per_gpu.activations - plan.memory_per_gpu.activations
+    grown = replanned.memory.per_gpu.activations - plan.memory.per_gpu.activations
     log_sum_exp = 16 * 2048 * 2 * 32 * 4  # what flash keeps instead (fp32 per row and head)
     logits_fp32 = 2048 * 2 * 128_256 * 4  # Megatron-Core's loss instead of TE's keeps them
     assert trainer.cross_entropy_fusion.value == "native"
@@ -363,7 +363,7 @@ def test_plan_keeps_no_fp32_logits_with_transformer_engines_loss():
     _, auto = _plan_of("model.seq_length=2048", "trainer.micro_batch_size=2")
     _, unfused = _plan_of("model.seq_length=2048", "trainer.micro_batch_size=2",
                           "trainer.cross_entropy_fusion=off")
-    diff = unfused.memory_per_gpu.activations - auto.memory_per_gpu.activations
+    diff = unfused.memory.per_gpu.activations - auto.memory_per_gpu.activations
     assert diff == 2048 * 2 * 128_256 * 4
 
 

@@ -105,11 +105,11 @@ def test_world_is_nodes_x_gpus_x_ranks_per_gpu():
     assert describe_world(cluster(nodes=2, gpus=4), 8) == \
         "world size 8 (cluster.nodes=2 x cluster.gpus_per_node=4)"
     p = plan_of("cluster=local_gpu", "cluster.ranks_per_gpu=2")
-    assert (p.world_size, p.ranks_per_gpu, p.data_parallel_size, p.gpus_per_node) == (2, 2, 2, 1)
+    assert (p.dims.world, p.machines.ranks_per_gpu, p.dims.dp, p.machines.gpus_per_node) == (2, 2, 2, 1)
     assert p.dims == ParallelDims.build(par(), 2)
     p = plan_of("cluster=local_gpu", "cluster.nodes=2", "cluster.gpus_per_node=4",
                 "cluster.ranks_per_gpu=2", "parallelism.tensor_parallel_size=2")
-    assert (p.world_size, p.dims.dp, p.dims.tp_groups) == (16, 8, 8)
+    assert (p.dims.world, p.dims.dp, p.dims.tp_groups) == (16, 8, 8)
 
 
 def test_world_message_names_ranks_per_gpu(capsys):
@@ -121,17 +121,19 @@ def test_world_message_names_ranks_per_gpu(capsys):
     assert "TP x PP x CP from 1, 2, 3, 6" in err
 
 
-def test_plan_flat_layout_fields_come_from_dims():
+def test_plan_json_layout_keys_come_from_dims():
     p = plan_of("experiment=llama3_70b_16k_h100")
     d = p.dims
     assert d == ParallelDims.build(par(tp=8, pp=4, sp=True), 16384)
-    assert (p.world_size, p.tensor_parallel_size, p.pipeline_parallel_size,
-            p.virtual_pipeline_parallel_size, p.context_parallel_size, p.expert_parallel_size,
-            p.sequence_parallel) == (d.world, d.tp, d.pp, d.vpp, d.cp, d.ep, d.sequence_parallel)
-    assert (p.data_parallel_size, p.expert_data_parallel_size, p.model_parallel_size,
-            p.tensor_parallel_groups, p.pipeline_stages, p.layers_per_stage) == \
-        (512, 512, 32, 2048, 4, 20)
-    assert p.pipeline_bubble_fraction == d.bubble_fraction(p.grad_accum_steps) == 0.75
+    j = p.to_dict()
+    assert (j["world_size"], j["tensor_parallel_size"], j["pipeline_parallel_size"],
+            j["virtual_pipeline_parallel_size"], j["context_parallel_size"],
+            j["expert_parallel_size"], j["sequence_parallel"]) == \
+        (d.world, d.tp, d.pp, d.vpp, d.cp, d.ep, d.sequence_parallel)
+    assert (j["data_parallel_size"], j["expert_data_parallel_size"], j["model_parallel_size"],
+            j["tensor_parallel_groups"], j["layers_per_stage"]) == (512, 512, 32, 2048, 20)
+    assert j["pipeline_bubble_fraction"] == d.bubble_fraction(p.batch.grad_accum_steps) == 0.75
+    assert "pipeline_stages" not in j and "effective_mfu" not in j  # copies of other keys
 
 
 def test_plan_json_carries_dims_and_ranks_per_gpu(capsys):
@@ -154,11 +156,11 @@ def test_two_ranks_share_the_gpu_memory():
     the GPU, which does not fit (with the unfused loss's fp32 logits)."""
     common = ["model=llama3_1b", "cluster=local_gpu", "trainer.micro_batch_size=2",
               "trainer.cross_entropy_fusion=off"]
-    one = plan_of(*common).memory_per_gpu
+    one = plan_of(*common).memory.per_gpu
     with pytest.raises(PlanError) as info:
         plan_of(*common, "cluster.ranks_per_gpu=2")
     refused = info.value.plan
-    two, cap = refused.memory_per_gpu, refused.gpu_memory_bytes
+    two, cap = refused.memory.per_gpu, refused.machines.gpu_memory_bytes
     assert (one.weights, one.grads, one.optimizer) == \
         (2 * LLAMA3_1B_PARAMS, 4 * LLAMA3_1B_PARAMS, 12 * LLAMA3_1B_PARAMS)
     assert (two.weights, two.grads, two.optimizer) == \
@@ -200,9 +202,9 @@ def test_ranks_sharing_a_gpu_share_its_flops():
     """The same global batch on one GPU takes as long with one rank as with two sharing it."""
     common = ["cluster=local_gpu", "trainer.global_batch_size=8", "trainer.micro_batch_size=1"]
     one, two = plan_of(*common), plan_of(*common, "cluster.ranks_per_gpu=2")
-    assert (one.grad_accum_steps, two.grad_accum_steps) == (8, 4)
-    assert two.step_time_s == pytest.approx(one.step_time_s)
-    assert two.tokens_per_s == pytest.approx(one.tokens_per_s)
+    assert (one.batch.grad_accum_steps, two.batch.grad_accum_steps) == (8, 4)
+    assert two.compute.step_time_s == pytest.approx(one.compute.step_time_s)
+    assert two.compute.tokens_per_s == pytest.approx(one.compute.tokens_per_s)
 
 
 def test_ranks_per_gpu_is_refused_on_slurm_and_must_be_positive(capsys):

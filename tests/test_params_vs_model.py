@@ -185,7 +185,7 @@ def test_per_gpu_counts_equal_built_shards(layout, ranks):
             assert _rank_sum(got, "dense") == expected.dense, (layout, case, rank)
             assert _rank_sum(got, "expert") == expected.expert, (layout, case, rank)
             totals.append(_rank_sum(got, "dense") + _rank_sum(got, "expert"))
-        assert compute_plan(cfg, world_size=2).params_per_gpu == max(totals), (layout, case)
+        assert compute_plan(cfg, world_size=2).params.per_gpu == max(totals), (layout, case)
 
 
 @pytest.mark.slow
@@ -218,7 +218,7 @@ def test_ep2_splits_the_experts_and_replicates_the_rest(ranks):
         assert _rank_sum(r0, "dense") == _rank_sum(r1, "dense"), case
         assert _rank_sum(r0, "expert") == _rank_sum(r1, "expert") == d.layers * 2 * one_expert
         total = _rank_sum(r0, "dense") + _rank_sum(r0, "expert") + _rank_sum(r1, "expert")
-        assert total == compute_plan(cfg, world_size=2).params_total, case
+        assert total == compute_plan(cfg, world_size=2).params.total, case
 
 
 # Training state measured on engine=megatron after one step, bf16 (2-byte weights, fp32 grads,
@@ -279,7 +279,7 @@ def memory_worker(args: dict) -> dict:
     import torch
     from megatron.core import parallel_state as ps
 
-    from launcher.engines import build_engine
+    from launcher.engines import engine_inputs, spec
     from launcher.engines.model import init_parallel_state
     from launcher.core.phases import PhaseTimer
     from tests.test_engine_deepspeed import fixed_batches
@@ -289,8 +289,7 @@ def memory_worker(args: dict) -> dict:
         cfg = _cfg(overrides + MEMORY_COMMON)
         plan = compute_plan(cfg, world_size=torch.distributed.get_world_size())
         init_parallel_state(cfg.parallelism, seed=cfg.trainer.seed)
-        eng = build_engine(plan, model=cfg.model, parallelism=cfg.parallelism,
-                               optimizer=cfg.optimizer, trainer=cfg.trainer, engine=cfg.engine)
+        eng = spec(cfg.engine.name).build(batch=plan.batch, model=cfg.model, **engine_inputs(cfg))
         eng.train_step(fixed_batches(cfg.model.vocab_size, cfg.model.seq_length,
                                      cfg.trainer.micro_batch_size, 0), 1e-3, PhaseTimer())
         out[name] = measure_state(eng)
@@ -306,7 +305,7 @@ def test_plan_state_bytes_equal_the_built_engine(name, ranks):
     rank the distributed optimizer's shards differ by at most the buffer padding). DDP buffers
     exceed the grads only by Megatron's distributed-optimizer padding: parameter starts aligned
     to 64 elements, buckets to lcm(DP, 128)."""
-    mem = compute_plan(_cfg(MEMORY[name] + MEMORY_COMMON), world_size=2).memory_per_gpu
+    mem = compute_plan(_cfg(MEMORY[name] + MEMORY_COMMON), world_size=2).memory.per_gpu
     measured = [r["memory"][name] for r in ranks]
     loaded = [m for m in measured if m["stage"] == mem.stage]
     assert loaded, (mem.stage, measured)

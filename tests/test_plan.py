@@ -23,34 +23,34 @@ def plan_of(*overrides, world_size=None):
 
 def test_70b_16k_layout_and_batch():
     p = plan_of(EXP_70B)
-    assert (p.world_size, p.nodes, p.gpus_per_node) == (16384, 2048, 8)
-    assert (p.tensor_parallel_size, p.pipeline_parallel_size) == (8, 4)
-    assert p.model_parallel_size == 32 and p.data_parallel_size == 512
-    assert p.tensor_parallel_groups == 2048 and p.pipeline_stages == 4
-    assert p.micro_batch_tokens == 32_768 and p.grad_accum_steps == 4
-    assert p.global_batch_size == 8192 and p.global_batch_tokens == 67_108_864
-    assert p.train_tokens == 15_000_000_000_000
-    assert p.train_steps == -(-15_000_000_000_000 // 67_108_864)  # ceil: 223,518
+    assert (p.dims.world, p.machines.nodes, p.machines.gpus_per_node) == (16384, 2048, 8)
+    assert (p.dims.tp, p.dims.pp) == (8, 4)
+    assert p.dims.model_parallel == 32 and p.dims.dp == 512
+    assert p.dims.tp_groups == 2048 and p.dims.pp == 4
+    assert p.batch.micro_batch_tokens == 32_768 and p.batch.grad_accum_steps == 4
+    assert p.batch.global_batch_size == 8192 and p.batch.global_batch_tokens == 67_108_864
+    assert p.batch.train_tokens == 15_000_000_000_000
+    assert p.batch.train_steps == -(-15_000_000_000_000 // 67_108_864)  # ceil: 223,518
 
 
 def test_70b_global_batch_512_sequences():
     p = plan_of(EXP_70B, "trainer.global_batch_size=512", "trainer.micro_batch_size=1")
-    assert p.global_batch_tokens == 4_194_304 and p.grad_accum_steps == 1
-    assert p.train_steps == 3_576_279  # about 3.58 million
-    assert round(p.train_steps / 1e6, 2) == 3.58
+    assert p.batch.global_batch_tokens == 4_194_304 and p.batch.grad_accum_steps == 1
+    assert p.batch.train_steps == 3_576_279  # about 3.58 million
+    assert round(p.batch.train_steps / 1e6, 2) == 3.58
 
 
 def test_70b_fits_with_full_recompute_not_with_selective():
     full = plan_of(EXP_70B)
-    assert full.memory_per_gpu.total < full.gpu_memory_bytes
+    assert full.memory.per_gpu.total < full.machines.gpu_memory_bytes
     with pytest.raises(PlanError) as info:
         plan_of(EXP_70B, "trainer.activation_recompute=selective")
     selective = info.value.plan
-    assert selective.memory_per_gpu.total > selective.gpu_memory_bytes
-    assert selective.memory_per_gpu.activations > 10 * full.memory_per_gpu.activations
+    assert selective.memory.per_gpu.total > selective.machines.gpu_memory_bytes
+    assert selective.memory.per_gpu.activations > 10 * full.memory.per_gpu.activations
     assert "trainer.activation_recompute=full" in str(info.value)
     # state does not depend on recompute
-    assert selective.memory_per_gpu.weights == full.memory_per_gpu.weights
+    assert selective.memory.per_gpu.weights == full.memory.per_gpu.weights
 
 
 @pytest.mark.parametrize("preset,published", [
@@ -69,11 +69,11 @@ def test_preset_parameter_totals_match_published(preset, published):
 
 def test_vocab_padding_reported_separately():
     p = plan_of("model=gpt2_124m")
-    assert p.padded_vocab_size == 50_304  # 50,257 rounded up to 128
-    assert p.vocab_padding_params == (50_304 - 50_257) * 768  # tied: one table
-    assert p.params_total - p.params_total_unpadded == p.vocab_padding_params
+    assert p.model.padded_vocab == 50_304  # 50,257 rounded up to 128
+    assert p.params.vocab_padding == (50_304 - 50_257) * 768  # tied: one table
+    assert p.params.total - p.params.total_unpadded == p.params.vocab_padding
     p8 = plan_of(EXP_70B)
-    assert p8.padded_vocab_size == 129_024  # 128,256 rounded up to 128 x TP 8
+    assert p8.model.padded_vocab == 129_024  # 128,256 rounded up to 128 x TP 8
 
 
 def test_mixtral_active_parameters():
@@ -88,7 +88,7 @@ def test_params_per_gpu_split_by_tp_and_pp():
                   "parallelism.tensor_parallel_size=2", "trainer.micro_batch_size=1",
                   "trainer.activation_recompute=full")
     norms = (2 * 32 + 1) * 4096  # replicated on every TP rank
-    assert tp2.params_per_gpu == (base.params_total - norms) // 2 + norms
+    assert tp2.params.per_gpu == (base.params.total - norms) // 2 + norms
 
 
 def _dims(**over):
@@ -126,20 +126,20 @@ def test_activations_match_korthikanti_formula(tp, sp):
 def test_flops_match_megatron_formula():
     """72 B s L h^2 (1 + s/6h + V/12hL) for a GPT block (Narayanan et al. 2021)."""
     p = plan_of("model=gpt2_124m", "trainer.micro_batch_size=8")
-    B, s, L, h, V = p.global_batch_size, 1024, 12, 768, 50_304
+    B, s, L, h, V = p.batch.global_batch_size, 1024, 12, 768, 50_304
     expected = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L))
-    assert p.flops_per_step == pytest.approx(expected)
+    assert p.compute.flops_per_step == pytest.approx(expected)
 
 
 def test_causal_flops_count_half_the_attention_scores_as_megatron_lm_logs():
     """Megatron-LM's logged TFLOP/s: 72 B s L h^2 (1 + s/12h + V/12hL); mfu_causal scales the
     plan's mfu by the same ratio and the report shows both."""
     p = plan_of("model=gpt2_124m", "trainer.micro_batch_size=8")
-    B, s, L, h, V = p.global_batch_size, 1024, 12, 768, 50_304
+    B, s, L, h, V = p.batch.global_batch_size, 1024, 12, 768, 50_304
     causal = 72 * B * s * L * h * h * (1 + s / (12 * h) + V / (12 * h * L))
-    assert p.flops_per_token_causal * B * s == pytest.approx(causal)
-    assert p.mfu_causal == pytest.approx(p.mfu * causal / p.flops_per_step)
-    assert p.mfu_causal < p.mfu
+    assert p.compute.flops_per_token_causal * B * s == pytest.approx(causal)
+    assert p.compute.mfu_causal == pytest.approx(p.compute.mfu * causal / p.compute.flops_per_step)
+    assert p.compute.mfu_causal < p.compute.mfu
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
@@ -161,14 +161,14 @@ def test_megatron_distributed_optimizer_bytes():
 
 def test_memory_breakdown_sums_and_offload_moves_state_to_cpu():
     on_gpu = plan_of("parallelism.zero_stage=3")
-    m = on_gpu.memory_per_gpu
+    m = on_gpu.memory.per_gpu
     assert m.total == pytest.approx(m.weights + m.grads + m.optimizer + m.activations, abs=4)
-    off = plan_of("parallelism=zero3_offload").memory_per_gpu
+    off = plan_of("parallelism=zero3_offload").memory.per_gpu
     assert off.optimizer == 0 and off.cpu_offload > 0 and off.weights < m.weights
 
 
 def test_zero_stages_shrink_memory_monotonically():
-    totals = [plan_of(f"parallelism.zero_stage={s}", "cluster.gpus_per_node=8").memory_per_gpu
+    totals = [plan_of(f"parallelism.zero_stage={s}", "cluster.gpus_per_node=8").memory.per_gpu
               for s in range(4)]
     state = [t.weights + t.grads + t.optimizer for t in totals]
     assert state == sorted(state, reverse=True) and len(set(state)) == 4
@@ -177,33 +177,33 @@ def test_zero_stages_shrink_memory_monotonically():
 def test_redundant_state_shrinks_with_zero3():
     z1 = plan_of("cluster.gpus_per_node=8", "parallelism.zero_stage=1")
     z3 = plan_of("cluster.gpus_per_node=8", "parallelism.zero_stage=3")
-    assert z1.training_state_bytes == z3.training_state_bytes
-    assert z3.redundant_state_bytes < z1.redundant_state_bytes
+    assert z1.memory.training_state_bytes == z3.memory.training_state_bytes
+    assert z3.memory.redundant_state_bytes < z1.memory.redundant_state_bytes
 
 
 def test_step_budget_gives_tokens():
     p = plan_of("trainer.train_steps=10", "trainer.train_tokens=0", "optimizer.warmup_steps=2")
-    assert p.train_tokens == 10 * p.global_batch_tokens
+    assert p.batch.train_tokens == 10 * p.batch.global_batch_tokens
 
 
 def test_time_estimates_consistent():
     """The step time is the step-time model's sum of causes (issue 13: one MFU for every layout
     could not tell layouts apart); plan.mfu > 0 still selects the old flat assumption."""
     p = plan_of(EXP_70B)
-    assert p.step_time_s == pytest.approx(sum(p.step_time_parts.values()))
-    assert p.effective_mfu == pytest.approx(
-        p.flops_per_step / (p.world_size * p.peak_tflops_per_gpu * 1e12 * p.step_time_s))
+    assert p.compute.step_time_s == pytest.approx(sum(p.compute.parts.values()))
+    assert p.compute.mfu == pytest.approx(
+        p.compute.flops_per_step / (p.dims.world * p.machines.peak_tflops_per_gpu * 1e12 * p.compute.step_time_s))
     flat = plan_of(EXP_70B, "plan.mfu=0.4")
-    assert flat.step_time_s == pytest.approx(
-        flat.flops_per_step / (flat.world_size * flat.peak_tflops_per_gpu * 1e12 * 0.4)
-        * (1 + flat.pipeline_bubble_fraction))
-    assert p.time_to_train_days == pytest.approx(p.train_steps * p.step_time_s / 86400)
-    assert p.tokens_per_s == pytest.approx(p.global_batch_tokens / p.step_time_s)
+    assert flat.compute.step_time_s == pytest.approx(
+        flat.compute.flops_per_step / (flat.dims.world * flat.machines.peak_tflops_per_gpu * 1e12 * 0.4)
+        * (1 + flat.compute.bubble_fraction))
+    assert p.compute.time_to_train_days == pytest.approx(p.batch.train_steps * p.compute.step_time_s / 86400)
+    assert p.compute.tokens_per_s == pytest.approx(p.batch.global_batch_tokens / p.compute.step_time_s)
 
 
 def test_world_size_argument_overrides_cluster():
     p = plan_of("cluster.gpus_per_node=1", world_size=4)
-    assert p.world_size == 4 and p.data_parallel_size == 4
+    assert p.dims.world == 4 and p.dims.dp == 4
 
 
 REQUIRED_JSON_KEYS = {
@@ -229,7 +229,7 @@ def test_cli_json_is_one_object_with_required_keys():
 def test_cli_table(capsys):
     assert main([EXP_70B]) == 0
     out = capsys.readouterr().out
-    causal = f"{plan_of(EXP_70B).mfu_causal:.1%} causal"
+    causal = f"{plan_of(EXP_70B).compute.mfu_causal:.1%} causal"
     for text in ("16,384", "2,048 nodes", "67,108,864", "223,518", "fits", causal):
         assert text in out
 
@@ -250,6 +250,6 @@ def test_unfused_swiglu_keeps_one_more_ffn_per_token():
     cpu = plan_of("model=llama3_1b", "cluster=local_gpu", "cluster.gpu=cpu",
                   "trainer.attention_backend=flash", "trainer.micro_batch_size=1",
                   "trainer.cross_entropy_fusion=off")
-    per_layer = extra * model.seq_length * cpu.micro_batch_size / (2 * 128)
-    assert cpu.memory_per_gpu.activations - gpu.memory_per_gpu.activations == \
+    per_layer = extra * model.seq_length * cpu.batch.micro_batch_size / (2 * 128)
+    assert cpu.memory.per_gpu.activations - gpu.memory.per_gpu.activations == \
         pytest.approx(per_layer * model.num_layers)

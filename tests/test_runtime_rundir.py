@@ -77,7 +77,7 @@ def test_prepare_run_dir_writes_its_files(tmp_path, monkeypatch):
     loaded = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert loaded["model"]["name"] == cfg.model.name
     assert loaded["extra"] == {"token": REDACTED, "note": f"key={REDACTED}"}
-    assert json.loads((run_dir / "plan.json").read_text())["world_size"] == plan.world_size
+    assert json.loads((run_dir / "plan.json").read_text())["world_size"] == plan.dims.world
     env = json.loads((run_dir / "env.json").read_text())
     assert env["python"] == sys.version.split()[0]
     assert env["versions"]["torch"] and env["versions"]["megatron_core"] == "0.16.1"

@@ -50,9 +50,9 @@ def test_every_kept_candidate_is_a_plan_that_fits_with_the_headroom(result_405b)
     budget = 0.9 * 85_520_809_984
     for s in result.ranked[:5] + result.ranked[-3:]:
         plan = compute_plan(cfg_of(*L405_16K, *s.candidate.overrides()))
-        assert plan.memory_per_gpu.total <= budget
-        assert plan.step_time_s == pytest.approx(s.step.total)
-        assert plan.mfu == pytest.approx(s.mfu)
+        assert plan.memory.per_gpu.total <= budget
+        assert plan.compute.step_time_s == pytest.approx(s.step.total)
+        assert plan.compute.mfu == pytest.approx(s.mfu)
 
 
 def test_uneven_stages_are_searched_for_126_layers(result_405b):
@@ -96,7 +96,7 @@ def test_recommendation_beats_the_70b_experiment_layout():
     """The README's example: the experiment (TP 8 x PP 4, full recompute) against the best."""
     result = search(cfg_of(EXP_70B))
     plan = compute_plan(cfg_of(EXP_70B))
-    assert result.ranked[0].step.total < 0.9 * plan.step_time_s
+    assert result.ranked[0].step.total < 0.9 * plan.compute.step_time_s
 
 
 @pytest.mark.parametrize("overrides,text", [

@@ -68,8 +68,8 @@ def _plan(*overrides):
 def _causal_share(p) -> float:
     """Model FLOPs with causal attention (half the score matrix) over those counted in MFU."""
     d = p.dims
-    scores = 3 * 4 * p.seq_length * 16384 * 126  # train FLOPs per token of QK^T and scores x V
-    return (p.flops_per_token - scores / 2) / p.flops_per_token if d.cp > 1 else 1.0
+    scores = 3 * 4 * p.batch.seq_length * 16384 * 126  # train FLOPs per token of QK^T and scores x V
+    return (p.compute.flops_per_token - scores / 2) / p.compute.flops_per_token if d.cp > 1 else 1.0
 
 
 @pytest.mark.parametrize("name", sorted(META))
@@ -78,7 +78,7 @@ def test_meta_405b_throughput_within_tolerance(name):
     p = _plan(*L405, *overrides, *PUBLISHED_405B, f"parallelism.tensor_parallel_size={tp}",
               f"parallelism.pipeline_parallel_size={pp}", f"parallelism.context_parallel_size={cp}")
     assert p.stage_layers == (7,) + (8,) * 14 + (7,)
-    tflops = p.flops_per_step * _causal_share(p) / (p.world_size * p.step_time_s) / 1e12
+    tflops = p.compute.flops_per_step * _causal_share(p) / (p.dims.world * p.compute.step_time_s) / 1e12
     assert tflops == pytest.approx(published, rel=TOLERANCE), (name, tflops)
 
 

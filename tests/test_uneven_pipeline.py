@@ -56,13 +56,13 @@ def test_405b_llama3_layout_plans_with_fewer_layers_on_the_ends(split):
     first and the last stage; both ways of saying it give 7 + 14 x 8 + 7."""
     p = plan_of(*L405, *(FIRST_LAST_7 if split == "first_last" else ACCOUNTED))
     assert p.stage_layers == (7,) + (8,) * 14 + (7,)
-    assert p.layers_per_stage == 8
+    assert p.dims.layers_per_stage(p.model.layers) == 8
     d = p.dims
     first, middle, last = (stage_params(to_object(compose_config(L405)).model, d, f, la)
                            for f, la in ((True, False), (False, False), (False, True)))
     assert middle.dense > first.dense - first.largest_layer  # the embedding replaces a layer
-    assert p.params_per_gpu == max(first.total, middle.total, last.total)
-    assert p.memory_per_gpu.stage in ("first", "middle", "last")
+    assert p.params.per_gpu == max(first.total, middle.total, last.total)
+    assert p.memory.per_gpu.stage in ("first", "middle", "last")
 
 
 def test_accounted_split_allows_virtual_stages():
@@ -123,8 +123,8 @@ def test_fewer_layers_on_the_first_stage_lower_its_memory():
     even_ok = ["model.num_layers=128"]  # 8 per stage
     even = _derived(*L405, *even_ok, "trainer.activation_recompute=none")
     uneven = _derived(*L405, *FIRST_LAST_7, "trainer.activation_recompute=none")
-    assert even.memory_per_gpu.stage == "first"
-    assert uneven.memory_per_gpu.activations < even.memory_per_gpu.activations
+    assert even.memory.per_gpu.stage == "first"
+    assert uneven.memory.per_gpu.activations < even.memory.per_gpu.activations
 
 
 # --- real models on gloo ranks ------------------------------------------------------------
@@ -219,7 +219,7 @@ def test_built_stages_hold_the_plans_layers_and_parameters(name, built):
                                             layers[rank]).dense, (name, rank)
     assert offset == cfg.model.num_layers
     plan = compute_plan(cfg, world_size=ranks)
-    assert plan.params_per_gpu == max(r["built"]["dense"] for r in built[name])
+    assert plan.params.per_gpu == max(r["built"]["dense"] for r in built[name])
 
 
 @pytest.mark.slow

@@ -98,7 +98,7 @@ def plan_for_this_machine(cfg: TrainwrightConfig, plan: Plan,
     from launcher.engines.model import KernelUnavailable, runnable_attention
 
     try:
-        trainer, note = runnable_attention(cfg.trainer, planned_flash=plan.flash_attention)
+        trainer, note = runnable_attention(cfg.trainer, planned_flash=plan.memory.flash_attention)
     except KernelUnavailable as exc:
         print(f"train: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(CONFIG_ERROR_EXIT) from None

@@ -58,13 +58,13 @@ def slurm_signal(stop_signal: str, lead_s: int) -> str:
 def header(cfg, plan, run_dir: Path, job_name: str) -> list[str]:
     """The ``#SBATCH`` lines; counts from the plan, the rest from ``cfg.cluster``."""
     c, torchrun = cfg.cluster, cfg.launch.mode.value == "torchrun"
-    tasks = 1 if torchrun else plan.gpus_per_node
-    cpus = c.cpus_per_task * (plan.gpus_per_node if torchrun else 1)
+    tasks = 1 if torchrun else plan.machines.gpus_per_node
+    cpus = c.cpus_per_task * (plan.machines.gpus_per_node if torchrun else 1)
     logs = str(Path(run_dir) / "logs").replace("%", "%%")
-    lines = [directive("job-name", job_name), directive("nodes", plan.nodes),
+    lines = [directive("job-name", job_name), directive("nodes", plan.machines.nodes),
              directive("ntasks-per-node", tasks)]
-    if plan.gpu.lower() != "cpu":
-        lines.append(directive("gpus-per-node", plan.gpus_per_node))
+    if plan.machines.gpu.lower() != "cpu":
+        lines.append(directive("gpus-per-node", plan.machines.gpus_per_node))
     optional = [("cpus-per-task", cpus or None), ("mem", c.mem or None),
                 ("partition", c.partition or None), ("account", c.account or None),
                 ("qos", c.qos or None), ("constraint", c.constraint or None)]
@@ -84,21 +84,21 @@ def srun_line(cfg, plan, overrides: Sequence[str]) -> str:
     """The ``srun`` command that starts the training (quoted for bash)."""
     c = cfg.cluster
     srun = ["srun", "--kill-on-bad-exit=0", f"--wait={TASK_EXIT_GRACE_S}",
-            f"--nodes={plan.nodes}"]
+            f"--nodes={plan.machines.nodes}"]
     if c.container_image:
         srun.append(f"--container-image={c.container_image}")
         if c.container_mounts:
             srun.append(f"--container-mounts={c.container_mounts}")
     quoted = " ".join(shlex.quote(o) for o in overrides)
     if cfg.launch.mode.value == "torchrun":
-        cpus = c.cpus_per_task * plan.gpus_per_node
+        cpus = c.cpus_per_task * plan.machines.gpus_per_node
         srun += ["--ntasks-per-node=1"] + ([f"--cpus-per-task={cpus}"] if cpus else [])
-        agent = (f'"$PYTHON" -m launcher.launch.agent --nnodes={plan.nodes} '
-                 f'--nproc-per-node={plan.gpus_per_node} --rdzv-endpoint="$HEAD:'
+        agent = (f'"$PYTHON" -m launcher.launch.agent --nnodes={plan.machines.nodes} '
+                 f'--nproc-per-node={plan.machines.gpus_per_node} --rdzv-endpoint="$HEAD:'
                  f'{cfg.launch.rdzv_port}" --rdzv-id="$SLURM_JOB_ID" '
                  f'--stop-signal={shlex.quote(cfg.trainer.stop_signal)} --')
         return " ".join(shlex.quote(a) for a in srun) + f" {agent} {quoted}".rstrip()
-    srun += [f"--ntasks-per-node={plan.gpus_per_node}"]
+    srun += [f"--ntasks-per-node={plan.machines.gpus_per_node}"]
     srun += [f"--cpus-per-task={c.cpus_per_task}"] if c.cpus_per_task else []
     return " ".join(shlex.quote(a) for a in srun) + \
         f' "$PYTHON" -m launcher.train {quoted}'.rstrip()

@@ -1,15 +1,16 @@
 """The pre-flight plan: a pure function of (config, world size) that checks and derives everything.
 
 ``python -m launcher.plan [overrides]`` (:mod:`launcher.plan.__main__`) prints it as a table, or
-with ``plan.format=json`` as one JSON object on stdout. Every validation problem is collected and printed with its fix; the exit
-code is then 2. No torch.distributed, no GPU, no model is built.
+with ``plan.format=json`` as one JSON object on stdout (:meth:`Plan.to_dict`). Every validation
+problem is collected and printed with its fix; the exit code is then 2. No torch.distributed, no
+GPU, no model is built. A Plan is a few typed parts: where it runs (:class:`Machines`), the model
+as built, the layout (ParallelDims), the batch, parameter counts, memory and compute.
 """
 
 from __future__ import annotations
 
-import math
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from launcher.config import AttentionBackend, Precision, TrainwrightConfig, loss_kernel
 from launcher.engines import spec
@@ -24,8 +25,8 @@ from launcher.plan.step_time import StepTime
 from launcher.plan.timing import peak_flops, predict_step
 from launcher.plan.validate import (Problem, check_batch, check_interleaving, check_positive,
                                     check_static, check_values, schedule_warnings)
-from launcher.shape.dims import ParallelDims, cluster_world_size
 from launcher.shape import Batch
+from launcher.shape.dims import ParallelDims, cluster_world_size
 from launcher.shape.model import ResolvedModel
 
 
@@ -39,6 +40,38 @@ class PlanError(Exception):
 
 
 @dataclass(frozen=True)
+class Machines:
+    """Where the ranks run."""
+
+    nodes: int
+    gpus_per_node: int
+    ranks_per_gpu: int
+    """Training processes sharing each GPU (cluster.ranks_per_gpu)."""
+    gpu: str
+    """The accelerator model (a key of launcher.plan.hardware.DEVICES)."""
+    gpu_memory_bytes: int
+    peak_tflops_per_gpu: float
+    """Dense peak at the training precision (TFLOP/s)."""
+
+
+@dataclass(frozen=True)
+class ParamSummary:
+    """Parameter counts (one copy of every weight) and the most loaded GPU's share."""
+
+    total: int
+    total_unpadded: int
+    """Without the vocabulary padding (the published figure)."""
+    active_per_token: int
+    """What a token passes through (top-k experts only)."""
+    by_component: dict
+    """embedding, attention, mlp, norms, output_layer."""
+    vocab_padding: int
+    """Parameters of the padding rows of the embedding (and output layer)."""
+    per_gpu: int
+    """Held by one GPU of the most loaded pipeline stage."""
+
+
+@dataclass(frozen=True)
 class MemoryPerGPU:
     """Bytes on the most loaded GPU."""
 
@@ -47,106 +80,121 @@ class MemoryPerGPU:
     optimizer: int
     activations: int
     total: int
-    cpu_offload: int  # optimizer state / parameters kept in host memory instead
-    stage: str  # the most loaded pipeline stage: first, middle (the second), last, all (PP=1)
+    cpu_offload: int
+    """Optimizer state / parameters kept in host memory instead."""
+    stage: str
+    """The most loaded pipeline stage: first, middle (the second), last, all (PP=1)."""
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Memory per GPU, and the training state across the world."""
+
+    per_gpu: MemoryPerGPU
+    training_state_bytes: int
+    """Weights, gradients and optimizer state of one unsharded copy."""
+    redundant_state_bytes: int
+    """Of the state the GPUs hold, the bytes held more than once."""
+    activation_recompute: str
+    flash_attention: bool
+    """Attention scores are never stored (the activation count assumes it)."""
+
+
+@dataclass(frozen=True)
+class Compute:
+    """FLOPs, step time and throughput."""
+
+    flops_per_token: float
+    flops_per_token_causal: float
+    """Causal attention counted half (Megatron-LM's and NeMo's logs)."""
+    flops_per_step: float
+    step_time_s: float
+    parts: dict
+    """Seconds per cause of the step-time model (step_time.PARTS; under the flat plan.mfu
+    assumption the step time is the flat one's, not their sum)."""
+    dominant_cost: str
+    """The largest cost besides compute ("compute" if none matters)."""
+    mfu: float
+    """Model FLOPs utilisation of the whole step."""
+    mfu_causal: float
+    mfu_while_computing: float
+    """MFU of the compute alone (the flat assumption's value under plan.mfu)."""
+    bubble_fraction: float
+    """Idle share of the pipeline schedule: (PP - 1) / (VPP x accumulation)."""
+    tokens_per_s: float
+    time_to_train_days: float
+    fp8_layers: str
+    """What runs FP8 GEMMs (trainer.precision=fp8), "" otherwise."""
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything derived from a config. The flat layout fields (world_size ...
-    layers_per_stage) are read off ``dims``, the one ParallelDims of the run."""
+    """Everything derived from a config, in parts; :meth:`to_dict` is plan.json."""
 
-    world_size: int
-    nodes: int
-    gpus_per_node: int
-    ranks_per_gpu: int  # training processes sharing each GPU (cluster.ranks_per_gpu)
-    gpu: str
     engine: str
-    dims: ParallelDims
-    tensor_parallel_size: int
-    pipeline_parallel_size: int
-    virtual_pipeline_parallel_size: int
-    context_parallel_size: int
-    expert_parallel_size: int
-    sequence_parallel: bool
     zero_stage: int
-    data_parallel_size: int
-    expert_data_parallel_size: int
-    model_parallel_size: int
-    tensor_parallel_groups: int
-    pipeline_stages: int
-    layers_per_stage: int
-    micro_batch_size: int
-    micro_batch_tokens: int
-    grad_accum_steps: int
-    global_batch_size: int
-    global_batch_tokens: int
-    seq_length: int
-    train_steps: int
-    train_tokens: int
-    params_total: int
-    params_total_unpadded: int
-    params_active_per_token: int
-    params_by_component: dict
-    vocab_size: int
-    padded_vocab_size: int
-    vocab_padding_params: int
-    params_per_gpu: int
-    memory_per_gpu: MemoryPerGPU
-    gpu_memory_bytes: int
-    training_state_bytes: int
-    redundant_state_bytes: int
-    activation_recompute: str
-    flash_attention: bool
-    pipeline_bubble_fraction: float
-    flops_per_token: float
-    flops_per_step: float
-    peak_tflops_per_gpu: float
-    assumed_mfu: float
-    effective_mfu: float  # assumed_mfu diluted by the pipeline bubble
-    step_time_s: float
-    tokens_per_s: float
-    time_to_train_days: float
-    engine_notes: tuple = ()  # why the chosen engine runs this layout, what the other would not
-    warnings: tuple = ()  # worth a word, not a refusal (e.g. warmup longer than the run)
-    stage_layers: tuple = ()  # transformer layers of every pipeline stage, first to last
-    step_time_parts: dict = field(default_factory=dict)  # seconds per cause (step_time.PARTS)
-    dominant_cost: str = ""  # the largest cost besides compute ("compute" if none matters)
-    mfu: float = 0.0  # predicted model FLOPs utilisation of the whole step
-    flops_per_token_causal: float = 0.0  # causal attention counted half (Megatron-LM's logs)
-    mfu_causal: float = 0.0  # mfu by that count
-    fp8_layers: str = ""  # what runs FP8 GEMMs (trainer.precision=fp8), "" otherwise
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+    machines: Machines
+    model: ResolvedModel
+    """The model as built at the plan's tensor-parallel size."""
+    dims: ParallelDims
+    batch: Batch
+    params: ParamSummary
+    memory: Memory
+    compute: Compute
+    engine_notes: tuple = ()
+    """Why the chosen engine runs this layout, what the others would not."""
+    warnings: tuple = ()
+    """Worth a word, not a refusal (e.g. warmup longer than the run)."""
 
     @property
-    def batch(self) -> Batch:
-        """The run's batch (what the engines build from)."""
-        return Batch(micro_batch_size=self.micro_batch_size, seq_length=self.seq_length,
-                     data_parallel_size=self.data_parallel_size,
-                     grad_accum_steps=self.grad_accum_steps,
-                     global_batch_size=self.global_batch_size, train_steps=self.train_steps,
-                     train_tokens=self.train_tokens)
+    def stage_layers(self) -> tuple[int, ...]:
+        """Transformer layers of every pipeline stage, first to last."""
+        return self.dims.stage_layers(self.model.layers)
+
+    def to_dict(self) -> dict:
+        """plan.json: flat keys (the names scripts read: README) plus ``dims``."""
+        d, b, m, h = self.dims, self.batch, self.memory, self.machines
+        return {
+            "world_size": d.world, "nodes": h.nodes, "gpus_per_node": h.gpus_per_node,
+            "ranks_per_gpu": h.ranks_per_gpu, "gpu": h.gpu, "engine": self.engine,
+            "dims": asdict(d), "tensor_parallel_size": d.tp, "pipeline_parallel_size": d.pp,
+            "virtual_pipeline_parallel_size": d.vpp, "context_parallel_size": d.cp,
+            "expert_parallel_size": d.ep, "sequence_parallel": d.sequence_parallel,
+            "zero_stage": self.zero_stage, "data_parallel_size": d.dp,
+            "expert_data_parallel_size": d.edp, "model_parallel_size": d.model_parallel,
+            "tensor_parallel_groups": d.tp_groups,
+            "layers_per_stage": d.layers_per_stage(self.model.layers),
+            "stage_layers": list(self.stage_layers), **_batch_keys(b),
+            **_param_keys(self.params, self.model), "memory_per_gpu": asdict(m.per_gpu),
+            "gpu_memory_bytes": h.gpu_memory_bytes, "training_state_bytes": m.training_state_bytes,
+            "redundant_state_bytes": m.redundant_state_bytes,
+            "activation_recompute": m.activation_recompute, "flash_attention": m.flash_attention,
+            "peak_tflops_per_gpu": h.peak_tflops_per_gpu, **_compute_keys(self.compute),
+            "engine_notes": list(self.engine_notes), "warnings": list(self.warnings)}
 
 
-@dataclass(frozen=True)
-class _Batch:
-    dp: int
-    grad_accum: int
-    global_batch: int
-    steps: int
-    tokens: int
+def _batch_keys(b: Batch) -> dict:
+    return {"micro_batch_size": b.micro_batch_size, "micro_batch_tokens": b.micro_batch_tokens,
+            "grad_accum_steps": b.grad_accum_steps, "global_batch_size": b.global_batch_size,
+            "global_batch_tokens": b.global_batch_tokens, "seq_length": b.seq_length,
+            "train_steps": b.train_steps, "train_tokens": b.train_tokens}
 
 
-def _batch(cfg: TrainwrightConfig, dp: int) -> _Batch:
-    t, seq = cfg.trainer, cfg.model.seq_length
-    global_batch = t.global_batch_size or t.micro_batch_size * dp
-    grad_accum = global_batch // (t.micro_batch_size * dp)
-    step_tokens = global_batch * seq
-    steps = t.train_steps or math.ceil(t.train_tokens / step_tokens)
-    tokens = t.train_tokens or steps * step_tokens
-    return _Batch(dp, grad_accum, global_batch, steps, tokens)
+def _param_keys(p: ParamSummary, model: ResolvedModel) -> dict:
+    return {"params_total": p.total, "params_total_unpadded": p.total_unpadded,
+            "params_active_per_token": p.active_per_token, "params_by_component": p.by_component,
+            "vocab_size": model.vocab, "padded_vocab_size": model.padded_vocab,
+            "vocab_padding_params": p.vocab_padding, "params_per_gpu": p.per_gpu}
+
+
+def _compute_keys(c: Compute) -> dict:
+    return {"flops_per_token": c.flops_per_token,
+            "flops_per_token_causal": c.flops_per_token_causal,
+            "flops_per_step": c.flops_per_step, "step_time_s": c.step_time_s,
+            "step_time_parts": c.parts, "dominant_cost": c.dominant_cost, "mfu": c.mfu,
+            "mfu_causal": c.mfu_causal, "assumed_mfu": c.mfu_while_computing,
+            "pipeline_bubble_fraction": c.bubble_fraction, "tokens_per_s": c.tokens_per_s,
+            "time_to_train_days": c.time_to_train_days, "fp8_layers": c.fp8_layers}
 
 
 def _uses_flash(cfg: TrainwrightConfig, device: Device) -> bool:
@@ -167,7 +215,7 @@ def _stage_views(dims: ParallelDims, num_layers: int) -> list[tuple[str, int, in
     return [("first", 0, layers[0])] + middle + [("last", dims.pp - 1, layers[-1])]
 
 
-def _memory(cfg: TrainwrightConfig, dims: ParallelDims, batch: _Batch, flash: bool,
+def _memory(cfg: TrainwrightConfig, dims: ParallelDims, batch: Batch, flash: bool,
             gpu_kernels: bool) -> MemoryPerGPU:
     """Memory per GPU; ``gpu_kernels``: the target is a GPU, where the model uses fused kernels."""
     m, p, e = cfg.model, cfg.parallelism, cfg.engine
@@ -197,7 +245,8 @@ def _memory(cfg: TrainwrightConfig, dims: ParallelDims, batch: _Batch, flash: bo
         part["weights"] += gathered * sp.largest_layer * acts.elem_bytes  # ZeRO-3 gathers
         part["weights"] += fp8.extra_state_bytes(cfg, d, dims, fp8_layers[index])
         activations = stage_activation_bytes(
-            d, acts, layers=layers, in_flight=in_flight_microbatches(dims, batch.grad_accum, index),
+            d, acts, layers=layers,
+            in_flight=in_flight_microbatches(dims, batch.grad_accum_steps, index),
             first=first, last=last)
         total = part["weights"] + part["grads"] + part["optimizer"] + activations
         candidate = MemoryPerGPU(int(part["weights"]), int(part["grads"]), int(part["optimizer"]),
@@ -235,7 +284,7 @@ def compute_plan(cfg: TrainwrightConfig, world_size: int | None = None) -> Plan:
     if dims is not None and dims.dp >= 1 and dims.world % dims.model_parallel == 0:
         batch_problems = check_batch(cfg, dims.dp)  # independent of the model-shape problems
         problems += batch_problems
-        batch = None if batch_problems else _batch(cfg, dims.dp)
+        batch = None if batch_problems else Batch.of(cfg.trainer, cfg.model.seq_length, dims.dp)
     if problems:
         raise PlanError(problems)
     return _derive(cfg, dims, device, batch)
@@ -251,83 +300,79 @@ def _layout(cfg: TrainwrightConfig, world: int) -> tuple[ParallelDims | None, li
     return dims, problems + check_static(cfg, dims)
 
 
-def _layout_fields(dims: ParallelDims, num_layers: int) -> dict:
-    """The Plan's flat layout fields (plan.json keys the runtime and tools read), from ``dims``."""
-    return dict(
-        world_size=dims.world, tensor_parallel_size=dims.tp, pipeline_parallel_size=dims.pp,
-        virtual_pipeline_parallel_size=dims.vpp, context_parallel_size=dims.cp,
-        expert_parallel_size=dims.ep, sequence_parallel=dims.sequence_parallel,
-        data_parallel_size=dims.dp, expert_data_parallel_size=dims.edp,
-        model_parallel_size=dims.model_parallel, tensor_parallel_groups=dims.tp_groups,
-        pipeline_stages=dims.pp, layers_per_stage=dims.layers_per_stage(num_layers))
-
-
-def _step(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: _Batch,
+def _step(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: Batch,
           flash: bool, most: StageParams, flops_step: float) -> tuple[StepTime, float, float]:
     """(step-time breakdown, step seconds, MFU while computing): the step-time model, or with
     plan.mfu > 0 the flat assumption (that MFU while computing, the bubble on top)."""
     gpus = dims.world / cfg.cluster.ranks_per_gpu  # ranks sharing a GPU share its FLOP/s
     peak = peak_flops(cfg, device)
-    model = predict_step(cfg, dims, batch.grad_accum, device, flash, most.dense, most.expert,
+    model = predict_step(cfg, dims, batch.grad_accum_steps, device, flash, most.dense, most.expert,
                          flops_step / gpus)
     if cfg.plan.mfu > 0:
-        flat = flops_step / (gpus * peak * cfg.plan.mfu) * (1 + dims.bubble_fraction(batch.grad_accum))
+        bubble = dims.bubble_fraction(batch.grad_accum_steps)
+        flat = flops_step / (gpus * peak * cfg.plan.mfu) * (1 + bubble)
         return model, flat, cfg.plan.mfu
     return model, model.total, model.compute_only_mfu
 
 
-def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: _Batch) -> Plan:
-    m, t, c = cfg.model, cfg.trainer, cfg.cluster
-    counts = count_parameters(m, dims.tp)
-    d = ResolvedModel.of(m, dims.tp)
+def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: Batch) -> Plan:
+    model = ResolvedModel.of(cfg.model, dims.tp)
     flash = _uses_flash(cfg, device)
-    mem = _memory(cfg, dims, batch, flash, gpu_kernels=device.name != "cpu")
-    one_copy, redundant = _state_totals(cfg, counts, mem, dims.world)
-    stage = stage_params(m, dims, first=True, last=dims.pp == 1)
-    last = stage_params(m, dims, first=dims.pp == 1, last=True)
-    middle = stage_params(m, dims, first=False, last=False) if dims.pp > 2 else stage
-    most = max((stage, middle, last), key=lambda s: s.total)
-    flops_token = train_flops_per_token(d)
-    causal_token = train_flops_per_token(d, causal=True)  # Megatron-LM's count
-    step_tokens = batch.global_batch * m.seq_length
-    peak = peak_flops(cfg, device) / 1e12
-    flops_step = flops_token * step_tokens
-    breakdown, step_time, computing_mfu = _step(cfg, dims, device, batch, flash, most, flops_step)
-    mfu = flops_step / (dims.world / c.ranks_per_gpu * peak * 1e12 * step_time)
+    per_gpu = _memory(cfg, dims, batch, flash, gpu_kernels=device.name != "cpu")
+    counts = count_parameters(cfg.model, dims.tp)
+    one_copy, redundant = _state_totals(cfg, counts, per_gpu, dims.world)
+    most = _most_loaded_stage(cfg.model, dims)
+    machines = Machines(cfg.cluster.nodes, cfg.cluster.gpus_per_node, cfg.cluster.ranks_per_gpu,
+                        device.name, device.memory_bytes, peak_flops(cfg, device) / 1e12)
     plan = Plan(
-        **_layout_fields(dims, m.num_layers), dims=dims, nodes=c.nodes,
-        gpus_per_node=c.gpus_per_node, ranks_per_gpu=c.ranks_per_gpu, gpu=device.name,
-        engine=cfg.engine.name.value, zero_stage=cfg.parallelism.zero_stage,
-        micro_batch_size=t.micro_batch_size, micro_batch_tokens=t.micro_batch_size * m.seq_length,
-        grad_accum_steps=batch.grad_accum, global_batch_size=batch.global_batch,
-        global_batch_tokens=step_tokens, seq_length=m.seq_length, train_steps=batch.steps,
-        train_tokens=batch.tokens, params_total=counts.total,
-        params_total_unpadded=counts.total_unpadded, params_active_per_token=counts.active_per_token,
-        params_by_component={k: getattr(counts, k) for k in
-                             ("embedding", "attention", "mlp", "norms", "output_layer")},
-        vocab_size=m.vocab_size, padded_vocab_size=d.padded_vocab,
-        vocab_padding_params=counts.vocab_padding,
-        params_per_gpu=most.total, memory_per_gpu=mem,
-        gpu_memory_bytes=device.memory_bytes, training_state_bytes=one_copy,
-        redundant_state_bytes=redundant, activation_recompute=t.activation_recompute.value,
-        flash_attention=flash, pipeline_bubble_fraction=dims.bubble_fraction(batch.grad_accum),
-        flops_per_token=flops_token, flops_per_step=flops_step, peak_tflops_per_gpu=peak,
-        assumed_mfu=computing_mfu, effective_mfu=mfu, step_time_s=step_time,
-        tokens_per_s=step_tokens / step_time, time_to_train_days=batch.steps * step_time / 86400,
+        engine=cfg.engine.name.value, zero_stage=cfg.parallelism.zero_stage, machines=machines,
+        model=model, dims=dims, batch=batch,
+        params=ParamSummary(counts.total, counts.total_unpadded, counts.active_per_token,
+                            {k: getattr(counts, k) for k in COMPONENTS}, counts.vocab_padding,
+                            most.total),
+        memory=Memory(per_gpu, one_copy, redundant, cfg.trainer.activation_recompute.value, flash),
+        compute=_compute(cfg, dims, device, batch, flash, most, model),
         engine_notes=tuple(engine_notes(cfg)),
-        warnings=tuple(schedule_warnings(cfg, batch.steps)
-                       + [str(x) for x in check_interleaving(dims, batch.grad_accum)]),
-        stage_layers=dims.stage_layers(m.num_layers), step_time_parts=breakdown.parts(),
-        dominant_cost=breakdown.dominant, mfu=mfu, flops_per_token_causal=causal_token,
-        mfu_causal=mfu * causal_token / flops_token, fp8_layers=fp8.describe(cfg))
+        warnings=tuple(schedule_warnings(cfg, batch.train_steps)
+                       + [str(x) for x in check_interleaving(dims, batch.grad_accum_steps)]))
     _check_fits(plan)
     return plan
 
 
+COMPONENTS = ("embedding", "attention", "mlp", "norms", "output_layer")
+"""The parameter counts by component the plan reports."""
+
+
+def _most_loaded_stage(model, dims: ParallelDims) -> StageParams:
+    """Parameters of one GPU of the pipeline stage that holds the most."""
+    first = stage_params(model, dims, first=True, last=dims.pp == 1)
+    last = stage_params(model, dims, first=dims.pp == 1, last=True)
+    middle = stage_params(model, dims, first=False, last=False) if dims.pp > 2 else first
+    return max((first, middle, last), key=lambda s: s.total)
+
+
+def _compute(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: Batch,
+             flash: bool, most: StageParams, model: ResolvedModel) -> Compute:
+    """FLOPs (full and causal), the step time and what follows from it."""
+    flops_token = train_flops_per_token(model)
+    causal_token = train_flops_per_token(model, causal=True)  # Megatron-LM's count
+    flops_step = flops_token * batch.global_batch_tokens
+    breakdown, step_time, computing_mfu = _step(cfg, dims, device, batch, flash, most, flops_step)
+    gpus = dims.world / cfg.cluster.ranks_per_gpu  # ranks sharing a GPU share its FLOP/s
+    mfu = flops_step / (gpus * peak_flops(cfg, device) * step_time)
+    return Compute(
+        flops_per_token=flops_token, flops_per_token_causal=causal_token, flops_per_step=flops_step,
+        step_time_s=step_time, parts=breakdown.parts(), dominant_cost=breakdown.dominant, mfu=mfu,
+        mfu_causal=mfu * causal_token / flops_token, mfu_while_computing=computing_mfu,
+        bubble_fraction=dims.bubble_fraction(batch.grad_accum_steps),
+        tokens_per_s=batch.global_batch_tokens / step_time,
+        time_to_train_days=batch.train_steps * step_time / 86400, fp8_layers=fp8.describe(cfg))
+
+
 def _check_fits(plan: Plan) -> None:
     """Refuse a plan whose ranks on one GPU (ranks_per_gpu of them) need more than its memory."""
-    cap, n = plan.gpu_memory_bytes, plan.ranks_per_gpu
-    if cap and n * plan.memory_per_gpu.total > cap:
+    cap, n = plan.machines.gpu_memory_bytes, plan.machines.ranks_per_gpu
+    if cap and n * plan.memory.per_gpu.total > cap:
         keys = ("trainer.activation_recompute", "trainer.micro_batch_size")
         if n > 1:
             keys = ("cluster.ranks_per_gpu",) + keys
@@ -339,33 +384,33 @@ def _stage_note(stage: str) -> str:
 
 
 def _memory_fixes(plan: Plan) -> list[str]:
-    fixes = []
-    if plan.ranks_per_gpu > 1:
-        fixes.append(f"fewer cluster.ranks_per_gpu (now {plan.ranks_per_gpu})")
-    if plan.activation_recompute != "full":
+    fixes, n = [], plan.machines.ranks_per_gpu
+    if n > 1:
+        fixes.append(f"fewer cluster.ranks_per_gpu (now {n})")
+    if plan.memory.activation_recompute != "full":
         fixes.append("trainer.activation_recompute=full")
-    if plan.micro_batch_size > 1:
-        fixes.append(f"a smaller trainer.micro_batch_size (now {plan.micro_batch_size})")
+    if plan.batch.micro_batch_size > 1:
+        fixes.append(f"a smaller trainer.micro_batch_size (now {plan.batch.micro_batch_size})")
     if plan.dims.tp > 1 and not plan.dims.sequence_parallel:
         fixes.append("parallelism.sequence_parallel=true")
     fixes.append("more sharding (parallelism.tensor_parallel_size, pipeline_parallel_size, "
                  "zero_stage)")
-    if plan.ranks_per_gpu > 1:
+    if n > 1:
         fixes.append("a smaller model (model.num_layers, hidden_size, seq_length)")
     return fixes
 
 
 def _overflow_message(plan: Plan) -> str:
-    gib, mem, n = 2 ** 30, plan.memory_per_gpu, plan.ranks_per_gpu
+    gib, mem, n = 2 ** 30, plan.memory.per_gpu, plan.machines.ranks_per_gpu
     parts = (f"weights {mem.weights / gib:.1f}, grads {mem.grads / gib:.1f}, optimizer "
              f"{mem.optimizer / gib:.1f}, activations {mem.activations / gib:.1f}"
              f"{_stage_note(mem.stage)}")
     fixes = "; try " + ", or ".join(_memory_fixes(plan))
-    cap = plan.gpu_memory_bytes / gib
+    cap, gpu = plan.machines.gpu_memory_bytes / gib, plan.machines.gpu
     if n == 1:
-        return (f"memory per GPU {mem.total / gib:.1f} GiB ({parts}) exceeds the {plan.gpu}'s "
+        return (f"memory per GPU {mem.total / gib:.1f} GiB ({parts}) exceeds the {gpu}'s "
                 f"{cap:.1f} GiB" + fixes)
-    return (f"cluster.ranks_per_gpu={n} ranks share each {plan.gpu}: {n} x "
+    return (f"cluster.ranks_per_gpu={n} ranks share each {gpu}: {n} x "
             f"{mem.total / gib:.1f} GiB per rank ({parts}) = {n * mem.total / gib:.1f} GiB "
             f"exceeds its {cap:.1f} GiB" + fixes)
 
@@ -416,24 +461,20 @@ def estimate_layout(cfg: TrainwrightConfig, world: int, device: Device,
     problems = check_batch(cfg, dims.dp)
     if problems:
         return None, problems
-    batch = _batch(cfg, dims.dp)
-    problems = check_interleaving(dims, batch.grad_accum)
+    batch = Batch.of(cfg.trainer, cfg.model.seq_length, dims.dp)
+    problems = check_interleaving(dims, batch.grad_accum_steps)
     if problems:
         return None, problems
     mem = _memory(cfg, dims, batch, flash, gpu_kernels=device.name != "cpu")
-    flops = train_flops_per_token(ResolvedModel.of(cfg.model, dims.tp)) * batch.global_batch \
-        * cfg.model.seq_length
-    return LayoutEstimate(dims, batch.grad_accum, mem, flops), []
+    flops = train_flops_per_token(ResolvedModel.of(cfg.model, dims.tp)) * batch.global_batch_tokens
+    return LayoutEstimate(dims, batch.grad_accum_steps, mem, flops), []
 
 
 def estimate_step(cfg: TrainwrightConfig, est: LayoutEstimate, device: Device,
                   flash: bool) -> StepTime:
     """The step-time model for a layout :func:`estimate_layout` accepted."""
-    m, dims = cfg.model, est.dims
-    stages = [stage_params(m, dims, True, dims.pp == 1), stage_params(m, dims, dims.pp == 1, True)]
-    if dims.pp > 2:
-        stages.append(stage_params(m, dims, False, False))
-    most = max(stages, key=lambda s: s.total)
+    dims = est.dims
+    most = _most_loaded_stage(cfg.model, dims)
     gpus = dims.world / cfg.cluster.ranks_per_gpu
     return predict_step(cfg, dims, est.grad_accum, device, flash, most.dense, most.expert,
                         est.flops_per_step / gpus)

@@ -32,7 +32,8 @@ def _section(table: Table, title: str, rows: list[tuple[str, str, str]]) -> None
 
 
 def _world_rows(p: Plan) -> list[tuple[str, str, str]]:
-    machines, n = f"{p.nodes:,} nodes x {p.gpus_per_node} {p.gpu}", p.ranks_per_gpu
+    h = p.machines
+    machines, n = f"{h.nodes:,} nodes x {h.gpus_per_node} {h.gpu}", h.ranks_per_gpu
     if n == 1:
         return [("GPUs (world size)", _n(p.dims.world), machines)]
     return [("ranks (world size)", _n(p.dims.world), f"{machines}, {n} ranks on each"),
@@ -44,7 +45,7 @@ def _stage_detail(p: Plan) -> str:
     d, layers = p.dims, p.stage_layers
     virtual = f", {d.vpp} virtual" if d.vpp > 1 else ""
     if not layers or len(set(layers)) == 1:
-        return f"{p.layers_per_stage} layers each" + virtual
+        return f"{d.layers_per_stage(p.model.layers)} layers each" + virtual
     middle = layers[1:-1]
     inner = [f"{middle[0]} x {len(middle)}"] if middle and len(set(middle)) == 1 else \
         [str(n) for n in middle]
@@ -66,31 +67,33 @@ def _layout_rows(p: Plan) -> list[tuple[str, str, str]]:
 
 
 def _batch_rows(p: Plan) -> list[tuple[str, str, str]]:
+    b = p.batch
     return [
-        ("micro-batch", f"{p.micro_batch_size} seq", f"{_n(p.micro_batch_tokens)} tokens"),
-        ("gradient accumulation", str(p.grad_accum_steps), "micro-batches per step per replica"),
-        ("global batch", f"{_n(p.global_batch_size)} seq", f"{_n(p.global_batch_tokens)} tokens"),
-        ("optimizer steps", _n(p.train_steps), f"{_si(p.train_tokens)} tokens"),
+        ("micro-batch", f"{b.micro_batch_size} seq", f"{_n(b.micro_batch_tokens)} tokens"),
+        ("gradient accumulation", str(b.grad_accum_steps), "micro-batches per step per replica"),
+        ("global batch", f"{_n(b.global_batch_size)} seq", f"{_n(b.global_batch_tokens)} tokens"),
+        ("optimizer steps", _n(b.train_steps), f"{_si(b.train_tokens)} tokens"),
     ]
 
 
 def _param_rows(p: Plan) -> list[tuple[str, str, str]]:
-    rows = [(f"  {name}", _n(count), _si(count)) for name, count in p.params_by_component.items()]
+    c = p.params
+    rows = [(f"  {name}", _n(count), _si(count)) for name, count in c.by_component.items()]
     rows += [
-        ("total", _n(p.params_total), f"{_si(p.params_total_unpadded)} without vocab padding"),
-        ("vocabulary padding", _n(p.vocab_padding_params),
-         f"{p.vocab_size:,} -> {p.padded_vocab_size:,} rows"),
-        ("active per token", _n(p.params_active_per_token), ""),
-        ("per GPU (most loaded)", _n(p.params_per_gpu), _si(p.params_per_gpu)),
+        ("total", _n(c.total), f"{_si(c.total_unpadded)} without vocab padding"),
+        ("vocabulary padding", _n(c.vocab_padding),
+         f"{p.model.vocab:,} -> {p.model.padded_vocab:,} rows"),
+        ("active per token", _n(c.active_per_token), ""),
+        ("per GPU (most loaded)", _n(c.per_gpu), _si(c.per_gpu)),
     ]
     return rows
 
 
 def _total_rows(p: Plan) -> list[tuple[str, str, str]]:
     """The most loaded GPU's total against its capacity (all ranks_per_gpu ranks on it)."""
-    m, n = p.memory_per_gpu, p.ranks_per_gpu
-    cap = f"of {_b(p.gpu_memory_bytes)}" if p.gpu_memory_bytes else "capacity not checked"
-    fits = not p.gpu_memory_bytes or n * m.total <= p.gpu_memory_bytes
+    m, n, capacity = p.memory.per_gpu, p.machines.ranks_per_gpu, p.machines.gpu_memory_bytes
+    cap = f"of {_b(capacity)}" if capacity else "capacity not checked"
+    fits = not capacity or n * m.total <= capacity
     verdict = f"{cap} ({m.stage} stage) " + ("[green]fits[/]" if fits else "[red]DOES NOT FIT[/]")
     if n == 1:
         return [("total per GPU", _b(m.total), verdict)]
@@ -99,16 +102,16 @@ def _total_rows(p: Plan) -> list[tuple[str, str, str]]:
 
 
 def _memory_rows(p: Plan) -> list[tuple[str, str, str]]:
-    m = p.memory_per_gpu
+    m = p.memory.per_gpu
     rows = [(f"  {k}", _b(getattr(m, k)), "") for k in ("weights", "grads", "optimizer")]
     rows.append(("  activations", _b(m.activations),
-                 f"recompute={p.activation_recompute}, "
-                 f"{'flash' if p.flash_attention else 'unfused'} attention"))
+                 f"recompute={p.memory.activation_recompute}, "
+                 f"{'flash' if p.memory.flash_attention else 'unfused'} attention"))
     rows += _total_rows(p)
     if m.cpu_offload:
         rows.append(("offloaded to CPU", _b(m.cpu_offload), "per GPU"))
-    rows.append(("training state, 1 copy", _b(p.training_state_bytes),
-                 f"{_b(p.redundant_state_bytes)} held redundantly across GPUs"))
+    rows.append(("training state, 1 copy", _b(p.memory.training_state_bytes),
+                 f"{_b(p.memory.redundant_state_bytes)} held redundantly across GPUs"))
     return rows
 
 
@@ -119,28 +122,29 @@ _CAUSES = {"compute": "forward, backward, recompute", "tensor_parallel": "TP col
 
 
 def _time_rows(p: Plan) -> list[tuple[str, str, str]]:
-    flat = p.step_time_s != sum(p.step_time_parts.values()) if p.step_time_parts else True
-    how = (f"flat plan.mfu: {p.assumed_mfu:.0%} MFU while computing" if flat else
-           f"step-time model; {p.mfu:.1%} MFU, {p.assumed_mfu:.1%} while computing")
+    c = p.compute
+    flat = c.step_time_s != sum(c.parts.values()) if c.parts else True
+    how = (f"flat plan.mfu: {c.mfu_while_computing:.0%} MFU while computing" if flat else
+           f"step-time model; {c.mfu:.1%} MFU, {c.mfu_while_computing:.1%} while computing")
     rows = [
-        ("FLOPs per step", f"{p.flops_per_step:.3e}", f"{p.flops_per_token:.3e} per token"),
-        ("MFU", f"{p.mfu:.1%}", f"{p.mfu_causal:.1%} causal (attention counted half, as "
+        ("FLOPs per step", f"{c.flops_per_step:.3e}", f"{c.flops_per_token:.3e} per token"),
+        ("MFU", f"{c.mfu:.1%}", f"{c.mfu_causal:.1%} causal (attention counted half, as "
                                 "Megatron-LM and NeMo log it); the first: full attention"),
-        ("step time", f"{p.step_time_s:,.3f} s",
-         f"{how}; peak {p.peak_tflops_per_gpu:,.0f} TFLOP/s per GPU"),
+        ("step time", f"{c.step_time_s:,.3f} s",
+         f"{how}; peak {p.machines.peak_tflops_per_gpu:,.0f} TFLOP/s per GPU"),
     ]
-    if p.fp8_layers:
-        rows.append(("FP8", "on", p.fp8_layers + "; MFU against the bf16 peak"))
+    if c.fp8_layers:
+        rows.append(("FP8", "on", c.fp8_layers + "; MFU against the bf16 peak"))
     if not flat:
         rows += [(f"  {name.replace('_', ' ')}", f"{seconds:,.3f} s",
-                  f"{seconds / p.step_time_s:.1%}, {_CAUSES[name]}"
-                  + (" [dominant]" if name == p.dominant_cost else ""))
-                 for name, seconds in p.step_time_parts.items() if seconds > 0]
+                  f"{seconds / c.step_time_s:.1%}, {_CAUSES[name]}"
+                  + (" [dominant]" if name == c.dominant_cost else ""))
+                 for name, seconds in c.parts.items() if seconds > 0]
     return rows + [
-        ("throughput", f"{_si(p.tokens_per_s)} tok/s",
-         f"pipeline bubble (PP-1)/(VPP x accumulation) = {p.pipeline_bubble_fraction:.1%} of compute"
+        ("throughput", f"{_si(c.tokens_per_s)} tok/s",
+         f"pipeline bubble (PP-1)/(VPP x accumulation) = {c.bubble_fraction:.1%} of compute"
          if p.dims.pp > 1 else ""),
-        ("time to train", f"{p.time_to_train_days:,.2f} days", f"{p.train_steps:,} steps"),
+        ("time to train", f"{c.time_to_train_days:,.2f} days", f"{p.batch.train_steps:,} steps"),
     ]
 
 
@@ -158,7 +162,7 @@ def render_plan(plan: Plan, console: Console | None = None) -> None:
     _section(table, "engine choice", _engine_rows(plan))
     _section(table, "batch", _batch_rows(plan))
     _section(table, "parameters", _param_rows(plan))
-    _section(table, "memory per GPU" if plan.ranks_per_gpu == 1 else "memory per rank",
+    _section(table, "memory per GPU" if plan.machines.ranks_per_gpu == 1 else "memory per rank",
              _memory_rows(plan))
     _section(table, "compute", _time_rows(plan))
     (console or Console()).print(table)

@@ -165,19 +165,20 @@ def build_data(cfg, plan, run_dir, consumed_samples: int):
     """(next_batch, eval_batches) for this rank (collective: datasets are built on all ranks)."""
     from megatron.core import parallel_state
 
-    t, dp_size = cfg.trainer, plan.data_parallel_size
+    t, dp_size = cfg.trainer, plan.dims.dp
     dp_rank = parallel_state.get_data_parallel_rank()
     eval_samples = t.eval_iters * t.micro_batch_size * dp_size
     train, valid, _ = build_datasets(
         cfg.data, seq_length=cfg.model.seq_length, vocab_size=cfg.model.vocab_size,
         seed=t.seed, cache_dir=cfg.data.cache_dir or str(run_dir / "cache"),
-        sizes=split_sizes(train_samples=plan.train_steps * plan.global_batch_size,
+        sizes=split_sizes(train_samples=plan.batch.train_steps * plan.batch.global_batch_size,
                           eval_samples=eval_samples))
     common = dict(micro_batch_size=t.micro_batch_size, dp_rank=dp_rank, dp_size=dp_size,
                   stop_signal=t.stop_signal)
     iterator = iter(make_loader(train, consumed_samples=consumed_samples,
                                 num_workers=cfg.data.num_workers,
-                                total_samples=plan.train_steps * plan.global_batch_size, **common))
+                                total_samples=plan.batch.train_steps * plan.batch.global_batch_size,
+                                **common))
 
     def eval_batches():
         loader = make_loader(valid, consumed_samples=0, num_workers=0,

@@ -9,7 +9,8 @@ in; the loop finds nothing through module globals.
 Per optimizer step it records ``time/<phase>`` for the seven phases of
 :data:`launcher.core.phases.PHASES` (under DeepSpeed ``backward`` is reported as
 ``backward+grad_sync``, see :mod:`launcher.engines.deepspeed.engine`; the Megatron engine times
-them apart and reports each phase's maximum over the pipeline stages: ``Engine.reduce_phase_times``),
+them apart and reports each phase's maximum over the pipeline stages:
+``Engine.reduce_phase_times``),
 tokens/s, TFLOP/s per GPU and MFU (from the plan's FLOPs per token and peak), memory, loss, lr,
 grad norm, loss scale and the engine's extra metrics (``StepResult.extra``).
 """
@@ -20,15 +21,19 @@ import collections
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 
 from launcher.config import OptimizerConfig, TrainerConfig
 from launcher.core.errors import NonFiniteLoss, TrainingAborted
 from launcher.core.exits import REQUEUE_EXIT
+from launcher.core.phases import PhaseTimer
+from launcher.core.stop import StopRequest
 from launcher.engines.base import Engine, StepResult
+from launcher.plan import Plan
 from launcher.runtime.checkpoint import CheckpointManager
+from launcher.runtime.metrics import Metrics
 from launcher.runtime.schedule import lr_at
 from launcher.runtime.straggler import find_stragglers, gather_times
 
@@ -65,23 +70,25 @@ class TrainLoop:
     """The objects one training run needs (built by launcher.train)."""
 
     engine: Engine
-    plan: object  # launcher.plan.Plan
+    plan: Plan
     trainer: TrainerConfig
     optimizer: OptimizerConfig
     next_batch: Callable[[], dict]
-    eval_batches: Optional[Callable[[], object]]  # a fresh iterable of validation micro-batches
-    metrics: object  # launcher.runtime.metrics logger
-    timer: object  # launcher.core.phases.PhaseTimer
-    stop: object  # launcher.core.stop.StopRequest
+    eval_batches: Optional[Callable[[], Iterable[dict]]]
+    """A fresh iterable of validation micro-batches per call; None: no validation data."""
+    metrics: Metrics
+    timer: PhaseTimer
+    stop: StopRequest
     checkpoints: CheckpointManager
-    saved_extras: dict  # {"config": ..., "plan": ...} stored with every checkpoint
+    saved_extras: dict
+    """{"config": ..., "plan": ...}, stored with every checkpoint."""
     state: LoopState = field(default_factory=LoopState)
 
     def run(self) -> int:
-        """Train to plan.train_steps; returns 0, or REQUEUE_EXIT after a stop request."""
+        """Train to the plan's train_steps; returns 0, or REQUEUE_EXIT after a stop request."""
         self.state.window_start = time.perf_counter()  # throughput excludes start-up
         self.checkpoints.warm_up()
-        while self.state.step < self.plan.train_steps:
+        while self.state.step < self.plan.batch.train_steps:
             self._one_step()
             if self.stop.agree():
                 self.metrics.log_event("stop", f"stop requested; saving at step {self.state.step}"
@@ -93,7 +100,7 @@ class TrainLoop:
 
     def _one_step(self) -> None:
         s = self.state
-        lr = lr_at(s.step, optimizer=self.optimizer, total_steps=self.plan.train_steps)
+        lr = lr_at(s.step, optimizer=self.optimizer, total_steps=self.plan.batch.train_steps)
         if self.checkpoints.pending:  # a background save: complete it once every rank wrote it
             with self.timer.phase("checkpoint"):
                 self.checkpoints.poll()
@@ -104,14 +111,14 @@ class TrainLoop:
             raise TrainingAborted(f"step {s.step + 1}: {exc} (trainer.nan_policy=abort); no "
                                   "checkpoint written after it") from exc
         s.step += 1
-        s.consumed_samples += self.plan.global_batch_size
+        s.consumed_samples += self.plan.batch.global_batch_size
         s.window_steps += 1
         step_time = time.perf_counter() - start
         self._check_health(result)
         events = self._spike(result)
         if self.trainer.save_interval and s.step % self.trainer.save_interval == 0:
             self.save()
-        if s.step % self.trainer.log_interval == 0 or s.step == self.plan.train_steps:
+        if s.step % self.trainer.log_interval == 0 or s.step == self.plan.batch.train_steps:
             self._log(result, lr, events)
         if self.trainer.eval_interval and s.step % self.trainer.eval_interval == 0:
             self.evaluate()
@@ -154,15 +161,16 @@ class TrainLoop:
         s.window_data_time = times.get("data", 0.0)  # this rank's own (straggler check)
         times = self.engine.reduce_phase_times(times)  # collective (e.g. max over stages)
         steps = max(1, s.window_steps)
-        tokens_per_s = plan.global_batch_tokens * steps / elapsed if elapsed > 0 else 0.0
-        gpus = plan.world_size / plan.ranks_per_gpu  # ranks sharing a GPU share its FLOP/s
-        tflops = plan.flops_per_token * tokens_per_s / gpus / 1e12
-        causal = plan.flops_per_token_causal * tokens_per_s / gpus / 1e12
+        tokens_per_s = plan.batch.global_batch_tokens * steps / elapsed if elapsed > 0 else 0.0
+        gpus = plan.dims.world / plan.machines.ranks_per_gpu  # ranks sharing a GPU share its FLOP/s
+        tflops = plan.compute.flops_per_token * tokens_per_s / gpus / 1e12
+        causal = plan.compute.flops_per_token_causal * tokens_per_s / gpus / 1e12
         metrics = {
             "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
             "loss_scale": result.loss_scale, "tokens_per_s": tokens_per_s,
-            "tflops_per_gpu": tflops, "mfu": tflops / plan.peak_tflops_per_gpu,
-            "tflops_per_gpu_causal": causal, "mfu_causal": causal / plan.peak_tflops_per_gpu,
+            "tflops_per_gpu": tflops, "mfu": tflops / plan.machines.peak_tflops_per_gpu,
+            "tflops_per_gpu_causal": causal,
+            "mfu_causal": causal / plan.machines.peak_tflops_per_gpu,
             "consumed_samples": s.consumed_samples, "step_time": elapsed / steps,
             "memory_gb": memory_gb(), "skipped": float(result.skipped), **result.extra, **extra,
             **{f"time/{name}": seconds / steps for name, seconds in times.items()},

@@ -11,7 +11,8 @@ branches on the rank:
     metrics.close()
 
 Keys are documented in docs/metrics.md. Nothing secret is written: the wandb config is passed
-through :func:`launcher.runtime.rundir.redact`, event text through :func:`launcher.runtime.rundir.redact_text`.
+through :func:`launcher.runtime.rundir.redact`, event text through
+:func:`launcher.runtime.rundir.redact_text`.
 
 wandb: with ``logger.name == "wandb"`` a run is started in ``<run_dir>/wandb``. Its id is kept in
 ``<run_dir>/wandb_id`` (written on the first start), and later starts of the same run directory
@@ -225,3 +226,7 @@ def make_metrics_logger(rank: int, *, run_dir: Path, logger: LoggerConfig, run_n
     if plan is not None:
         prepare_run_dir(Path(run_dir), config=config, plan=plan)
     return MetricsLogger(Path(run_dir), logger, run_name, config, group=group, console=console)
+
+
+Metrics = Union[MetricsLogger, NullMetricsLogger]
+"""The run's metrics logger on rank 0, its no-op stand-in on every other rank."""

@@ -146,22 +146,21 @@ def refuse_incompatible(resume: Optional[Resume], record: Mapping) -> None:
                                                 f"{resume.path if resume else ''}")
 
 
-def already_trained(resume: Optional[Resume], plan, metrics) -> bool:
-    """True (on every rank) when ``resume`` is at or past ``plan.train_steps``: an event says
+def already_trained(resume: Optional[Resume], train_steps: int, metrics) -> bool:
+    """True (on every rank) when ``resume`` is at or past ``train_steps``: an event says
     that nothing is left to train, and the caller exits 0 without training (collective)."""
-    done = resume is not None and resume.step >= plan.train_steps
+    done = resume is not None and resume.step >= train_steps
     if not collectives.any_rank(done):
         return False
     if resume is None:  # another rank found a checkpoint this one did not: stop all the same
         return True
-    steps = plan.train_steps
-    where = ("which reaches" if resume.step == steps else "past") + \
-        f" the {steps} steps trainer.train_steps/train_tokens ask for"
+    where = ("which reaches" if resume.step == train_steps else "past") + \
+        f" the {train_steps} steps trainer.train_steps/train_tokens ask for"
     metrics.log_event("already_trained",
                       f"nothing to train: checkpoint {resume.path} is at step {resume.step}, "
                       f"{where}; exiting 0 without training (a run is never rewound). To train "
                       f"on, raise trainer.train_steps (or trainer.train_tokens) above "
-                      f"{resume.step}", step=resume.step, train_steps=steps)
+                      f"{resume.step}", step=resume.step, train_steps=train_steps)
     return True
 
 

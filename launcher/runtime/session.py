@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Iterator, Optional
 
 from launcher.config import LoggerConfig, TrainwrightConfig
 from launcher.core import locks
@@ -19,10 +19,7 @@ from launcher.core.checkpoints import Resume
 from launcher.parallel import collectives
 from launcher.plan import Plan
 from launcher.runtime.console import Console
-from launcher.runtime.metrics import MetricsLogger, NullMetricsLogger, make_metrics_logger
-
-Metrics = Union[MetricsLogger, NullMetricsLogger]
-"""The run's metrics logger on rank 0, its no-op stand-in elsewhere."""
+from launcher.runtime.metrics import Metrics, make_metrics_logger
 
 
 @contextlib.contextmanager
