@@ -9,14 +9,14 @@ compose time (exit code 2). Schemas hold primitives only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import List
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 
-class InputFormat(str, Enum):
+class InputFormat(StrEnum):
     auto = "auto"
     """Decide per file from its name: .jsonl/.json/.ndjson (+ .gz/.zst), .parquet, anything else text."""
     jsonl = "jsonl"
@@ -27,14 +27,14 @@ class InputFormat(str, Enum):
     """Plain UTF-8 text; ``text_unit`` says whether a file or a line is one document."""
 
 
-class TextUnit(str, Enum):
+class TextUnit(StrEnum):
     file = "file"
     """A whole plain-text file is one document."""
     line = "line"
     """Every non-empty line of a plain-text file is one document (line ending removed)."""
 
 
-class TokenizerKind(str, Enum):
+class TokenizerKind(StrEnum):
     hf = "hf"
     """A HuggingFace ``tokenizer.json`` file, or a local directory holding one."""
     tiktoken = "tiktoken"
@@ -45,7 +45,7 @@ class TokenizerKind(str, Enum):
     """UTF-8 bytes as tokens 0-255, EOD 256, BOS 257; needs no file."""
 
 
-class Backend(str, Enum):
+class Backend(StrEnum):
     auto = "auto"
     """gigatoken where it loads the tokenizer and matches the native library on a probe, else native."""
     gigatoken = "gigatoken"

@@ -88,7 +88,7 @@ class Estimate:
 def _block_at(files, index: int, offset: int, cfg) -> Optional[Block]:
     """The block of ``files[index]`` that holds byte ``offset`` of it (for one-document text
     files: the group of files that starts there)."""
-    text_unit = str(getattr(cfg.text_unit, "value", cfg.text_unit))
+    text_unit = str(cfg.text_unit)
     chosen = None
     for block in iter_blocks(files[index:], cfg.text_key, text_unit, cfg.block_bytes):
         if block.file_index != 0:

@@ -38,10 +38,6 @@ class RunPlan:
     """Worker settings: text_key, append_eod, prepend_bos, examples_per_reason, strict, part_bytes."""
 
 
-def _value(x) -> str:
-    return str(getattr(x, "value", x))
-
-
 def task_layout(num_tasks: int, task_index: int) -> tuple:
     """(num_tasks, task_index) from the config, else from Slurm array variables, else (1, 0)."""
     env = os.environ
@@ -92,7 +88,7 @@ def make_plan(cfg, on_inputs: Callable[[List[InputFile], int], None] = lambda fi
     num_tasks, task_index = task_layout(cfg.num_tasks, cfg.task_index)
     out_dir = os.path.abspath(cfg.output)
     name = default_name(out_dir, cfg.name)
-    files = split_for_task(expand_inputs(list(cfg.input), _value(cfg.format), out_dir), num_tasks, task_index)
+    files = split_for_task(expand_inputs(list(cfg.input), str(cfg.format), out_dir), num_tasks, task_index)
     workers = cfg.workers or auto_workers(files, cfg.block_bytes)
     on_inputs(files, workers)
     info = resolve_tokenizer(cfg.tokenizer)
@@ -112,7 +108,7 @@ def fingerprint(plan: RunPlan, cfg) -> dict:
     compressed = any(getattr(f, "compression", "") for f in plan.files)
     return {"inputs": [[f.path, f.size, f.mtime_ns] for f in plan.files],
             **({"block_scheme": BLOCK_SCHEME} if compressed else {}),
-            "format": _value(cfg.format), "text_key": cfg.text_key, "text_unit": _value(cfg.text_unit),
+            "format": str(cfg.format), "text_key": cfg.text_key, "text_unit": str(cfg.text_unit),
             "block_bytes": cfg.block_bytes, "shard_tokens": cfg.shard_tokens,
             "shard_bytes": cfg.shard_bytes, "stem": plan.stem,
             "tokenizer": {"kind": plan.info.kind, "sha256": plan.info.sha256,

@@ -97,7 +97,7 @@ def _tokenize_all(plan: RunPlan, cfg, kept: List[dict], progress: RunProgress, s
     resume = resume_position(kept)
     assembler = ShardAssembler(plan.out_dir, plan.stem, plan.dtype, (cfg.shard_tokens, cfg.shard_bytes),
                                cfg.examples_per_reason, kept, resume, on_commit, placer=pool)
-    blocks = (b for b in iter_blocks(plan.files, cfg.text_key, str(getattr(cfg.text_unit, "value", cfg.text_unit)),
+    blocks = (b for b in iter_blocks(plan.files, cfg.text_key, str(cfg.text_unit),
                                      cfg.block_bytes) if b.index >= resume[0])
     remove_legacy_spool(plan.out_dir, plan.stem)
     try:

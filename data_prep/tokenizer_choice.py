@@ -92,7 +92,7 @@ def _choose_backend(kind: str, file: str, wanted: str, native, sha256: str) -> T
 def _from_cached_verdict(cfg, kind: str, file: str, sha256: str) -> Optional[TokenizerInfo]:
     """tiktoken files that gigatoken already matched (same file and versions): the ids, vocabulary
     and special tokens come from gigatoken, and tiktoken's slow rank-file load is skipped."""
-    wanted = str(getattr(cfg.backend, "value", cfg.backend))
+    wanted = str(cfg.backend)
     if kind != "tiktoken" or wanted != "auto" or cached_verdict(verdict_key(kind, sha256)) is not True:
         return None
     fast = gigatoken_encoder(kind, file, parallel=False)
@@ -107,7 +107,7 @@ def _from_cached_verdict(cfg, kind: str, file: str, sha256: str) -> Optional[Tok
 
 def resolve_tokenizer(cfg) -> TokenizerInfo:
     """Resolve ``cfg`` (the ``tokenizer`` section) into a TokenizerInfo; ConfigError when unusable."""
-    kind = str(getattr(cfg.kind, "value", cfg.kind))
+    kind = str(cfg.kind)
     file = _resolve_file(kind, cfg.path)
     sha256 = file_sha256(file) if file else ""
     cached = _from_cached_verdict(cfg, kind, file, sha256)
@@ -122,7 +122,7 @@ def resolve_tokenizer(cfg) -> TokenizerInfo:
                           "check tokenizer.kind matches the file") from None
     vocab, eod, bos = _native_special_ids(kind, file, native)
     eod, bos = _special_ids(cfg, vocab, eod, bos)
-    backend, note = _choose_backend(kind, file, str(getattr(cfg.backend, "value", cfg.backend)), native, sha256)
+    backend, note = _choose_backend(kind, file, str(cfg.backend), native, sha256)
     return TokenizerInfo(kind=kind, path=file, sha256=sha256,
                          vocab_size=max(vocab, eod + 1, bos + 1), eod_id=eod, bos_id=bos,
                          backend=backend, backend_note=note)

@@ -14,21 +14,21 @@ size, gradient accumulation, padded vocabulary, ...) is derived in :mod:`launche
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import List
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 
-class Arch(str, Enum):
+class Arch(StrEnum):
     llama = "llama"
     """RMSNorm, SwiGLU MLP, rotary positions, no biases, untied embeddings by default."""
     gpt2 = "gpt2"
     """LayerNorm, GELU MLP, learned absolute positions, biases, tied embeddings by default."""
 
 
-class Activation(str, Enum):
+class Activation(StrEnum):
     auto = "auto"
     """The architecture's own: SwiGLU for llama, exact (erf) GeLU for gpt2."""
     gelu = "gelu"
@@ -37,7 +37,7 @@ class Activation(str, Enum):
     """GeLU with the tanh approximation, GPT-2's original ("gelu_new" in Hugging Face)."""
 
 
-class RopeScaling(str, Enum):
+class RopeScaling(StrEnum):
     none = "none"
     """Plain RoPE frequencies."""
     llama3 = "llama3"
@@ -45,7 +45,7 @@ class RopeScaling(str, Enum):
     high frequency factors 1 and 4, original context 8,192, fixed by Megatron-Core)."""
 
 
-class Recompute(str, Enum):
+class Recompute(StrEnum):
     none = "none"
     """Keep every activation needed by the backward pass."""
     selective = "selective"
@@ -54,7 +54,7 @@ class Recompute(str, Enum):
     """Keep only each transformer layer's input; recompute the whole layer in the backward pass."""
 
 
-class Precision(str, Enum):
+class Precision(StrEnum):
     bf16 = "bf16"
     fp16 = "fp16"
     fp32 = "fp32"
@@ -64,29 +64,30 @@ class Precision(str, Enum):
     layer, attention core, norms and loss stay bf16. Needs a GPU with FP8 and engine=megatron."""
 
 
-def is_fp8(precision) -> bool:
+def is_fp8(precision: Precision | str) -> bool:
     """Whether ``precision`` (a Precision or its string) is fp8."""
-    return getattr(precision, "value", precision) == "fp8"
+    return precision == Precision.fp8
 
 
-def compute_precision(precision) -> str:
+def compute_precision(precision: Precision | str) -> Precision:
     """The dtype of weights and activations outside FP8 GEMMs: bf16 for fp8, else ``precision``."""
-    return "bf16" if is_fp8(precision) else getattr(precision, "value", precision)
+    return Precision.bf16 if is_fp8(precision) else Precision(precision)
 
 
-def loss_kernel(choice, *, precision, gpu: bool, te: bool) -> str:
+def loss_kernel(choice: "CrossEntropyFusion | str", *, precision: Precision | str, gpu: bool,
+                te: bool) -> "CrossEntropyFusion":
     """The cross-entropy kernel ``trainer.cross_entropy_fusion=choice`` runs: ``te``, ``native``
     or ``off``. ``auto``: Transformer Engine's on a GPU in bf16 where TE imports (``te``),
     Megatron-Core's fused one without it; off on CPU and for fp32/fp16, where Megatron-Core's
     fused kernel would return bf16 logit gradients. Only ``te`` keeps no fp32 logits."""
-    if choice != "auto":
-        return getattr(choice, "value", choice)
-    if not gpu or compute_precision(precision) != "bf16":  # fp8: the loss is bf16
-        return "off"
-    return "te" if te else "native"
+    if choice != CrossEntropyFusion.auto:
+        return CrossEntropyFusion(choice)
+    if not gpu or compute_precision(precision) != Precision.bf16:  # fp8: the loss is bf16
+        return CrossEntropyFusion.off
+    return CrossEntropyFusion.te if te else CrossEntropyFusion.native
 
 
-class Fp8Recipe(str, Enum):
+class Fp8Recipe(StrEnum):
     """How Transformer Engine scales FP8 tensors (megatron-core 0.16 ``fp8_recipe``)."""
 
     delayed = "delayed"
@@ -99,28 +100,28 @@ class Fp8Recipe(str, Enum):
     """Hardware block scaling, one scale per 32 values (TE MXFP8BlockScaling; Blackwell only)."""
 
 
-class Fp8Format(str, Enum):
+class Fp8Format(StrEnum):
     hybrid = "hybrid"
     """E4M3 for activations and weights, E5M2 (more range) for gradients."""
     e4m3 = "e4m3"
     """E4M3 everywhere."""
 
 
-class AmaxAlgo(str, Enum):
+class AmaxAlgo(StrEnum):
     max = "max"
     """The largest amax of the history window."""
     most_recent = "most_recent"
     """The latest amax."""
 
 
-class EngineName(str, Enum):
+class EngineName(StrEnum):
     deepspeed = "deepspeed"
     """DeepSpeed engine with ZeRO stages 0-3 around the Megatron-Core GPTModel."""
     megatron = "megatron"
     """Megatron-Core DDP + optimizer (zero_stage=1 means the distributed optimizer)."""
 
 
-class OptimizerCheckpoint(str, Enum):
+class OptimizerCheckpoint(StrEnum):
     fully_reshardable = "fully_reshardable"
     """Optimizer state in model space: a resume may change TP, PP, VPP, CP, EP and DP. Every
     data-parallel rank first gathers the whole optimizer state (slow for large states)."""
@@ -130,7 +131,7 @@ class OptimizerCheckpoint(str, Enum):
     from the weights (trainer.init_from) with a fresh optimizer."""
 
 
-class Schedule(str, Enum):
+class Schedule(StrEnum):
     cosine = "cosine"
     """Linear warmup, then cosine decay from lr to min_lr over the remaining steps."""
     wsd = "wsd"
@@ -139,7 +140,7 @@ class Schedule(str, Enum):
     """Linear warmup, then constant lr."""
 
 
-class AttentionBackend(str, Enum):
+class AttentionBackend(StrEnum):
     auto = "auto"
     """Flash attention (Transformer Engine) on a GPU, unfused attention on CPU."""
     flash = "flash"
@@ -148,7 +149,7 @@ class AttentionBackend(str, Enum):
     """Plain softmax(QK^T)V: scores (and their dropout mask) are stored for the backward pass."""
 
 
-class CrossEntropyFusion(str, Enum):
+class CrossEntropyFusion(StrEnum):
     auto = "auto"
     """On a GPU with bf16: Transformer Engine's fused cross-entropy where TE is importable, else
     Megatron-Core's; off on CPU and for fp32/fp16."""
@@ -161,7 +162,7 @@ class CrossEntropyFusion(str, Enum):
     """Megatron-Core's unfused vocab-parallel cross-entropy (an fp32 copy of the logits)."""
 
 
-class LaunchMode(str, Enum):
+class LaunchMode(StrEnum):
     srun = "srun"
     """One srun task per GPU; every task maps Slurm's variables to its rank."""
     torchrun = "torchrun"
@@ -169,7 +170,7 @@ class LaunchMode(str, Enum):
     node; each agent starts gpus_per_node training processes."""
 
 
-class PlanFormat(str, Enum):
+class PlanFormat(StrEnum):
     table = "table"
     json = "json"
 

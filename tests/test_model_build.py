@@ -363,7 +363,7 @@ def test_plan_keeps_no_fp32_logits_with_transformer_engines_loss():
     _, auto = _plan_of("model.seq_length=2048", "trainer.micro_batch_size=2")
     _, unfused = _plan_of("model.seq_length=2048", "trainer.micro_batch_size=2",
                           "trainer.cross_entropy_fusion=off")
-    diff = unfused.memory.per_gpu.activations - auto.memory_per_gpu.activations
+    diff = unfused.memory.per_gpu.activations - auto.memory.per_gpu.activations
     assert diff == 2048 * 2 * 128_256 * 4
 
 

@@ -132,7 +132,7 @@ def cross_entropy_fields(trainer: TrainerConfig, *, gpu: Optional[bool] = None,
             "here; install transformer-engine[pytorch] or set trainer.cross_entropy_fusion=native")
     if choice == "off":
         return {"cross_entropy_loss_fusion": False}
-    return {"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": choice}
+    return {"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": str(choice)}
 
 
 def _loss_kernel(trainer: TrainerConfig, *, gpu: bool, te: bool) -> str:

@@ -41,7 +41,6 @@ def source_model(path: str) -> dict:
 
 
 def _hydra_value(value: Any) -> str:
-    value = getattr(value, "value", value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):

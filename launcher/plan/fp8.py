@@ -38,10 +38,6 @@ def fp8_on(cfg: TrainwrightConfig) -> bool:
     return is_fp8(cfg.trainer.precision)
 
 
-def _value(enum_or_str) -> str:
-    return getattr(enum_or_str, "value", enum_or_str)
-
-
 def layers_in_fp8(cfg: TrainwrightConfig) -> list[bool]:
     """Per transformer layer (global order): whether its GEMMs run in FP8."""
     n = cfg.model.num_layers
@@ -71,7 +67,7 @@ def describe(cfg: TrainwrightConfig) -> str:
     on = [i + 1 for i, f in enumerate(flags) if f]
     f = cfg.trainer.fp8
     span = f"layers {on[0]}-{on[-1]} of {len(flags)}" if on else "no layer"
-    return (f"{span} ({_value(f.recipe)}, {_value(f.format)}): QKV, projection and MLP GEMMs; "
+    return (f"{span} ({f.recipe}, {f.format}): QKV, projection and MLP GEMMs; "
             "bf16: embedding, output layer, attention core, norms, loss")
 
 
@@ -86,7 +82,7 @@ def extra_state_bytes(cfg: TrainwrightConfig, d: ResolvedModel, dims: ParallelDi
     copies = 0 if f.param_gather else WEIGHT_COPY_BYTES * (layer.attention + layer.mlp
                                                            + layer.experts)
     gemms = 2 + 2 * (d.experts // dims.ep if d.experts else 1)
-    history = f.amax_history_len if _value(f.recipe) == "delayed" else 1
+    history = f.amax_history_len if f.recipe == "delayed" else 1
     scaling = gemms * SCALING_VALUES_PER_GEMM * max(history, 1) * 4
     return fp8_layers * (copies + scaling)
 
@@ -102,7 +98,7 @@ def problems(cfg: TrainwrightConfig, dims: ParallelDims, device: Device | None) 
 
 
 def _device_problems(cfg: TrainwrightConfig, device: Device) -> list[Problem]:
-    recipe = _value(cfg.trainer.fp8.recipe)
+    recipe = cfg.trainer.fp8.recipe
     if not device.peak_tflops_fp8:
         able = ", ".join(name for name, dev in DEVICES.items() if dev.peak_tflops_fp8)
         return [Problem(("trainer.precision", "cluster.gpu"),
@@ -121,7 +117,7 @@ def _device_problems(cfg: TrainwrightConfig, device: Device) -> list[Problem]:
 def _setting_problems(cfg: TrainwrightConfig, dims: ParallelDims) -> list[Problem]:
     f, n = cfg.trainer.fp8, cfg.model.num_layers
     out = []
-    recipe = _value(f.recipe)
+    recipe = f.recipe
     if recipe == "delayed" and f.amax_history_len < 1:
         out.append(Problem(("trainer.fp8.amax_history_len",),
                            f"trainer.fp8.amax_history_len={f.amax_history_len} must be >= 1 "
@@ -170,7 +166,7 @@ def _param_gather_problems(cfg: TrainwrightConfig) -> list[Problem]:
 
 def _shape_problems(cfg: TrainwrightConfig, dims: ParallelDims, d: ResolvedModel) -> list[Problem]:
     """Each GEMM dimension that breaks TE's alignment, named by the keys that set it."""
-    recipe = _value(cfg.trainer.fp8.recipe)
+    recipe = cfg.trainer.fp8.recipe
     align = ALIGN.get(recipe, DEFAULT_ALIGN)
     out = []
     for keys, label, value in _gemm_dims(cfg, dims, d):

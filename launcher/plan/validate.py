@@ -82,8 +82,7 @@ def _check_loss_fusion(t) -> list[Problem]:
     """Megatron-Core's fused cross-entropy returns bf16 logit gradients (megatron-core 0.16.1
     ``fused_cross_entropy.calculate_gradients``), wrong for fp32 and fp16 training; TE's is run
     and planned here in bf16 only (not tried in other precisions)."""
-    choice = getattr(t.cross_entropy_fusion, "value", t.cross_entropy_fusion)
-    precision = getattr(t.precision, "value", t.precision)
+    choice, precision = t.cross_entropy_fusion, t.precision
     if choice in ("te", "native") and compute_precision(precision) != "bf16":
         return [Problem(("trainer.cross_entropy_fusion", "trainer.precision"),
                         f"trainer.cross_entropy_fusion={choice} needs trainer.precision=bf16 "

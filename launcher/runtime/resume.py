@@ -55,10 +55,6 @@ TRAINING_KEYS = ("global_batch_size", "micro_batch_size", "grad_accum_steps", "s
                  "train_steps")
 
 
-def _plain(value: Any) -> Any:
-    return getattr(value, "value", value)
-
-
 def architecture(model: Mapping) -> dict:
     """The architecture record of ``model`` (ModelConfig fields as a mapping; fields it lacks, as
     in a config saved before they existed, take their defaults): :class:`ResolvedModel`'s."""
@@ -67,7 +63,7 @@ def architecture(model: Mapping) -> dict:
 
 def layout(plan: Mapping) -> dict:
     """The layout record of a plan (``Plan.to_dict()``)."""
-    record = {key: _plain(plan.get(key)) for key in LAYOUT_KEYS}
+    record = {key: plan.get(key) for key in LAYOUT_KEYS}
     record["stage_layers"] = list(record["stage_layers"] or [])  # as json reads it back
     return record
 

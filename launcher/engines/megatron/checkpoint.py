@@ -240,7 +240,9 @@ class MegatronCheckpointIO:
     :meth:`finish_background` writes the global metadata once every rank's write has finished."""
 
     def __init__(self, chunks: list, optimizer, sharding: str = DISTRIBUTED_SHARDING):
-        self.chunks, self.optimizer, self.sharding = chunks, optimizer, sharding
+        # a plain str: it is stored in the checkpoint, which loads without running code (no
+        # class of ours may be in it)
+        self.chunks, self.optimizer, self.sharding = chunks, optimizer, str(sharding)
         self._queue = None
         self._warming = None
 

@@ -189,8 +189,7 @@ class MegatronEngine:
         self._box: dict = {}
         self._grad_norm: Optional[float] = None
         _configure_schedule(chunks, optimizer, engine, self._box)
-        sharding = getattr(engine.optimizer_checkpoint, "value", engine.optimizer_checkpoint)
-        self.checkpoint_io = MegatronCheckpointIO(chunks, optimizer, sharding)
+        self.checkpoint_io = MegatronCheckpointIO(chunks, optimizer, engine.optimizer_checkpoint)
 
     def _prepare(self, batch: dict) -> dict:
         """Move to the device and keep this context-parallel rank's part of the sequence."""

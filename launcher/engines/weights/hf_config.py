@@ -135,14 +135,10 @@ def model_fields(config: Mapping, source: str = "config.json") -> dict:
     return fields
 
 
-def _plain(value: Any) -> Any:
-    return getattr(value, "value", value)
-
-
 def _llama_config(m: Mapping, dtype: str) -> dict:
     heads = int(m["num_attention_heads"])
     rope: dict[str, Any] = {"rope_theta": float(m["rotary_base"]), "rope_type": "default"}
-    if _plain(m.get("rope_scaling", "none")) == "llama3":
+    if m.get("rope_scaling", "none") == "llama3":
         rope.update(rope_type="llama3", factor=float(m["rope_scaling_factor"]),
                     **MEGATRON_LLAMA3_ROPE)
     config = {
@@ -173,7 +169,7 @@ def _llama_config(m: Mapping, dtype: str) -> dict:
 
 
 def _gpt2_config(m: Mapping, dtype: str) -> dict:
-    act = _plain(m.get("activation", "auto"))
+    act = m.get("activation", "auto")
     return {
         "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
         "n_embd": int(m["hidden_size"]), "n_layer": int(m["num_layers"]),
@@ -189,7 +185,7 @@ def _gpt2_config(m: Mapping, dtype: str) -> dict:
 
 def hf_config(model: Mapping, *, dtype: str, eos_id: int = -1, bos_id: int = -1) -> dict:
     """The HF ``config.json`` of a ModelConfig (given as a mapping of its fields)."""
-    m = {k: _plain(v) for k, v in model.items()}
+    m = dict(model)
     config = _gpt2_config(m, dtype) if m["arch"] == "gpt2" else _llama_config(m, dtype)
     config["bos_token_id"] = bos_id if bos_id >= 0 else None
     config["eos_token_id"] = eos_id if eos_id >= 0 else None
