@@ -151,25 +151,29 @@ def read_device() -> dict:
 # ---------------------------------------------------------------------------------------------
 # downloads
 
-def pip_reason(stderr: str) -> str:
+def pip_reason(stderr: str, stdout: str = "") -> str:
     lines = [ln.strip() for ln in stderr.splitlines()
              if ln.strip() and not ln.startswith("WARNING: Location")]
     errors = [ln for ln in lines if ln.startswith("ERROR")] or lines[-3:]
     text = " ".join(errors)[:400]
-    if re.search(r"NewConnectionError|Temporary failure in name resolution|Max retries|"
-                 r"ProxyError|Could not fetch URL|Network is unreachable|timed out", stderr):
-        return f"the package index is not reachable from here (pip: {text})"
+    fetch = re.search(r"Could not fetch URL (\S+): (.*)", stdout + "\n" + stderr)
+    if fetch or re.search(r"NewConnectionError|Temporary failure in name resolution|"
+                          r"Max retries|ProxyError|Network is unreachable", stderr):
+        where = f"{fetch.group(1)}: {fetch.group(2)[:300]}" if fetch else text
+        return f"the package index is not reachable from here ({where})"
     if "No matching distribution" in stderr or "Could not find a version" in stderr:
         return ("the index has no wheel of it for CPython 3.12 on manylinux x86-64 "
                 f"(glibc <= 2.35) (pip: {text})")
     return f"pip: {text}"
 
 
-def pip_download(reqs: list, dest: Path) -> dict:
+def pip_download(reqs: list, dest: Path, verbose: bool = False) -> dict:
     """Downloads wheels for the device's Python; {requirement: why it failed}."""
     if not reqs:
         return {}
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+    # -vv: only then does pip say that it could not reach the index (else: "from versions: none")
+    cmd = [sys.executable, "-m", "pip", "download", *(["-vv"] if verbose else []),
+           "--no-deps", "--only-binary=:all:",
            "--implementation", "cp", "--python-version", TARGET["python"],
            "--progress-bar", "off", "--disable-pip-version-check", "-d", str(dest)]
     for p in PLATFORMS:
@@ -177,11 +181,11 @@ def pip_download(reqs: list, dest: Path) -> dict:
     proc = subprocess.run(cmd + reqs, capture_output=True, text=True)
     if proc.returncode == 0:
         return {}
-    if len(reqs) == 1:
-        return {reqs[0]: pip_reason(proc.stderr)}
+    if len(reqs) == 1 and verbose:
+        return {reqs[0]: pip_reason(proc.stderr, proc.stdout)}
     failed = {}
     for r in reqs:  # which of them failed, and why
-        failed.update(pip_download([r], dest))
+        failed.update(pip_download([r], dest, verbose=True))
     return failed or {"(batch)": pip_reason(proc.stderr)}
 
 
