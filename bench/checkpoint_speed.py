@@ -37,7 +37,8 @@ def train(workdir: Path, args, steps: int) -> list:
            f"trainer.global_batch_size={args.ranks}", "trainer.eval_interval=0",
            "model.seq_length=256", "logger=none", f"run.output_root={workdir}",
            "run.name=bench", *args.overrides]
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "WANDB_MODE": "disabled",  # keeps PYTHONPATH's packages (device runs)
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"launcher.train failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
