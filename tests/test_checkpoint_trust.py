@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from launcher.engines.unpickle import UnsafeCheckpointFile
 from launcher.runtime.checkpoint import _rng_state, _set_rng_state, load_rng_file
 
 
@@ -28,10 +29,69 @@ def test_rng_state_is_plain_tensors_and_restores_every_generator(tmp_path):
 def test_rng_file_with_code_is_refused_and_numpy_era_files_still_load(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     torch.save({"python": random.getstate(), "x": RunsCode()}, tmp_path / "evil.pt")
-    with pytest.raises(Exception, match="Weights only load failed"):
+    with pytest.raises(UnsafeCheckpointFile, match=f"refused to load checkpoint file {tmp_path}"):
         load_rng_file(tmp_path / "evil.pt")
     assert not (tmp_path / "PWNED").exists()
     older = {"python": random.getstate(), "numpy": np.random.get_state()}  # before tensors only
     torch.save(older, tmp_path / "older.pt")
     loaded = load_rng_file(tmp_path / "older.pt")
     assert np.array_equal(loaded["numpy"][1], older["numpy"][1])
+
+
+def _plant(path, marker):
+    """Replace ``path`` by a pickle whose loading runs ``touch <marker>``."""
+    import pickle
+
+    class Touch:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    path.write_bytes(pickle.dumps(Touch(), protocol=2))
+
+
+@pytest.mark.parametrize("engine,victim", [
+    ("deepspeed", "mp_rank_00_model_states.pt"),
+    ("deepspeed", "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"),
+    ("megatron", "megatron/.metadata"),
+    ("megatron", "megatron/common.pt"),
+    ("megatron", "rng/rank_1.pt"),
+])
+def test_a_planted_checkpoint_file_is_refused_before_it_runs(tmp_path, engine, victim):
+    """A checkpoint file replaced by a pickle that runs a shell command: the resume exits 2
+    naming the file, and the command never runs (on either engine, any of its file kinds)."""
+    from tests.test_train_loop import train
+
+    marker = tmp_path / "PWNED"
+    common = (f"engine={engine}", "trainer.precision=bf16", "trainer.save_interval=2")
+    train(tmp_path, "run", *common, "trainer.train_steps=2")
+    step = tmp_path / "run" / "checkpoints" / "step_000002"
+    _plant(step / victim, marker)
+    proc = train(tmp_path, "run", *common, "trainer.train_steps=4", expect=2)
+    assert not marker.exists(), "the planted pickle ran"
+    assert f"refused to load checkpoint file {step / victim}" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("engine,victim", [("deepspeed", "mp_rank_00_model_states.pt"),
+                                           ("megatron", "megatron/.metadata")])
+def test_export_and_generate_refuse_a_planted_checkpoint(tmp_path, engine, victim):
+    """The readers of generate and export are the same: exit 2 naming the file, nothing run."""
+    import subprocess
+    import sys
+
+    from tests.test_train_loop import REPO, train
+
+    marker = tmp_path / "PWNED"
+    train(tmp_path, "run", f"engine={engine}", "trainer.precision=bf16", "trainer.train_steps=2")
+    step = tmp_path / "run" / "checkpoints" / "step_000002"
+    _plant(step / victim, marker)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    commands = [["-m", "launcher.convert", "to_hf", f"checkpoint={tmp_path / 'run'}",
+                 f"out={tmp_path / 'hf'}"],
+                ["-m", "launcher.generate", f"checkpoint={tmp_path / 'run'}",
+                 "generate.prompt_ids=[1,2,3]", "generate.max_new_tokens=2"]]
+    for args in commands:
+        proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 2, (args, proc.stderr[-3000:])
+        assert f"refused to load checkpoint file {step / victim}" in proc.stderr
+        assert not marker.exists() and not (tmp_path / "hf").exists()

@@ -15,7 +15,10 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-EXIT_USAGE = 2
+from launcher.core.errors import CheckpointError
+from launcher.core.exits import CONFIG_ERROR_EXIT
+
+EXIT_USAGE = CONFIG_ERROR_EXIT
 OWN_KEYS = {"to_hf": ("checkpoint", "out", "dtype", "max_shard_gb"),
             "from_hf": ("hf", "out"), "preset": ("hf",)}
 REQUIRED = {"to_hf": ("checkpoint", "out"), "from_hf": ("hf", "out"), "preset": ("hf",)}
@@ -63,6 +66,9 @@ def to_hf(own: dict) -> int:
                          log=lambda line: print(line, file=sys.stderr))
     except (SourceError, FileExistsError, ValueError) as exc:
         return _fail(str(exc))
+    except CheckpointError as exc:  # e.g. a file that would run code when loaded
+        print(f"convert: {exc}", file=sys.stderr)
+        return exc.exit_code
     gb = summary["bytes"] / 1e9
     print(f"to_hf: step {summary['step']} -> {summary['out']}: {gb:.3f} GB in "
           f"{summary['shards']} shard(s), {summary['seconds']:.1f} s "

@@ -6,7 +6,8 @@ says whether the unpatched library still needs it. ``tests/test_compat.py`` fail
 installed library is not the version a shim was written for, or when a probe finds the library
 fixed, so a library upgrade is a deliberate step. (The Megatron-Core distributed-optimizer
 checkpoint workarounds, which wrap single optimizer instances for the duration of a load, are
-:func:`keep_adam_step` and :func:`unshare_adam_steps`, listed there too.)
+:func:`keep_adam_step` and :func:`unshare_adam_steps`, and the loads of checkpoint files that
+run no code are :func:`checkpoint_loads_without_code`'s, all listed there too.)
 
 On a machine without CUDA, Megatron-Core 0.16.1 assumes a GPU in a handful of places (buffers
 created on ``torch.cuda.current_device()``, CUDA RNG states, ``device="cuda"`` tensors, CUDA type
@@ -23,15 +24,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import pickle
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 from launcher.core.stop import ignore_stop_signals
+from launcher.engines import unpickle
 
 _STATE = {"mode": None, "applied": []}
 
@@ -391,6 +394,68 @@ def _probe_adam_step() -> bool:
         "load_parameter_state_from_fully_reshardable" in inspect.getsource(DistributedOptimizer)
 
 
+class _MetadataPickle:
+    """torch DCP's ``pickle`` module as :func:`checkpoint_loads_without_code` hands it: ``load``
+    is :func:`unpickle.load_metadata`, everything else is pickle's."""
+
+    load = staticmethod(unpickle.load_metadata)
+
+    def __getattr__(self, name: str):
+        return getattr(pickle, name)
+
+
+@contextlib.contextmanager
+def checkpoint_loads_without_code() -> Iterator[None]:
+    """While inside, every ``torch.load`` of this process loads weights only plus what
+    :mod:`launcher.engines.unpickle` allows, whatever its caller asks (DeepSpeed 0.19.8's
+    ``TorchCheckpointEngine.load`` and torch 2.13's DCP ``DefaultLoadPlanner.load_bytes`` pass
+    ``weights_only=False``), and torch DCP's ``.metadata`` is unpickled by
+    :class:`unpickle.MetadataUnpickler` (``FileSystemReader.read_metadata`` calls
+    ``pickle.load``). Wrap every read of a checkpoint in it; re-entrant. A refusal that the
+    library wrapped into an error of its own (DCP collects every rank's exceptions into a
+    ``CheckpointException``) leaves as the refusal itself, so the command exits 2 naming it."""
+    from torch.distributed.checkpoint import filesystem
+
+    if _STATE.get("safe_loads"):
+        yield
+        return
+    saved, refused = (torch.load, filesystem.pickle), len(unpickle.REFUSED)
+    torch.load, filesystem.pickle = unpickle.load, _MetadataPickle()
+    _STATE["safe_loads"] = True
+    try:
+        yield
+    except unpickle.UnsafeCheckpointFile:
+        raise
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+        if len(unpickle.REFUSED) > refused and not isinstance(exc, (KeyboardInterrupt,
+                                                                    SystemExit)):
+            raise unpickle.REFUSED[-1] from exc
+        raise
+    finally:
+        torch.load, filesystem.pickle = saved
+        _STATE["safe_loads"] = False
+
+
+def _probe_deepspeed_unsafe_load() -> bool:
+    """DeepSpeed still loads its checkpoint files with ``weights_only=False``."""
+    import inspect
+
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    return "weights_only=False" in inspect.getsource(TorchCheckpointEngine.load)
+
+
+def _probe_dcp_unsafe_load() -> bool:
+    """torch DCP still unpickles ``.metadata`` with ``pickle.load`` and byte items with
+    ``weights_only=False``."""
+    import inspect
+
+    from torch.distributed.checkpoint import default_planner, filesystem
+
+    return "pickle.load(" in inspect.getsource(filesystem.FileSystemReader.read_metadata) and \
+        "weights_only=False" in inspect.getsource(default_planner.DefaultLoadPlanner.load_bytes)
+
+
 @dataclass(frozen=True)
 class Shim:
     """One patch of a library internal."""
@@ -426,6 +491,13 @@ SHIMS = (
          _probe_results_queue, "warm_save_results_queue, started by MegatronCheckpointIO: the "
          "first save's results queue server imports torch (2 s) on the save's critical path, "
          "and dies of a stop signal sent to the process group"),
+    Shim("checkpoint loads without code (DeepSpeed)", "deepspeed", "0.19.8", _applied_by_caller,
+         None, _probe_deepspeed_unsafe_load, "checkpoint_loads_without_code, around every "
+         "checkpoint read: TorchCheckpointEngine.load unpickles with weights_only=False"),
+    Shim("checkpoint loads without code (torch DCP)", "torch", "2.13.0", _applied_by_caller,
+         None, _probe_dcp_unsafe_load, "checkpoint_loads_without_code, around every "
+         "checkpoint read: FileSystemReader.read_metadata calls pickle.load, "
+         "DefaultLoadPlanner.load_bytes torch.load(weights_only=False)"),
 )
 """Every patch of a library internal (see the module docstring)."""
 

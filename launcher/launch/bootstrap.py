@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from launcher.core.atomic import atomic_write_text
+from launcher.core.errors import CheckpointError
 from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.core.stop import StopRequest
 from launcher.launch.job import Job
@@ -101,10 +102,14 @@ def _spawned_rank(job: Job, body: RankBody, command: str) -> None:
 
 def on_this_rank(job: Job, body: RankBody, command: str) -> int:
     """Start this process as a rank of ``job``, run ``body``, close; the body's exit code. A
+    checkpoint that cannot be used ends the rank with its message and exit code; any other
     crash is reported on the console with its traceback (library output is in the rank log)."""
     rank = start_rank(job)
     try:
         return body(rank)
+    except CheckpointError as exc:  # says what is wrong and what to do: no traceback
+        rank.console.error(f"{command}: rank {rank.rank}: {exc}")
+        return exc.exit_code
     except Exception as exc:
         report_crash(rank.console, rank.rank, exc, command)
         raise

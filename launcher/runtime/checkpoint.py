@@ -23,7 +23,6 @@ both shapes of a mismatch), not just the first line of the error.
 
 from __future__ import annotations
 
-import importlib
 import pickle
 import random
 import re
@@ -43,6 +42,7 @@ from launcher.core.atomic import (atomic_symlink_or_pointer, atomic_write_json, 
 from launcher.core.checkpoints import (COMPLETE, LATEST, META, Resume, directory_bytes, prune,
                                        step_name)
 from launcher.core.errors import CheckpointError
+from launcher.engines import unpickle
 from launcher.parallel import collectives
 from launcher.runtime.metrics import NullMetricsLogger
 
@@ -76,18 +76,9 @@ def _set_rng_state(state: dict) -> None:
     tensor_parallel.get_cuda_rng_tracker().set_states(state["megatron"])
 
 
-NUMPY_RNG_GLOBALS = (np.dtype, np.ndarray, type(np.dtype(np.uint32)),
-                     importlib.import_module("numpy._core.multiarray" if hasattr(np, "_core")
-                                             else "numpy.core.multiarray")._reconstruct)
-"""What RNG files written before they held tensors only need beyond weights-only loading (numpy
-arrays; ``torch.serialization.get_unsafe_globals_in_checkpoint`` lists them); no code runs."""
-
-
 def load_rng_file(path: Path) -> dict:
-    """An RNG state file, loaded without running code: weights-only, plus numpy arrays (older
-    files) allowed by name."""
-    with torch.serialization.safe_globals(list(NUMPY_RNG_GLOBALS)):
-        return torch.load(path, weights_only=True)
+    """An RNG state file, loaded without running code (:mod:`launcher.engines.unpickle`)."""
+    return unpickle.load(path)
 
 
 @dataclass(frozen=True)
@@ -283,6 +274,8 @@ def load(io, resume: Resume) -> None:
         raise CheckpointError(f"{rng_file} is missing (saved with a different world size?)")
     try:
         state = load_rng_file(rng_file)
+    except CheckpointError:
+        raise  # refused: it would run code (launcher.engines.unpickle)
     except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
         raise _load_error(resume, exc) from exc
     _set_rng_state(state)

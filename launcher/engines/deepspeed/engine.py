@@ -26,6 +26,7 @@ import torch
 from launcher.config import (EngineConfig, ModelConfig, OptimizerConfig, ParallelismConfig,
                              Precision, TrainerConfig)
 from launcher.core.errors import CheckpointError, IncompatibleCheckpoint, NonFiniteLoss
+from launcher.engines import compat
 from launcher.engines.base import StepResult
 from launcher.engines.common import initialize_weights, masked_mean, param_groups, set_lr
 from launcher.engines.deepspeed.mpu import DeepSpeedMPU
@@ -293,8 +294,9 @@ class DeepSpeedCheckpointIO:
 
     def read(self, step_dir: Path) -> None:
         check_layout(saved_layout(step_dir), self.layout(), step_dir)
-        path, _ = self.ds.load_checkpoint(str(step_dir.parent), tag=step_dir.name,
-                                          load_optimizer_states=True,
-                                          load_lr_scheduler_states=False)
+        with compat.checkpoint_loads_without_code():
+            path, _ = self.ds.load_checkpoint(str(step_dir.parent), tag=step_dir.name,
+                                              load_optimizer_states=True,
+                                              load_lr_scheduler_states=False)
         if path is None:
             raise CheckpointError(f"DeepSpeed could not load {step_dir}")

@@ -303,13 +303,14 @@ class MegatronCheckpointIO:
         source = Path(step_dir) / SUBDIR
         if not source.is_dir():
             raise FileNotFoundError(f"{source} does not exist (not a Megatron checkpoint?)")
-        # No content metadata: written before it was recorded, always as fully_reshardable.
-        saved = dist_checkpointing.load_content_metadata(str(source)) or _LEGACY
-        if with_optimizer:
-            check_compatible(saved, content_metadata(self.optimizer), source)
-        state = _full_state(self.chunks, self.optimizer, saved, is_loading=True,
-                            with_optimizer=with_optimizer)
-        loaded = dist_checkpointing.load(state, str(source))
+        with compat.checkpoint_loads_without_code():
+            # No content metadata: written before it was recorded, always as fully_reshardable.
+            saved = dist_checkpointing.load_content_metadata(str(source)) or _LEGACY
+            if with_optimizer:
+                check_compatible(saved, content_metadata(self.optimizer), source)
+            state = _full_state(self.chunks, self.optimizer, saved, is_loading=True,
+                                with_optimizer=with_optimizer)
+            loaded = dist_checkpointing.load(state, str(source))
         for i, chunk in enumerate(self.chunks):
             unwrap_model(chunk).load_state_dict(loaded["model"][f"chunk{i}"])
         if with_optimizer:

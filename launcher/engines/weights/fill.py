@@ -76,8 +76,11 @@ def load_torch_dist(chunks: list, step_dir: Path) -> None:
     Megatron-Core's resharding load (collective over all ranks)."""
     from megatron.core import dist_checkpointing
 
+    from launcher.engines import compat
+
     state = {f"chunk{i}": _unwrap(c).sharded_state_dict() for i, c in enumerate(chunks)}
-    loaded = dist_checkpointing.load(state, str(Path(step_dir) / "megatron"))
+    with compat.checkpoint_loads_without_code():
+        loaded = dist_checkpointing.load(state, str(Path(step_dir) / "megatron"))
     for i, chunk in enumerate(chunks):
         _load_exact(_unwrap(chunk), loaded[f"chunk{i}"], str(step_dir))
 

@@ -24,6 +24,7 @@ from typing import Iterable, Optional
 
 import torch
 
+from launcher.engines import compat, unpickle
 from launcher.engines.weights import mapping
 from launcher.engines.weights.hf_config import model_fields
 from launcher.shape import ResolvedModel
@@ -138,7 +139,8 @@ class MegatronSource:
         self.path = self.step_dir / "megatron"
         self.model = _model_of(self.step_dir)
         self.dims = ResolvedModel.of_fields(self.model)
-        self.meta = FileSystemReader(str(self.path)).read_metadata().state_dict_metadata
+        with compat.checkpoint_loads_without_code():
+            self.meta = FileSystemReader(str(self.path)).read_metadata().state_dict_metadata
 
     def shape(self, key: str, index: tuple) -> tuple:
         return tuple(self.meta[key].size[len(index):])
@@ -158,8 +160,9 @@ class MegatronSource:
             state[f"{key}@{index}"] = torch.empty(sizes, dtype=self.meta[key].properties.dtype)
             regions[f"{key}@{index}"] = (key, tuple(index) + (0,) * (len(full) - len(index)),
                                          sizes)
-        load(state, storage_reader=FileSystemReader(str(self.path)),
-             planner=RegionLoadPlanner(regions), no_dist=True)
+        with compat.checkpoint_loads_without_code():
+            load(state, storage_reader=FileSystemReader(str(self.path)),
+                 planner=RegionLoadPlanner(regions), no_dist=True)
         return {(key, index): state[f"{key}@{index}"].reshape(self.shape(key, index))
                 for key, index in requests}
 
@@ -210,13 +213,14 @@ class DeepSpeedSource:
         if zero3:
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-            return get_fp32_state_dict_from_zero_checkpoint(
-                str(self.step_dir.parent), tag=self.step_dir.name, lazy_mode=True)
+            with compat.checkpoint_loads_without_code():
+                return get_fp32_state_dict_from_zero_checkpoint(
+                    str(self.step_dir.parent), tag=self.step_dir.name, lazy_mode=True)
         file = self.step_dir / "mp_rank_00_model_states.pt"
         if not file.is_file():
             raise SourceError(f"{self.step_dir}: no mp_rank_00_model_states.pt (not a DeepSpeed "
                               "checkpoint)")
-        return torch.load(file, map_location="cpu", mmap=True, weights_only=False)["module"]
+        return unpickle.load(file, map_location="cpu", mmap=True)["module"]
 
     def shape(self, key: str, index: tuple) -> tuple:
         return tuple(self.weights[self.names[(key, index)]].shape)
