@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from data_prep_fixtures import prepare, read_documents, write_parquet
+from tests.helpers.data_prep import prepare, read_documents, write_parquet
 
 from data_prep.cli import compose
 from data_prep.run import execute

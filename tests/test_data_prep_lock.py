@@ -21,7 +21,7 @@ import time
 import numpy as np
 import psutil
 import pytest
-from data_prep_fixtures import PYTHON, REPO, load, prepare, read_documents, run_module, stdlib_documents, write_jsonl
+from tests.helpers.data_prep import PYTHON, REPO, load, prepare, read_documents, run_module, stdlib_documents, write_jsonl
 
 from data_prep.cli import compose
 from data_prep.errors import OutputLockedError

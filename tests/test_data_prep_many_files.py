@@ -11,7 +11,7 @@ from pathlib import PurePath
 
 import numpy as np
 import pytest
-from data_prep_fixtures import prepare, read_documents, stdlib_documents, write_jsonl
+from tests.helpers.data_prep import prepare, read_documents, stdlib_documents, write_jsonl
 
 from data_prep.cli import compose
 from data_prep.inputs import detect_format, suffixes

@@ -18,7 +18,7 @@ import numpy as np
 import psutil
 import pytest
 import zstandard
-from data_prep_fixtures import PYTHON, REPO, load, prepare, read_documents, shard_bytes, stdlib_documents, worker_processes
+from tests.helpers.data_prep import PYTHON, REPO, load, prepare, read_documents, shard_bytes, stdlib_documents, worker_processes
 
 from data_prep.crc import crc32_combine
 from data_prep.manifest import shard_problem

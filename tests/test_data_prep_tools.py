@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from data_prep_fixtures import load, prepare, run_module, stdlib_documents, write_jsonl
+from tests.helpers.data_prep import load, prepare, run_module, stdlib_documents, write_jsonl
 
 
 def test_inspect_shows_totals_histogram_and_decoded_documents(tmp_path):

@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from launcher.runtime.signals import REQUEUE_EXIT_CODE, StopRequest, forward_stop_signals, restore_handlers
-from tests._dist import run_distributed
+from tests.helpers.dist import run_distributed
 
 
 def stop_worker(args: dict) -> dict:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from launcher.runtime import strict_devices as sd
-from tests._dist import run_distributed
+from tests.helpers.dist import run_distributed
 
 HERE = "tests/test_strict_devices.py"
 
@@ -250,7 +250,7 @@ def old_loss_worker(args: dict) -> dict:
 
 
 def test_old_loss_agreement_fails_on_the_stage_without_losses(monkeypatch):
-    monkeypatch.setenv(sd.ENV_VAR, "1")  # tests/_dist.py's worker calls install_if_requested()
+    monkeypatch.setenv(sd.ENV_VAR, "1")  # tests/helpers/dist.py's worker: install_if_requested()
     rank0, rank1 = run_distributed("tests.test_strict_devices:old_loss_worker", 2)
     assert rank0["installed"] and rank1["installed"]
     assert "torch.distributed.all_reduce" in rank0["error"]
