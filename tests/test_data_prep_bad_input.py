@@ -39,6 +39,7 @@ def _run(tmp_path, *extra):
     return execute(cfg)
 
 
+@pytest.mark.slow
 def test_every_bad_class_is_counted_with_its_line(tmp_path):
     (tmp_path / "bad.jsonl").write_bytes(BAD_JSONL)
     totals = _run(tmp_path)["totals"]

@@ -124,6 +124,7 @@ def test_array_tasks_run_side_by_side_but_one_task_index_is_taken_once(corpus, t
     assert not list(out.glob(".data_prep*"))
 
 
+@pytest.mark.slow
 def test_a_dead_holders_lock_is_taken_over_and_said_on_stderr(corpus, tmp_path):
     root, docs = corpus
     out = tmp_path / "out"

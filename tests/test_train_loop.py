@@ -63,6 +63,7 @@ def checkpoint_events(run_dir: Path) -> list:
     return [row for row in rows if row["kind"] == "checkpoint"]
 
 
+@pytest.mark.slow
 def test_every_save_says_size_seconds_and_rate_and_the_final_one_announces_itself(dp_run):
     """One line per save with the bytes of the step directory as written; the last save (the
     one the run waits for at its end) is announced before it starts."""
