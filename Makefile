@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 TORCH_SPEC := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo "torch>=2.9" || echo "torch==2.13.0")
 PYTEST_ARGS ?=
 
-.PHONY: install demo test plan bench clean
+.PHONY: install demo test test-quick plan bench clean
 
 install: $(STAMP)
 
@@ -24,6 +24,11 @@ demo: install
 test: install
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+# The edit loop: everything but the tests marked slow (multi-process and training runs, Slurm,
+# data_prep end to end); `make test` still runs them all.
+test-quick: install
+	$(BIN)/python -m pytest -m "not slow" -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 plan: install
 	$(BIN)/python -m launcher.plan $(ARGS)

@@ -1,6 +1,8 @@
-"""Suite-wide settings.
+"""Suite-wide settings and fixtures (``mount_tmpfs``; ``slurm``, from tests/helpers/slurm.py).
+Helpers shared by several test modules live in the tests/helpers package; no test module
+imports another.
 
-Every training process the tests start (``tests/_dist.py`` workers and ``python -m
+Every training process the tests start (``tests/helpers/dist.py`` workers and ``python -m
 launcher.train`` subprocesses) runs in strict device mode (:mod:`launcher.runtime.strict_devices`):
 a collective that would hand a host tensor to NCCL on a GPU machine fails on CPU too. Set
 ``TRAINWRIGHT_STRICT_DEVICES=0`` in the environment to run the suite without it.
@@ -11,6 +13,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+# The helpers' asserts (e.g. training.train's exit code) report like the tests' own.
+pytest.register_assert_rewrite("tests.helpers")
+
+from tests.helpers.slurm import slurm  # noqa: E402, F401  (the Slurm tests' fixture)
 
 os.environ.setdefault("TRAINWRIGHT_STRICT_DEVICES", "1")
 

@@ -59,7 +59,7 @@ def _plant(path, marker):
 def test_a_planted_checkpoint_file_is_refused_before_it_runs(tmp_path, engine, victim):
     """A checkpoint file replaced by a pickle that runs a shell command: the resume exits 2
     naming the file, and the command never runs (on either engine, any of its file kinds)."""
-    from tests.test_train_loop import train
+    from tests.helpers.training import train
 
     marker = tmp_path / "PWNED"
     common = (f"engine={engine}", "trainer.precision=bf16", "trainer.save_interval=2")
@@ -78,7 +78,7 @@ def test_export_and_generate_refuse_a_planted_checkpoint(tmp_path, engine, victi
     import subprocess
     import sys
 
-    from tests.test_train_loop import REPO, train
+    from tests.helpers.training import REPO, train
 
     marker = tmp_path / "PWNED"
     train(tmp_path, "run", f"engine={engine}", "trainer.precision=bf16", "trainer.train_steps=2")

@@ -96,7 +96,7 @@ def reductions_worker(args: dict) -> dict:
 
 @pytest.mark.slow
 def test_reductions_on_two_ranks():
-    from tests._dist import run_distributed
+    from tests.helpers.dist import run_distributed
 
     r0, r1 = run_distributed("tests.test_collectives:reductions_worker", 2, {})
     for r in (r0, r1):

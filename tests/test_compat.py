@@ -15,6 +15,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -27,6 +29,7 @@ def test_shims_match_the_installed_versions():
             f"against {metadata.version(shim.library)} and update its version")
 
 
+@pytest.mark.slow
 def test_every_shim_is_still_needed():
     """Probes run in a fresh process, before anything is patched."""
     code = ("import json; from launcher.engines.compat import SHIMS; "
@@ -37,6 +40,7 @@ def test_every_shim_is_still_needed():
     assert needed and all(needed.values()), needed
 
 
+@pytest.mark.slow
 def test_install_applies_the_shims_of_this_machine_once():
     """On a CPU machine without Transformer Engine every process-wide shim applies."""
     code = ("import json; from launcher.engines import compat; a = compat.install(); "
@@ -52,6 +56,7 @@ def test_install_applies_the_shims_of_this_machine_once():
     assert router  # the MoE router shim: without TE te_general_gemm is None, not undefined
 
 
+@pytest.mark.slow
 def test_disable_te_hides_transformer_engine(monkeypatch):
     code = ("import json, os; from launcher.engines import compat; compat.install(); "
             "import importlib.util\n"
@@ -64,6 +69,7 @@ def test_disable_te_hides_transformer_engine(monkeypatch):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, False]
 
 
+@pytest.mark.slow
 def test_save_results_queue_warm_up_leaves_a_server_with_torch_loaded(tmp_path):
     """The first save's queue server is started, and has imported torch, before any save; the
     queue is left empty (a leftover item would be taken for a save's results); stop signals sent

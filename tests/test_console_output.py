@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_train_loop import train
+from tests.helpers.training import train
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests._dist import REPO_ROOT, run_distributed
+from tests.helpers.dist import REPO_ROOT, run_distributed
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")

@@ -11,7 +11,7 @@ import yaml
 
 from data_prep.cli import compose
 from data_prep.run import execute
-from data_prep_fixtures import run_module, stdlib_documents, write_jsonl
+from tests.helpers.data_prep import run_module, stdlib_documents, write_jsonl
 from launcher.plan.data_check import vocab_problems
 
 

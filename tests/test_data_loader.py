@@ -10,7 +10,7 @@ import pytest
 
 from launcher.config import DataConfig
 from launcher.runtime.data import DataParallelSampler, build_datasets, make_loader, split_sizes
-from tests._dist import gloo_group
+from tests.helpers.dist import gloo_group
 
 SEQ = 16
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from data_prep_fixtures import stdlib_documents, train_hf_tokenizer, train_sentencepiece
+from tests.helpers.data_prep import stdlib_documents, train_hf_tokenizer, train_sentencepiece
 
 from data_prep.config import TokenizerConfig
 from data_prep.tokenizer_choice import resolve_tokenizer

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from data_prep_fixtures import prepare, read_documents, write_parquet
+from tests.helpers.data_prep import prepare, read_documents, write_parquet
 
 from data_prep.cli import compose
 from data_prep.run import execute
@@ -39,6 +39,7 @@ def _run(tmp_path, *extra):
     return execute(cfg)
 
 
+@pytest.mark.slow
 def test_every_bad_class_is_counted_with_its_line(tmp_path):
     (tmp_path / "bad.jsonl").write_bytes(BAD_JSONL)
     totals = _run(tmp_path)["totals"]

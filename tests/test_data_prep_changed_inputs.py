@@ -10,7 +10,7 @@ import subprocess
 import time
 
 import pytest
-from data_prep_fixtures import PYTHON, REPO, load, prepare, shard_bytes, stdlib_documents, write_jsonl
+from tests.helpers.data_prep import PYTHON, REPO, load, prepare, shard_bytes, stdlib_documents, write_jsonl
 
 from data_prep.blocks import Block
 from data_prep.errors import InputChangedError

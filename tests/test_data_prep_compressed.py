@@ -12,7 +12,7 @@ import io
 
 import pytest
 import zstandard
-from data_prep_fixtures import load, prepare, stdlib_documents, write_jsonl
+from tests.helpers.data_prep import load, prepare, stdlib_documents, write_jsonl
 
 from data_prep.cli import compose
 from data_prep.decompress import ZstdReader

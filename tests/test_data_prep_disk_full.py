@@ -9,7 +9,7 @@ import errno
 import shutil
 
 import pytest
-from data_prep_fixtures import load, prepare, shard_bytes, stdlib_documents, write_jsonl
+from tests.helpers.data_prep import load, prepare, shard_bytes, stdlib_documents, write_jsonl
 
 from data_prep.output_space import INDEX_BYTES_PER_DOCUMENT, OutputFullError, OutputSpace
 from data_prep.stats import Stats

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from data_prep_fixtures import load, prepare, stdlib_documents, write_jsonl
+from tests.helpers.data_prep import load, prepare, stdlib_documents, write_jsonl
 
 from data_prep.cli import compose
 from data_prep.estimate import estimate, estimate_rows, sample_points

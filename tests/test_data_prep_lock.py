@@ -21,7 +21,7 @@ import time
 import numpy as np
 import psutil
 import pytest
-from data_prep_fixtures import PYTHON, REPO, load, prepare, read_documents, run_module, stdlib_documents, write_jsonl
+from tests.helpers.data_prep import PYTHON, REPO, load, prepare, read_documents, run_module, stdlib_documents, write_jsonl
 
 from data_prep.cli import compose
 from data_prep.errors import OutputLockedError
@@ -124,6 +124,7 @@ def test_array_tasks_run_side_by_side_but_one_task_index_is_taken_once(corpus, t
     assert not list(out.glob(".data_prep*"))
 
 
+@pytest.mark.slow
 def test_a_dead_holders_lock_is_taken_over_and_said_on_stderr(corpus, tmp_path):
     root, docs = corpus
     out = tmp_path / "out"

@@ -11,7 +11,7 @@ from pathlib import PurePath
 
 import numpy as np
 import pytest
-from data_prep_fixtures import prepare, read_documents, stdlib_documents, write_jsonl
+from tests.helpers.data_prep import prepare, read_documents, stdlib_documents, write_jsonl
 
 from data_prep.cli import compose
 from data_prep.inputs import detect_format, suffixes
@@ -71,6 +71,7 @@ def test_the_manifest_is_indented_utf8_json(tmp_path):
     assert text.endswith("}\n") and json.loads(text) == manifest == load_manifest(str(path))
 
 
+@pytest.mark.slow
 def test_one_document_per_file_gives_the_documents_of_one_jsonl(tmp_path):
     """A directory of .txt files (text_unit=file) and a JSONL of the same texts, in the same
     order: the same token ids, document by document."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from data_prep_fixtures import load, prepare, read_documents, run_module, shard_bytes, stdlib_documents, write_jsonl
+from tests.helpers.data_prep import load, prepare, read_documents, run_module, shard_bytes, stdlib_documents, write_jsonl
 
 from launcher.compose import compose_config
 
@@ -96,7 +96,7 @@ def test_sbatch_recipe_runs_a_task_and_queues_the_merge(corpus, tmp_path):
     import os
     import subprocess
 
-    from data_prep_fixtures import PYTHON, REPO
+    from tests.helpers.data_prep import PYTHON, REPO
 
     specs, _ = corpus
     bindir = tmp_path / "bin"
@@ -138,7 +138,7 @@ def test_training_data_pipeline_reads_the_output(corpus, tmp_path):
     """launcher.runtime.data builds Megatron GPTDatasets straight from the generated data config."""
     import subprocess
 
-    from data_prep_fixtures import PYTHON, REPO
+    from tests.helpers.data_prep import PYTHON, REPO
 
     specs, _ = corpus
     out = tmp_path / "out"

@@ -7,7 +7,7 @@ import re
 import time
 
 import pytest
-from data_prep_fixtures import prepare, stdlib_documents, write_jsonl
+from tests.helpers.data_prep import prepare, stdlib_documents, write_jsonl
 
 from data_prep.progress import RunProgress
 from data_prep.stats import Stats

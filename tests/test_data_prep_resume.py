@@ -10,7 +10,7 @@ import time
 
 import psutil
 import pytest
-from data_prep_fixtures import PYTHON, REPO, load, prepare, shard_bytes, stdlib_documents, worker_processes, write_jsonl
+from tests.helpers.data_prep import PYTHON, REPO, load, prepare, shard_bytes, stdlib_documents, worker_processes, write_jsonl
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("data_prep_resume")]

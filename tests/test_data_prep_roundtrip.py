@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from data_prep_fixtures import (load, stdlib_documents, train_hf_tokenizer, train_sentencepiece, write_jsonl,
+from tests.helpers.data_prep import (load, stdlib_documents, train_hf_tokenizer, train_sentencepiece, write_jsonl,
                                 write_parquet)
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 

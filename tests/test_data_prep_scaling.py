@@ -18,7 +18,7 @@ import numpy as np
 import psutil
 import pytest
 import zstandard
-from data_prep_fixtures import PYTHON, REPO, load, prepare, read_documents, shard_bytes, stdlib_documents, worker_processes
+from tests.helpers.data_prep import PYTHON, REPO, load, prepare, read_documents, shard_bytes, stdlib_documents, worker_processes
 
 from data_prep.crc import crc32_combine
 from data_prep.manifest import shard_problem
@@ -404,6 +404,7 @@ def _three_files(tmp_path, docs: int = 12) -> list:
     return paths
 
 
+@pytest.mark.slow
 def test_a_run_of_eight_workers_hashes_in_two_processes_and_hash_inputs_false_skips_it(tmp_path):
     import hashlib
 
@@ -421,6 +422,7 @@ def test_a_run_of_eight_workers_hashes_in_two_processes_and_hash_inputs_false_sk
     assert shard_bytes(tmp_path / "off") == shard_bytes(tmp_path / "on")
 
 
+@pytest.mark.slow
 def test_the_summary_says_where_the_time_went_and_the_main_process_moves_no_bulk_data(tmp_path):
     """With workers, the main process only orders, places and accounts: its CPU time while
     tokenizing is a small fraction of the workers'. With one process it does all the work."""
@@ -485,6 +487,7 @@ def test_workers_that_must_wait_for_place_orders_still_write_the_same_bytes(stra
     assert shard_bytes(tmp_path / "w3") == shard_bytes(tmp_path / "w1")
 
 
+@pytest.mark.slow
 def test_the_main_process_waits_on_handles_registered_once_for_any_worker_count(straddling, tmp_path, monkeypatch):
     """multiprocessing's wait() registers every pipe and exit sentinel anew on each call (~300 us
     at 192 workers, several calls per part): at 64+ cores that made the main process the limit

@@ -10,10 +10,9 @@ import time
 
 import numpy as np
 import pytest
-from data_prep_fixtures import load, prepare, read_documents, stdlib_documents, write_jsonl
+from tests.helpers.data_prep import load, prepare, read_documents, stdlib_documents, write_jsonl
 
-from tests._slurm import (REPO, job_env, job_info, sbatch, slurm,  # noqa: F401
-                          start_requeued_job_now, wait_job)
+from tests.helpers.slurm import REPO, job_env, job_info, sbatch, start_requeued_job_now, wait_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 SETTINGS = ("data_prep=cl100k tokenizer.backend=native name=c block_bytes=1048576 "
@@ -108,7 +107,7 @@ def test_sigusr1_to_the_whole_group_twice_stops_for_requeue_once(tmp_path):
     import os
     import signal
 
-    from data_prep_fixtures import PYTHON, shard_bytes
+    from tests.helpers.data_prep import PYTHON, shard_bytes
 
     from launcher.core.exits import REQUEUE_EXIT
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from data_prep_fixtures import load, prepare, run_module, stdlib_documents, write_jsonl
+import pytest
+
+from tests.helpers.data_prep import load, prepare, run_module, stdlib_documents, write_jsonl
 
 
+@pytest.mark.slow
 def test_inspect_shows_totals_histogram_and_decoded_documents(tmp_path):
     docs = stdlib_documents(12, max_chars=2000)
     write_jsonl(tmp_path / "a.jsonl", docs)

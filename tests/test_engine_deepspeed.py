@@ -5,16 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.compose import compose_config, to_object
-
-TINY = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128",
-        "model.num_attention_heads=4", "model.num_query_groups=2", "model.vocab_size=512",
-        "model.seq_length=32", "trainer.precision=fp32", "trainer.micro_batch_size=2",
-        "trainer.train_steps=8", "optimizer.warmup_steps=0", "optimizer.lr=3e-3"]
-
-
-def cfg_of(overrides):
-    return to_object(compose_config(TINY + list(overrides)))
+from tests.helpers.engines import cfg_of, fixed_batches
 
 
 def test_deepspeed_config_follows_the_plan():
@@ -54,25 +45,6 @@ def test_param_groups_exclude_biases_and_norms():
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert [tuple(p.shape) for p in decay["params"]] == [(4, 4)]
     assert len(no_decay["params"]) == 3
-
-
-def fixed_batches(vocab: int, seq: int, micro: int, seed: int):
-    """An endless cycle over 2 fixed micro-batches (so a few steps visibly lower the loss)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    data = []
-    for _ in range(2):
-        ids = torch.randint(1, vocab, (micro, seq + 1), generator=gen)
-        data.append(dict(tokens=ids[:, :-1], labels=ids[:, 1:],
-                         loss_mask=torch.ones(micro, seq),
-                         position_ids=torch.arange(seq).expand(micro, seq)))
-    state = {"i": 0}
-
-    def next_batch():
-        state["i"] += 1
-        return data[state["i"] % 2]
-    return next_batch
 
 
 def run_layout(overrides, steps: int, data_seed: int) -> dict:
@@ -123,7 +95,7 @@ def tp_worker(args: dict) -> dict:
 
 @pytest.mark.slow
 def test_zero_stages_dp2_loss_falls():
-    from tests._dist import run_distributed
+    from tests.helpers.dist import run_distributed
 
     ranks = run_distributed("tests.test_engine_deepspeed:zero_worker", 2, {"stages": [1, 2, 3]})
     for stage in ("zero1", "zero2", "zero3"):
@@ -142,7 +114,7 @@ def test_zero_stages_dp2_loss_falls():
 
 @pytest.mark.slow
 def test_tensor_parallel_2_matches_tp1_grad_norm():
-    from tests._dist import run_distributed
+    from tests.helpers.dist import run_distributed
 
     ranks = run_distributed("tests.test_engine_deepspeed:tp_worker", 2, {})
     for rank in ranks:

@@ -2,7 +2,8 @@
 
 Megatron-Core implements CP only in Transformer Engine's attention, and TE needs CUDA, so this
 module skips at import time without a GPU or without ``transformer_engine``. Two ranks are used;
-on a one-GPU machine they share the card (``tests._dist`` gives each rank its own NCCL host id).
+on a one-GPU machine they share the card (``tests.helpers.dist`` gives each rank its own NCCL host
+id).
 
 Checks: CP=2 (each rank holds half of every sequence, split in the load-balanced 2 x CP chunks)
 reproduces the CP=1 loss and gradient norm of the first step on the same weights and data (bf16,
@@ -33,8 +34,7 @@ STEPS = 4
 def cp_worker(args: dict) -> dict:
     """Train ``STEPS`` steps at the given CP size on fixed data; per-step loss and grad norm."""
     from launcher.core.phases import PhaseTimer
-    from tests.test_engine_deepspeed import fixed_batches
-    from tests.test_megatron_engine import build
+    from tests.helpers.engines import build, fixed_batches
 
     cfg, plan, eng = build(CP_MODEL + [f"parallelism.context_parallel_size={args['cp']}"])
     next_batch = fixed_batches(cfg.model.vocab_size, cfg.model.seq_length,
@@ -50,7 +50,7 @@ def cp_worker(args: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def runs() -> dict:
-    from tests._dist import run_distributed
+    from tests.helpers.dist import run_distributed
 
     return {cp: run_distributed("tests.test_gpu_context_parallel:cp_worker", cp, {"cp": cp},
                                 timeout=600, backend="nccl")

@@ -27,7 +27,7 @@ pytest.importorskip("transformer_engine", reason="FP8 runs through Transformer E
 if torch.cuda.get_device_capability() < (8, 9):
     pytest.skip("needs FP8 tensor cores (compute capability 8.9+)", allow_module_level=True)
 
-from tests.test_gpu_layouts import DP2, MEGATRON, train  # noqa: E402
+from tests.helpers.gpu import DP2, MEGATRON, train  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

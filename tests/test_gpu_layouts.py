@@ -1,8 +1,9 @@
 """Every parallel layout trained end to end by the real ``python -m launcher.train`` on a CUDA GPU.
 
-Each test launches the launcher as a subprocess with ``cluster=local_gpu
-cluster.gpus_per_node=1 cluster.ranks_per_gpu=2``: two training ranks share ONE GPU (the launcher
-gives each rank its own ``NCCL_HOSTID``, so NCCL treats them as two hosts talking over sockets).
+Each test launches the launcher as a subprocess (``train`` of tests/helpers/gpu.py) with
+``cluster=local_gpu cluster.gpus_per_node=1 cluster.ranks_per_gpu=2``: two training ranks share
+ONE GPU (the launcher gives each rank its own ``NCCL_HOSTID``, so NCCL treats them as two hosts
+talking over sockets).
 The model is conf/model/tiny.yaml with a 512-token vocabulary, in bf16 on mock data
 (Megatron-Core's mock GPT dataset: runs of consecutive token ids, which a tiny model learns
 within a few steps), 6 optimizer steps at a constant lr of 1e-3 with no warmup (on CPU the
@@ -50,10 +51,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -62,29 +59,16 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
+from tests.helpers.gpu import DP2, MEGATRON, REPO, STEPS, train  # noqa: E402
+
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parent.parent
 PHASES = ("data", "forward", "loss", "backward", "grad_sync", "optimizer", "checkpoint")
 """The phases of launcher.core.phases.PHASES (spelled out: this file names what it checks)."""
 FUSED_BACKWARD = "backward+grad_sync"
-STEPS = 6
 LOSS_DROP = 0.3
 """The loss at the last step must be at least this much below step 1's (the CPU end-to-end tests
 ask 0.3-0.5 over 4-6 steps of the same mock data; this setup falls by about 2)."""
-LAUNCH_TIMEOUT_S = 600
-
-TWO_RANKS_ONE_GPU = ["cluster=local_gpu", "cluster.gpus_per_node=1", "cluster.ranks_per_gpu=2"]
-# A constant lr (no warmup, no decay) makes the lr of a step independent of train_steps, so a
-# 3-step run resumed to 6 steps sees the same lrs as a 6-step run.
-COMMON = ["model=tiny", "model.vocab_size=512", "data=mock", "logger=none",
-          "trainer.precision=bf16", "trainer.micro_batch_size=2", f"trainer.train_steps={STEPS}",
-          "trainer.eval_interval=0", "trainer.save_interval=0", "trainer.straggler_interval=0",
-          "optimizer.lr=1e-3", "optimizer.warmup_steps=0", "optimizer.schedule=constant",
-          "data.num_workers=1"]
-
-MEGATRON = ["engine=megatron"]
-DP2 = ["trainer.global_batch_size=8"]  # 2 ranks x 2 sequences x 2 accumulation steps
 PP2 = ["parallelism=pp2", "trainer.global_batch_size=8"]  # DP=1: 4 micro-batches per step
 MOE = ["model.num_experts=4", "model.moe_router_topk=2", "parallelism.expert_parallel_size=2",
        "trainer.global_batch_size=8"]
@@ -106,42 +90,6 @@ HAVE_TE = te_importable()
 
 # ---------------------------------------------------------------------------------------------
 # helpers
-
-
-def train(tmp: Path, name: str, *overrides: str, env: dict | None = None) -> Path:
-    """``python -m launcher.train`` with two ranks on the GPU; asserts exit 0; the run directory.
-
-    Output goes to ``tmp/<name>.log`` (appended, so a re-launch of the same run keeps both).
-    The launcher and its workers run in their own session, killed as a group on a timeout.
-    """
-    child_env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
-                 "PYTHONUNBUFFERED": "1",
-                 # keep PYTHONPATH (bench/device/setup.sh puts the carried packages on it)
-                 "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
-                                                             os.environ.get("PYTHONPATH")]))}
-    # Two "hosts" on one machine talk over loopback, as in tests/_dist.py.
-    child_env.setdefault("NCCL_SOCKET_IFNAME", "lo")
-    child_env.update(env or {})
-    args = [sys.executable, "-m", "launcher.train", *TWO_RANKS_ONE_GPU, *COMMON,
-            f"run.output_root={tmp}", f"run.name={name}", *overrides]
-    log = tmp / f"{name}.log"
-    with open(log, "a") as out:
-        out.write(f"$ {' '.join(args[1:])}\n")
-        out.flush()
-        proc = subprocess.Popen(args, cwd=REPO, env=child_env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = proc.wait(timeout=LAUNCH_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            pytest.fail(f"{name}: no exit within {LAUNCH_TIMEOUT_S} s\n{tail(log)}")
-    assert code == 0, f"{name}: exit code {code}\n{tail(log)}"
-    return tmp / name
-
-
-def tail(log: Path, chars: int = 6000) -> str:
-    return log.read_text(errors="replace")[-chars:]
 
 
 def step_rows(run_dir: Path) -> list:

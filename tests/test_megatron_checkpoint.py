@@ -22,16 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_engine_deepspeed import fixed_batches
-from tests.test_megatron_engine import build as build_engine
+from tests.helpers.engines import fixed_batches
+from tests.helpers.megatron_checkpoints import (_batches, _finish, _load, _manager, _save, _steps,
+                                                build)
 
 TIED = ["model.untie_embeddings_and_output_weights=false"]
-
-
-def _batches(cfg, count: int) -> list:
-    next_batch = fixed_batches(cfg.model.vocab_size, cfg.model.seq_length,
-                               cfg.trainer.micro_batch_size, 3)
-    return [next_batch() for _ in range(count)]
 
 
 def _dp_share(batches: list) -> list:
@@ -41,60 +36,6 @@ def _dp_share(batches: list) -> list:
 
     rank = parallel_state.get_data_parallel_rank()
     return batches[rank::parallel_state.get_data_parallel_world_size()]
-
-
-def _steps(eng, cfg, plan, batches: list, steps: int) -> list:
-    """Train ``steps`` steps, each on the next grad_accum batches; (loss, grad norm) per step."""
-    from launcher.core.phases import PhaseTimer
-
-    out, it = [], iter(batches)
-    for _ in range(steps):
-        result = eng.train_step(lambda: next(it), 1e-3, PhaseTimer())
-        out.append([result.loss, result.grad_norm])
-    return out
-
-
-_MANAGERS: dict = {}
-"""One CheckpointManager per (engine, directory), as launcher.train keeps one per run."""
-_SETTINGS: dict = {}
-"""id(engine) -> (trainer.async_save, plan.batch.train_steps) it was built with."""
-
-
-def build(overrides):
-    """(cfg, plan, engine) as tests.test_megatron_engine builds them, remembering what the
-    engine's checkpoint manager needs."""
-    cfg, plan, eng = build_engine(overrides)
-    _SETTINGS[id(eng)] = (cfg.trainer.async_save, plan.batch.train_steps)
-    return cfg, plan, eng
-
-
-def _manager(eng, directory: Path):
-    """The run's checkpoint manager (async_save as the engine's trainer config says)."""
-    from launcher.runtime.checkpoint import CheckpointManager
-
-    key = (id(eng), str(directory))
-    if key not in _MANAGERS or _MANAGERS[key].io is not eng.checkpoint_io:  # ids are reused
-        async_save, final_step = _SETTINGS[id(eng)]
-        _MANAGERS[key] = CheckpointManager(directory, eng.checkpoint_io, keep_last=2,
-                                           async_save=async_save, final_step=final_step)
-    return _MANAGERS[key]
-
-
-def _save(eng, directory: Path, step: int, background: bool = True):
-    return _manager(eng, directory).save(step, consumed_samples=step, config={}, plan={},
-                                         background=background)
-
-
-def _load(eng, directory: Path) -> None:
-    from launcher.core import checkpoints
-
-    _manager(eng, directory).load(checkpoints.find_resume(directory.parent))
-
-
-def _finish() -> None:
-    from megatron.core import parallel_state
-
-    parallel_state.destroy_model_parallel()
 
 
 RESHARD_LAYOUTS = {"tp2": ["parallelism=tp2", "parallelism.zero_stage=0"],
@@ -135,7 +76,7 @@ def _moe_phase(ckpt: Path, out: dict) -> None:
     """MoE (4 experts, EP=2) with the distributed optimizer: two DistributedOptimizers (dense and
     expert parameters); resume bitwise at EP=2; an EP=1 run (one optimizer) refuses it."""
     from launcher.core.errors import CheckpointError
-    from tests.test_megatron_engine import MOE
+    from tests.helpers.engines import MOE
 
     cfg, plan, eng = build(TIED + MOE + ["parallelism.zero_stage=1", "trainer.global_batch_size=4"])
     out["moe_optimizers"] = len(eng.optimizer.chained_optimizers)
@@ -161,7 +102,7 @@ def _moe_phase(ckpt: Path, out: dict) -> None:
 
 @pytest.fixture(scope="module")
 def reshard(tmp_path_factory):
-    from tests._dist import run_distributed
+    from tests.helpers.dist import run_distributed
 
     root = tmp_path_factory.mktemp("megatron_ckpt")
     return run_distributed("tests.test_megatron_checkpoint:reshard_worker", 2,
@@ -276,7 +217,7 @@ def zero1_worker(args: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def zero1(tmp_path_factory):
-    from tests._dist import run_distributed
+    from tests.helpers.dist import run_distributed
 
     root = tmp_path_factory.mktemp("megatron_zero1")
     return run_distributed("tests.test_megatron_checkpoint:zero1_worker", 2, {"dir": str(root)})
@@ -359,7 +300,7 @@ def tp2dp2_worker(args: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def tp2dp2(tmp_path_factory):
-    from tests._dist import run_distributed
+    from tests.helpers.dist import run_distributed
 
     root = tmp_path_factory.mktemp("megatron_tp2dp2")
     return run_distributed("tests.test_megatron_checkpoint:tp2dp2_worker", 4, {"dir": str(root)})
@@ -377,7 +318,7 @@ def test_zero1_tp2_dp2_checkpoint_loads_at_tp1_dp4(tp2dp2):
         assert rank["tp2dp2_eval2"] < rank["tp2dp2_eval0"] - 0.1
 
 
-ASYNC = ZERO1 + ["trainer.async_save=true"]  # trainer.train_steps=8 (TINY): step 8 is the last
+ASYNC = ZERO1 + ["trainer.async_save=true"]  # train_steps=8 (engines.TINY): step 8 is the last
 
 
 def _listing(ckpt: Path) -> dict:
@@ -430,7 +371,7 @@ def async_worker(args: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def async_save(tmp_path_factory):
-    from tests._dist import run_distributed
+    from tests.helpers.dist import run_distributed
 
     root = tmp_path_factory.mktemp("megatron_async")
     return run_distributed("tests.test_megatron_checkpoint:async_worker", 2, {"dir": str(root)})
@@ -515,7 +456,7 @@ def test_stop_right_after_an_async_save_completes_that_checkpoint(tmp_path):
     """The stop check finds step 2 already saved (deferred); before exiting for requeue the loop
     waits for its write, so step_000002 is complete and latest names it (no second save)."""
     from launcher.core.exits import REQUEUE_EXIT
-    from tests._dist import run_distributed
+    from tests.helpers.dist import run_distributed
 
     for rank in run_distributed("tests.test_megatron_checkpoint:async_stop_worker", 2,
                                 {"dir": str(tmp_path)}):

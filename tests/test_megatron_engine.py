@@ -11,26 +11,7 @@ import math
 
 import pytest
 
-from tests.test_engine_deepspeed import cfg_of, fixed_batches
-
-MEGATRON = ["engine=megatron", "model.num_layers=4"]
-MOE = ["model.num_experts=4", "model.moe_router_topk=2", "parallelism.expert_parallel_size=2",
-       "model.moe_aux_loss_coeff=0.01", "model.moe_capacity_factor=1.5"]
-
-
-def build(overrides):
-    """(cfg, plan, engine) for ``overrides`` on this process group."""
-    import torch
-
-    from launcher.engines import engine_inputs, spec
-    from launcher.engines.model import init_parallel_state
-    from launcher.plan import compute_plan
-
-    cfg = cfg_of(MEGATRON + list(overrides))
-    plan = compute_plan(cfg, world_size=torch.distributed.get_world_size())
-    init_parallel_state(cfg.parallelism, seed=cfg.trainer.seed)
-    eng = spec(cfg.engine.name).build(batch=plan.batch, model=cfg.model, **engine_inputs(cfg))
-    return cfg, plan, eng
+from tests.helpers.engines import MOE, build, fixed_batches
 
 
 def global_params(eng) -> dict:
@@ -105,7 +86,7 @@ def layouts_worker(args: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def layouts():
-    from tests._dist import run_distributed
+    from tests.helpers.dist import run_distributed
 
     return run_distributed("tests.test_megatron_engine:layouts_worker", 2, {"steps": 6})
 

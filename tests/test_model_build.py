@@ -5,10 +5,8 @@ reproduces the TP=1 loss with the planned per-rank parameter counts."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
 from launcher.config import (
     Arch,
@@ -19,25 +17,8 @@ from launcher.config import (
     TrainerConfig,
 )
 
-from tests._dist import gloo_group, run_distributed
-
-CONF = Path(__file__).resolve().parent.parent / "conf"
-FP32 = TrainerConfig(precision=Precision.fp32)
-in_process = pytest.mark.xdist_group(name="megatron_model_build")
-
-
-def preset(name: str, **overrides) -> ModelConfig:
-    """A conf/model preset, checked against the schema, with overrides."""
-    yaml = OmegaConf.load(CONF / "model" / f"{name}.yaml")
-    node = OmegaConf.merge(OmegaConf.structured(ModelConfig), yaml)
-    return OmegaConf.to_object(OmegaConf.merge(node, overrides))
-
-
-def small(**overrides) -> ModelConfig:
-    """A 2-layer model that builds and steps in well under a second."""
-    fields = dict(name="small", num_layers=2, hidden_size=64, ffn_hidden_size=128,
-                  num_attention_heads=4, vocab_size=1000, seq_length=32)
-    return ModelConfig(**{**fields, **overrides})
+from tests.helpers.dist import gloo_group, run_distributed
+from tests.helpers.models import FP32, build, in_process, preset, small
 
 
 def batch(vocab: int, seq: int, size: int = 2, seed: int = 0):
@@ -47,18 +28,6 @@ def batch(vocab: int, seq: int, size: int = 2, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (size, seq), generator=gen)
     return ids, torch.arange(seq).expand(size, seq)
-
-
-def build(model: ModelConfig, par=None, trainer=FP32, seed: int = 1234):
-    """Seed every stream as init_parallel_state does, then build the model."""
-    import torch
-    from megatron.core import tensor_parallel
-
-    from launcher.engines.model import build_gpt_model
-
-    torch.manual_seed(seed)
-    tensor_parallel.model_parallel_cuda_manual_seed(seed)
-    return build_gpt_model(model, par or ParallelismConfig(), trainer)
 
 
 def step(gpt, model: ModelConfig, seq: int = 32):

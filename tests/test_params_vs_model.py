@@ -52,7 +52,7 @@ def _cfg(overrides):
 
 @pytest.fixture(scope="module")
 def one_rank():
-    from tests._dist import gloo_group
+    from tests.helpers.dist import gloo_group
     from launcher.engines.model import init_parallel_state
     from megatron.core import parallel_state
 
@@ -159,7 +159,7 @@ def per_rank_worker(args: dict) -> dict:
 @pytest.fixture(scope="module")
 def ranks():
     """One 2-process launch: counts of every layout and the memory measurements."""
-    from tests._dist import run_distributed
+    from tests.helpers.dist import run_distributed
 
     return run_distributed("tests.test_params_vs_model:per_rank_worker", 2, {})
 
@@ -282,7 +282,7 @@ def memory_worker(args: dict) -> dict:
     from launcher.engines import engine_inputs, spec
     from launcher.engines.model import init_parallel_state
     from launcher.core.phases import PhaseTimer
-    from tests.test_engine_deepspeed import fixed_batches
+    from tests.helpers.engines import fixed_batches
 
     out = {}
     for name, overrides in MEMORY.items():

@@ -27,21 +27,7 @@ from launcher.runtime import checkpoint, resume as rs
 from launcher.runtime.checkpoint import CheckpointManager
 from launcher.runtime.confighistory import attempts
 from launcher.runtime.rundir import prepare_run_dir, write_run_files
-
-MODEL = {"name": "t", "arch": "llama", "num_layers": 2, "hidden_size": 64,
-         "ffn_hidden_size": 128, "num_attention_heads": 8, "num_query_groups": 4,
-         "vocab_size": 512, "seq_length": 64}
-PLAN = {"engine": "deepspeed", "tensor_parallel_size": 1, "pipeline_parallel_size": 1,
-        "virtual_pipeline_parallel_size": 1, "context_parallel_size": 1,
-        "expert_parallel_size": 1, "data_parallel_size": 2, "zero_stage": 1, "world_size": 2,
-        "global_batch_size": 8, "micro_batch_size": 2, "grad_accum_steps": 2, "seq_length": 64,
-        "train_steps": 20}
-
-
-def record(model=None, plan=None) -> dict:
-    plan = {**PLAN, **(plan or {})}
-    return {"architecture": rs.architecture({**MODEL, **(model or {})}),
-            "layout": rs.layout(plan), "training": rs.training(plan)}
+from tests.helpers.checkpoints import MODEL, PLAN, FakeIO, record
 
 
 def step_dir(ckpts: Path, step: int, meta: dict) -> Resume:
@@ -162,29 +148,6 @@ def test_a_restart_keeps_config_yaml_until_it_has_loaded(tmp_path):
     prepare_run_dir(run_dir, config=good, plan={})
     assert [p.name[:12] for p in attempts(run_dir)] == ["attempt_0001", "attempt_0002",
                                                          "attempt_0003"]
-
-
-class FakeIO:
-    """An engine checkpoint IO writing one ``bytes``-sized torch file, or failing on read."""
-
-    def __init__(self, size: int = 1000, read_error: BaseException = None):
-        self.size, self.read_error = size, read_error
-
-    def warm_up(self) -> None:
-        pass
-
-    def write(self, step_dir: Path, *, background: bool) -> bool:
-        step_dir.mkdir(parents=True, exist_ok=True)
-        torch.save({"w": torch.zeros(self.size // 4, dtype=torch.float32)},
-                   step_dir / "model.pt")
-        return False
-
-    def finish_background(self, blocking: bool) -> bool:
-        return True
-
-    def read(self, step_dir: Path) -> None:
-        if self.read_error is not None:
-            raise self.read_error
 
 
 def test_checkpoint_metadata_holds_the_records(tmp_path):
@@ -341,7 +304,7 @@ HEADS_8 = ["cluster.gpus_per_node=1", "model.num_attention_heads=8", "model.num_
 @pytest.fixture(scope="module")
 def base_run(tmp_path_factory):
     """Two steps of a tiny model with 8 heads in 4 groups, checkpointed at step 2."""
-    from tests.test_train_loop import train
+    from tests.helpers.training import train
 
     tmp = tmp_path_factory.mktemp("resume_safety")
     train(tmp, "base", *HEADS_8, "trainer.train_steps=2")
@@ -361,7 +324,7 @@ def _events(run_dir: Path) -> list:
 def test_resume_with_other_heads_exits_2_and_keeps_the_last_good_config(base_run, tmp_path):
     """16 heads in 8 groups: every tensor keeps its shape, so the load used to succeed and train
     on. Now: exit 2 before anything is built, every field named; config.yaml still says 8."""
-    from tests.test_train_loop import train
+    from tests.helpers.training import train
 
     tmp = _copy(base_run, tmp_path)
     proc = train(tmp, "run", *HEADS_8, "model.num_attention_heads=16",
@@ -381,7 +344,7 @@ def test_resume_with_other_heads_exits_2_and_keeps_the_last_good_config(base_run
 
 @pytest.mark.slow
 def test_batch_change_is_reported_and_reached_train_steps_exits_0(base_run, tmp_path):
-    from tests.test_train_loop import steps_of, train
+    from tests.helpers.training import steps_of, train
 
     tmp = _copy(base_run, tmp_path)
     run_dir = tmp / "run"
@@ -405,7 +368,7 @@ def test_batch_change_is_reported_and_reached_train_steps_exits_0(base_run, tmp_
 def test_old_checkpoint_with_other_hidden_size_names_every_tensor(base_run, tmp_path):
     """Without the recorded architecture (nor the config) only the load can tell: its error
     names the tensors and both shapes, not just torch's first line."""
-    from tests.test_train_loop import train
+    from tests.helpers.training import train
 
     tmp = _copy(base_run, tmp_path)
     meta_file = tmp / "run" / "checkpoints" / "step_000002" / "trainwright.json"

@@ -19,8 +19,8 @@ import pytest
 
 from launcher.core import locks
 from launcher.core.exits import REQUEUE_EXIT
-from tests.test_train_loop import steps_of, train
-from tests.test_train_signal import launch, logged_steps, wait_for
+from tests.helpers.signals import launch, logged_steps, wait_for
+from tests.helpers.training import steps_of, train
 
 
 def test_lock_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):

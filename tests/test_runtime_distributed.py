@@ -200,7 +200,7 @@ def _slurm_task(procid: int, ntasks: int, port: int) -> dict:
 
 @pytest.mark.slow
 def test_init_distributed_under_srun_variables_and_alone():
-    from tests._dist import free_port
+    from tests.helpers.dist import free_port
 
     port = free_port()
     procs = [subprocess.Popen([sys.executable, "-c", INIT_SCRIPT, str(REPO_ROOT)],

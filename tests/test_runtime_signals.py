@@ -9,7 +9,7 @@ import pytest
 
 from launcher.core.exits import REQUEUE_EXIT
 from launcher.core.stop import StopRequest, forward_stop_signals, restore_handlers
-from tests._dist import run_distributed
+from tests.helpers.dist import run_distributed
 
 
 def stop_worker(args: dict) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.runtime.straggler import find_stragglers, gather_times
-from tests._dist import run_distributed
+from tests.helpers.dist import run_distributed
 
 
 def test_no_stragglers_when_even():

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from launcher.config import Arch, ParallelismConfig
-from tests.test_model_build import build, in_process, preset, small
-from tests._dist import gloo_group
-from tests.test_train_loop import train
+from tests.helpers.dist import gloo_group
+from tests.helpers.models import build, in_process, preset, small
+from tests.helpers.training import train
 
 
 def test_tiles_assemble_the_same_matrix_from_any_slicing(monkeypatch):

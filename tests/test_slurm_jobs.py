@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests._slurm import (REPO, job_env, job_info, read_logs, sbatch, slurm,  # noqa: F401
-                          start_requeued_job_now, wait_job)
-from tests.test_submit_script import HOSTILE, hydra_quote
+from tests.helpers.slurm import (REPO, job_env, job_info, read_logs, sbatch, start_requeued_job_now,
+                                 wait_job)
+from tests.helpers.submit import HOSTILE, hydra_quote
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 SMALL = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128",

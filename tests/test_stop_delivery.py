@@ -22,8 +22,8 @@ import signal
 import pytest
 
 from launcher.core.exits import REQUEUE_EXIT
-from tests.test_train_loop import steps_of
-from tests.test_train_signal import STEPS, launch, logged_steps, wait_for
+from tests.helpers.signals import STEPS, launch, logged_steps, wait_for
+from tests.helpers.training import steps_of
 
 MEGATRON_SAVED_BEFORE = ("engine=megatron", "parallelism.zero_stage=1",
                          "trainer.save_interval=2", "trainer.keep_last=1")

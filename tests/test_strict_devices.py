@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from launcher.runtime import strict_devices as sd
-from tests._dist import run_distributed
+from tests.helpers.dist import run_distributed
 
 HERE = "tests/test_strict_devices.py"
 
@@ -169,6 +169,7 @@ def rules():
     return run_distributed("tests.test_strict_devices:rules_worker", 2)
 
 
+@pytest.mark.slow
 def test_host_tensor_on_default_group_fails_naming_its_origin(rules):
     for result in rules:
         assert result["host_zeros"].startswith("error: torch.distributed.all_reduce on a group "
@@ -176,6 +177,7 @@ def test_host_tensor_on_default_group_fails_naming_its_origin(rules):
         assert f"created at {HERE}:{result['line']};" in result["host_zeros"]
 
 
+@pytest.mark.slow
 def test_device_tensors_reduce(rules):
     for result in rules:
         assert result["explicit_cpu"] == "ok: 3.0"
@@ -185,6 +187,7 @@ def test_device_tensors_reduce(rules):
         assert result["cuda_moved"] == "ok: 2.0"  # .cuda(), the identity under compat
 
 
+@pytest.mark.slow
 def test_host_derived_and_cpu_results_fail(rules):
     for result in rules:
         assert result["stacked"].startswith("error:"), result["stacked"]
@@ -192,6 +195,7 @@ def test_host_derived_and_cpu_results_fail(rules):
         assert result["all_gather_host"].startswith("error: torch.distributed.all_gather ")
 
 
+@pytest.mark.slow
 def test_gloo_groups_accept_host_tensors(rules):
     for result in rules:
         assert result["gloo_group_host"] == "ok: [2.0, 2.0]"
@@ -199,12 +203,14 @@ def test_gloo_groups_accept_host_tensors(rules):
         assert result["real_backends"] == ["gloo", "nccl", "nccl"]
 
 
+@pytest.mark.slow
 def test_p2p_ops_checked(rules):
     for result in rules:
         assert result["p2p_host"].startswith("error: torch.distributed.batch_isend_irecv ")
     assert rules[1]["p2p_device"] == "ok: [0.0, 0.0]"  # rank 1 received rank 0's zeros
 
 
+@pytest.mark.slow
 def test_strict_mode_composes_with_compat(rules):
     for result in rules:
         assert result["top_mode"] == "HostTrackingMode"
@@ -217,6 +223,7 @@ def plain_worker(args: dict) -> dict:
     return {"installed": sd.is_installed(), "sum": tensor.item()}
 
 
+@pytest.mark.slow
 def test_strict_mode_is_opt_in(monkeypatch):
     monkeypatch.delenv(sd.ENV_VAR, raising=False)
     for result in run_distributed("tests.test_strict_devices:plain_worker", 2):
@@ -249,8 +256,9 @@ def old_loss_worker(args: dict) -> dict:
         return {"installed": sd.is_installed(), "error": str(exc)}
 
 
+@pytest.mark.slow
 def test_old_loss_agreement_fails_on_the_stage_without_losses(monkeypatch):
-    monkeypatch.setenv(sd.ENV_VAR, "1")  # tests/_dist.py's worker calls install_if_requested()
+    monkeypatch.setenv(sd.ENV_VAR, "1")  # tests/helpers/dist.py's worker: install_if_requested()
     rank0, rank1 = run_distributed("tests.test_strict_devices:old_loss_worker", 2)
     assert rank0["installed"] and rank1["installed"]
     assert "torch.distributed.all_reduce" in rank0["error"]

@@ -12,13 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.submit import HOSTILE, hydra_quote
+
 REPO = Path(__file__).resolve().parent.parent
-HOSTILE = 'a b "dq" \'sq\' $(touch PWNED1) `touch PWNED2` %j %% \\ x\\y ; touch PWNED3 &&'
-
-
-def hydra_quote(value: str) -> str:
-    """A Hydra override value holding ``value`` verbatim (single-quoted, quotes escaped)."""
-    return "'" + value.replace("'", "\\'") + "'"
 
 
 def submit(tmp: Path, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:

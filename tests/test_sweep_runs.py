@@ -16,8 +16,8 @@ import yaml
 
 from launcher.launch.sweep import split_overrides, time_limit_minutes
 from launcher.sweep_summary import main as summary_main, summarize
-from tests._slurm import job_env, job_info, slurm, start_requeued_job_now  # noqa: F401
-from tests.test_train_loop import REPO, TINY
+from tests.helpers.slurm import job_env, job_info, start_requeued_job_now
+from tests.helpers.training import REPO, TINY
 
 POINTS = ["optimizer.lr=1e-4,3e-3", *(o for o in TINY if not o.startswith("optimizer.lr=")), "trainer.train_steps=6", "trainer.eval_interval=3",
           "trainer.save_interval=0", "trainer.straggler_interval=0"]

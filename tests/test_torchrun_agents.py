@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from launcher.parallel.distributed import free_port
-from tests.test_train_loop import REPO, TINY, steps_of
+from tests.helpers.training import REPO, TINY, steps_of
 
 
 @pytest.mark.slow

@@ -79,7 +79,7 @@ def test_save_clears_stale_tmp_dirs_and_records_the_run(tmp_path):
     otherwise hold its space until a save of the same step) and stores the manager's records
     (architecture, layout, training) in trainwright.json."""
     from launcher.runtime.checkpoint import CheckpointManager
-    from tests.test_resume_safety import FakeIO, record
+    from tests.helpers.checkpoints import FakeIO, record
 
     for stale in ("step_000003.tmp", "step_000007.tmp"):
         (tmp_path / stale).mkdir(parents=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_train_loop import REPO, TINY, steps_of
+from tests.helpers.training import REPO, TINY, steps_of
 
 COMMON = ["trainer.train_steps=9", "trainer.global_batch_size=8", "trainer.save_interval=3",
           "trainer.keep_last=0", "trainer.eval_interval=0", "trainer.straggler_interval=0"]

@@ -13,33 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.core.phases import PHASES
-
-REPO = Path(__file__).resolve().parent.parent
-TINY = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128",
-        "model.num_attention_heads=4", "model.num_query_groups=2", "model.vocab_size=512",
-        "model.seq_length=64", "trainer.precision=fp32", "trainer.micro_batch_size=2",
-        "optimizer.warmup_steps=2", "optimizer.lr=3e-3", "data.num_workers=1",
-        "trainer.eval_iters=2", "trainer.straggler_interval=5"]
-
-
-def train(tmp: Path, name: str, *overrides: str, expect: int = 0) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
-           "PYTHONPATH": str(REPO)}
-    args = [sys.executable, "-m", "launcher.train", *TINY, f"run.output_root={tmp}",
-            f"run.name={name}", *overrides]
-    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return proc
-
-
-def steps_of(run_dir: Path) -> dict:
-    """metrics.jsonl training lines by step (evaluation lines are separate entries)."""
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if "loss" in row:
-            out[row["step"]] = row
-    return out
+from tests.helpers.training import REPO, TINY, steps_of, train
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +63,7 @@ def checkpoint_events(run_dir: Path) -> list:
     return [row for row in rows if row["kind"] == "checkpoint"]
 
 
+@pytest.mark.slow
 def test_every_save_says_size_seconds_and_rate_and_the_final_one_announces_itself(dp_run):
     """One line per save with the bytes of the step directory as written; the last save (the
     one the run waits for at its end) is announced before it starts."""

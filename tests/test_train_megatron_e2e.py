@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from launcher.core.phases import PHASES
-from tests.test_train_loop import train
+from tests.helpers.training import train
 
 MEGATRON = ["engine=megatron", "trainer.global_batch_size=8"]
 PP2 = MEGATRON + ["parallelism=pp2", "trainer.save_interval=3", "trainer.eval_interval=3"]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_train_loop import REPO, TINY, steps_of
+from tests.helpers.training import REPO, TINY, steps_of
 
 STEPS = 4
 

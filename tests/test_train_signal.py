@@ -6,50 +6,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from launcher.core.exits import REQUEUE_EXIT
-from tests.test_train_loop import REPO, TINY, steps_of
-
-STEPS = 60
-COMMON = [f"trainer.train_steps={STEPS}", "trainer.global_batch_size=8",
-          "trainer.save_interval=0", "trainer.eval_interval=0", "trainer.straggler_interval=0"]
-
-
-def launch(tmp: Path, name: str, log: Path, *overrides: str) -> subprocess.Popen:
-    """The 2-rank run ``name`` in its own session (so a test can signal its process group)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
-           "PYTHONPATH": str(REPO)}
-    args = [sys.executable, "-m", "launcher.train", *TINY, f"run.output_root={tmp}",
-            f"run.name={name}", *COMMON, *overrides]
-    with open(log, "w") as out:
-        return subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
-def wait_for(proc: subprocess.Popen, log: Path, ready, timeout: float = 150) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail(f"run ended or timed out before it was ready:\n{log.read_text()[-4000:]}")
-        time.sleep(0.05)
+from tests.helpers.signals import STEPS, launch, logged_steps, wait_for
+from tests.helpers.training import steps_of
 
 
 def rank_pids(run_dir: Path) -> dict:
     logs = run_dir / "logs"
     return {r: int((logs / f"rank_{r}.pid").read_text()) for r in (0, 1)}
-
-
-def logged_steps(run_dir: Path) -> int:
-    metrics = run_dir / "metrics.jsonl"
-    return metrics.read_text().count("\n") if metrics.exists() else 0
 
 
 @pytest.mark.slow

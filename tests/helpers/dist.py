@@ -3,13 +3,15 @@
 
 Groups rendezvous through a FileStore in a private temporary directory, so concurrent tests
 (``pytest -n 2``) never compete for a TCP port. Multi-process workers are plain subprocesses of
-this file (``python tests/_dist.py``), whose ``__main__`` guard keeps dist-checkpointing's spawn
-Manager from re-running them. A target is ``"package.module:function"`` or
+this file (``python tests/helpers/dist.py``), whose ``__main__`` guard keeps dist-checkpointing's
+spawn Manager from re-running them. A target is ``"package.module:function"`` or
 ``"path/to/file.py:function"``; it takes the ``args`` dict and returns something JSON-serialisable.
 Workers see RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as under
 torchrun, and run with one compute thread each.
 
     results = run_distributed("tests.test_model_build:tp_worker", 2, {"seed": 1})
+
+Formerly tests/_dist.py.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
