@@ -28,6 +28,7 @@ test: install
 # The edit loop: everything but the tests marked slow (multi-process and training runs, Slurm,
 # data_prep end to end); `make test` still runs them all.
 test-quick: install
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -m "not slow" -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 plan: install
