@@ -138,7 +138,12 @@ def _same_tensors(a: str, b: str) -> None:
     ("llama_untied", ["engine=deepspeed", "parallelism.zero_stage=3"]),
     ("mixtral", ["engine=megatron", "parallelism.expert_parallel_size=2"]),
     ("gpt2", ["engine=megatron", "parallelism.tensor_parallel_size=2",
-              "parallelism.zero_stage=0"])])
+              "parallelism.zero_stage=0"]),
+    # DeepSpeed at TP=2: the shards merge as the writer recorded their split (SwiGLU included)
+    ("llama_untied", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"]),
+    ("mixtral", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"]),
+    ("llama31_tied", ["engine=deepspeed", "parallelism.tensor_parallel_size=2",
+                      "parallelism.zero_stage=3"])])
 def test_import_export_round_trip_is_identical(hf_models, tmp_path, name, layout):
     run, out = tmp_path / "run", tmp_path / "hf_out"
     imported = _cli("launcher.convert", "from_hf", f"hf={hf_models[name]}", f"out={run}",
@@ -164,6 +169,26 @@ def test_generate_at_tp2_equals_transformers_greedy(hf_models):
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["prompt_ids"] == PROMPT and out["output_ids"] == expected
+
+
+@pytest.mark.parametrize("tp", [2, 1])
+def test_a_deepspeed_tp2_import_generates_at_any_layout(hf_models, tmp_path, tp):
+    """The default engine's checkpoint at TP=2 (launcher.convert from_hf) is read by generate at
+    TP=2 and at TP=1, which decode as transformers does."""
+    path = hf_models["llama_untied"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    expected = model.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False,
+                              pad_token_id=0)[0, len(PROMPT):].tolist()
+    run = tmp_path / "ck"
+    imported = _cli("launcher.convert", "from_hf", f"hf={path}", f"out={run}",
+                    "trainer.precision=fp32", "model.seq_length=64",
+                    "parallelism.tensor_parallel_size=2", "cluster.gpus_per_node=2")
+    assert imported.returncode == 0, imported.stderr[-3000:]
+    result = _cli("launcher.generate", f"checkpoint={run}", f"generate.prompt_ids={PROMPT}",
+                  "generate.max_new_tokens=8", "generate.format=json", "trainer.precision=fp32",
+                  f"parallelism.tensor_parallel_size={tp}", f"cluster.gpus_per_node={tp}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1])["output_ids"] == expected
 
 
 def test_trained_checkpoint_exports_to_transformers_with_our_logits(hf_models, tmp_path):

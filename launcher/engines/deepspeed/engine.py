@@ -25,6 +25,7 @@ import torch
 
 from launcher.config import (EngineConfig, ModelConfig, OptimizerConfig, ParallelismConfig,
                              Precision, TrainerConfig)
+from launcher.core.atomic import atomic_write_json
 from launcher.core.errors import CheckpointError, IncompatibleCheckpoint, NonFiniteLoss
 from launcher.engines import compat
 from launcher.engines.base import StepResult
@@ -220,6 +221,21 @@ _OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_st
 _ZERO_FORMATS = {0: "ZeRO stage 0", 1: "ZeRO stage 1/2", 2: "ZeRO stage 1/2", 3: "ZeRO stage 3"}
 """Optimizer-state formats: stages 1 and 2 write the same partitions (a resume may switch)."""
 
+TP_SPLIT_FILE = "tensor_parallel.json"
+"""How the module's tensor-parallel parameters are split, beside DeepSpeed's files of a
+checkpoint written at TP > 1 (:func:`tensor_parallel_split`)."""
+
+
+def tensor_parallel_split(module: torch.nn.Module) -> dict:
+    """{parameter name: [axis, glu]} of every tensor-parallel parameter of ``module``, as
+    Megatron-Core splits it (``partition_dim``); ``glu``: the SwiGLU input projection, whose
+    shards each hold [gate; up] (Megatron-Core's ``apply_swiglu_sharded_factory``). What
+    :class:`launcher.engines.weights.sources.DeepSpeedSource` merges the TP shards with."""
+    gated = getattr(getattr(module, "config", None), "gated_linear_unit", False)
+    return {name: [int(param.partition_dim), gated and ".linear_fc1." in f".{name}"]
+            for name, param in module.named_parameters()
+            if getattr(param, "tensor_model_parallel", False)}
+
 
 def saved_layout(step_dir: Path) -> dict:
     """TP size, optimizer-state format and (under ZeRO) DP size of the DeepSpeed files in
@@ -282,6 +298,8 @@ class DeepSpeedCheckpointIO:
 
     def write(self, step_dir: Path, *, background: bool) -> bool:
         self.ds.save_checkpoint(str(step_dir.parent), tag=step_dir.name, save_latest=False)
+        if self.ds.mp_world_size > 1 and collectives.rank() == 0:
+            atomic_write_json(step_dir / TP_SPLIT_FILE, tensor_parallel_split(self.ds.module))
         return False
 
     def finish_background(self, blocking: bool) -> bool:

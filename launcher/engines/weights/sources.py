@@ -194,42 +194,89 @@ def address(name: str) -> tuple[str, tuple]:
 
 
 class DeepSpeedSource:
-    """An engine=deepspeed step directory at TP=1 (DeepSpeed has no pipeline here)."""
+    """An engine=deepspeed step directory at any tensor-parallel size (DeepSpeed has no
+    pipeline here): each TP rank's module weights (ZeRO 0-2: ``mp_rank_<t>_model_states.pt``,
+    memory-mapped; ZeRO 3: the fp32 partitions, merged lazily), and at TP > 1 the TP shards of
+    each tensor merged as the writer recorded their split (``tensor_parallel.json``)."""
 
     def __init__(self, step_dir: Path):
+        from launcher.engines.deepspeed.engine import TP_SPLIT_FILE, saved_layout
+
         self.step_dir = Path(step_dir)
         self.model = _model_of(self.step_dir)
         self.dims = ResolvedModel.of_fields(self.model)
-        if any(self.step_dir.glob("*mp_rank_01_*")):
-            raise SourceError(f"{self.step_dir}: a DeepSpeed checkpoint with tensor parallelism "
-                              "(mp_rank_01); export reads DeepSpeed checkpoints at TP=1. Train "
-                              "with engine=megatron for TP > 1, whose checkpoints export at "
-                              "any layout")
-        self.weights = self._weights()
-        self.names = {address(name): name for name in self.weights}
+        tp = saved_layout(self.step_dir)["tp"]
+        if tp is None:
+            raise SourceError(f"{self.step_dir}: no mp_rank_00_model_states.pt (not a "
+                              "DeepSpeed checkpoint)")
+        self.split = {}
+        if tp > 1:
+            split_file = self.step_dir / TP_SPLIT_FILE
+            if not split_file.is_file():
+                raise SourceError(f"{self.step_dir}: a DeepSpeed checkpoint at TP={tp} without "
+                                  f"{TP_SPLIT_FILE} (written before trainwright recorded how "
+                                  "its tensors are split); resume it at TP={tp} to save it again")
+            self.split = json.loads(split_file.read_text())
+        self._views: list = []  # temporary directories a ZeRO-3 read at TP > 1 reads through
+        self.shards = [self._weights(rank, tp) for rank in range(tp)]
+        self.names = {address(name): name for name in self.shards[0]}
 
-    def _weights(self) -> dict:
-        zero3 = sorted(self.step_dir.glob("zero_pp_rank_*_mp_rank_00_model_states.pt"))
+    def _weights(self, tp_rank: int, tp: int) -> dict:
+        """The module weights of one TP rank, by parameter name."""
+        zero3 = sorted(self.step_dir.glob(f"zero_pp_rank_*_mp_rank_{tp_rank:02d}_model_states.pt"))
         if zero3:
-            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-            with compat.checkpoint_loads_without_code():
-                return get_fp32_state_dict_from_zero_checkpoint(
-                    str(self.step_dir.parent), tag=self.step_dir.name, lazy_mode=True)
-        file = self.step_dir / "mp_rank_00_model_states.pt"
-        if not file.is_file():
-            raise SourceError(f"{self.step_dir}: no mp_rank_00_model_states.pt (not a DeepSpeed "
-                              "checkpoint)")
+            return _zero3_weights(self.step_dir, tp_rank, tp, self._views)
+        file = self.step_dir / f"mp_rank_{tp_rank:02d}_model_states.pt"
         return unpickle.load(file, map_location="cpu", mmap=True)["module"]
 
     def shape(self, key: str, index: tuple) -> tuple:
-        return tuple(self.weights[self.names[(key, index)]].shape)
+        return tuple(self._merged(self.names[(key, index)]).shape)
+
+    def _merged(self, name: str) -> torch.Tensor:
+        parts = [_materialised(shard[name]) for shard in self.shards]
+        if name not in self.split:
+            return parts[0]
+        axis, glu = self.split[name]
+        return merge_tensor_parallel(parts, axis, glu)
 
     def tensor(self, key: str, index: tuple, shape: Optional[tuple] = None) -> torch.Tensor:
-        value = self.weights[self.names[(key, index)]]
-        if not torch.is_tensor(value):
-            value = value.contiguous()  # ZeRO-3 lazy tensor
-        return _pad_rows(value, shape)
+        return _pad_rows(self._merged(self.names[(key, index)]), shape)
+
+
+def _materialised(value) -> torch.Tensor:
+    """A tensor of a weights dict (a ZeRO-3 lazy tensor is read now)."""
+    return value if torch.is_tensor(value) else value.contiguous()
+
+
+def merge_tensor_parallel(parts: list[torch.Tensor], axis: int, glu: bool) -> torch.Tensor:
+    """The whole tensor from its TP shards, concatenated along ``axis``; ``glu``: each shard is
+    [gate; up] of its rows, so the gates come first, then the ups."""
+    if glu:
+        halves = [part.chunk(2, dim=0) for part in parts]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
+    return torch.cat(parts, dim=axis)
+
+
+def _zero3_weights(step_dir: Path, tp_rank: int, tp: int, views: list) -> dict:
+    """One TP rank's fp32 weights of a ZeRO-3 checkpoint (DeepSpeed's zero_to_fp32, lazily),
+    read at TP > 1 through a temporary view of the step directory that holds that rank's files
+    only (zero_to_fp32 merges every file it finds as data-parallel partitions of one model);
+    the view is appended to ``views``, which must live as long as the weights are read."""
+    import tempfile
+
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    if tp == 1:
+        view = step_dir
+    else:
+        views.append(tempfile.TemporaryDirectory(prefix=f"tw_tp{tp_rank}_"))
+        view = Path(views[-1].name) / step_dir.name
+        view.mkdir()
+        for file in step_dir.glob(f"*mp_rank_{tp_rank:02d}_*"):
+            (view / file.name).symlink_to(file.resolve())
+    with compat.checkpoint_loads_without_code():
+        return get_fp32_state_dict_from_zero_checkpoint(str(view.parent), tag=view.name,
+                                                        lazy_mode=True)
 
 
 def step_dir_of(path: Path) -> Path:
