@@ -3,13 +3,19 @@ step and the initial weights."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 
-def masked_mean(token_losses: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """Mean of per-token losses over the tokens whose mask is set (0 when none is)."""
-    mask = loss_mask.to(token_losses.dtype)
-    return (token_losses.float() * mask).sum() / mask.sum().clamp(min=1)
+def masked_mean(token_losses: torch.Tensor, loss_mask: torch.Tensor,
+                count: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Mean of per-token losses over the tokens whose mask is set (0 when none is), in fp32.
+    ``count``: how many tokens the mean is over when they span more than this tensor (the
+    whole sequence of a context-parallel group); default: the mask's own."""
+    mask = loss_mask.float()
+    total = (token_losses.float() * mask).sum()
+    return total / (mask.sum() if count is None else count).clamp(min=1)
 
 
 def set_lr(torch_optimizer: torch.optim.Optimizer, lr: float) -> None:

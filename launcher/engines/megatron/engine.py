@@ -32,7 +32,7 @@ from launcher.config import (EngineConfig, ModelConfig, OptimizerConfig, Paralle
 from launcher.core.errors import NonFiniteLoss
 from launcher.core.phases import PHASES
 from launcher.engines.base import StepResult
-from launcher.engines.common import set_lr
+from launcher.engines.common import masked_mean, set_lr
 from launcher.parallel import collectives
 from launcher.shape import Batch
 
@@ -206,11 +206,10 @@ class MegatronEngine:
         from megatron.core import parallel_state
 
         start = time.perf_counter()
-        mask = loss_mask.float()
-        count = mask.sum().detach()
+        count = loss_mask.float().sum().detach()
         if self.cp > 1:
             collectives.sum_(count, parallel_state.get_context_parallel_group())
-        loss = (token_losses.float() * mask).sum() / count.clamp(min=1)
+        loss = masked_mean(token_losses, loss_mask, count)
         reported = loss.detach().clone() * self.cp
         clock.add("loss", start)
         return loss, {"lm loss": reported}
