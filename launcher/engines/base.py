@@ -89,6 +89,33 @@ class Engine(Protocol):
         """Per-phase seconds as logged (e.g. the maximum over pipeline stages; collective)."""
 
 
+@dataclass(frozen=True)
+class Rule:
+    """One setting an engine cannot run, written once: when it applies, what the plan's engine
+    notes say of it (None: nothing) and the problem that refuses it, with its fix (None: the
+    plan does not refuse it, e.g. another rule already does)."""
+
+    keys: tuple[str, ...]
+    applies: Callable[[TrainwrightConfig], bool]
+    note: Callable[[TrainwrightConfig], Optional[str]]
+    fix: Callable[[TrainwrightConfig], Optional[str]]
+
+
+class RuleBook:
+    """An engine spec's ``cannot_run`` and ``problems``, both read off its ``RULES``."""
+
+    RULES: tuple[Rule, ...] = ()
+
+    def cannot_run(self, cfg: TrainwrightConfig) -> list[str]:
+        """The notes of the rules that apply to ``cfg``."""
+        return [note for rule in self.RULES if rule.applies(cfg) and (note := rule.note(cfg))]
+
+    def problems(self, cfg: TrainwrightConfig) -> list[Problem]:
+        """A :class:`Problem` for each rule that applies to ``cfg`` and refuses it."""
+        return [Problem(rule.keys, fix) for rule in self.RULES
+                if rule.applies(cfg) and (fix := rule.fix(cfg))]
+
+
 class EngineSpec(Protocol):
     """An engine as the plan and the launcher see it (torch-free; ``build`` imports torch)."""
 

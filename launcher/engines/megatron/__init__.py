@@ -8,15 +8,39 @@ This ``__init__`` is the torch-free :class:`launcher.engines.base.EngineSpec` th
 from __future__ import annotations
 
 from launcher.config import is_fp8
-from launcher.core.problems import Problem
-from launcher.engines.base import StateBytes
+from launcher.engines.base import Rule, RuleBook, StateBytes
 from launcher.engines.state_bytes import mixed_precision_bytes
 
 
-class MegatronSpec:
+RULES = (
+    Rule(("parallelism.zero_stage", "engine"), lambda cfg: cfg.parallelism.zero_stage >= 2,
+         lambda cfg: f"zero_stage={cfg.parallelism.zero_stage}: Megatron-Core shards optimizer "
+                     "state only (distributed optimizer = ZeRO-1)",
+         lambda cfg: f"engine=megatron supports parallelism.zero_stage 0 (DDP) or 1 (distributed "
+                     f"optimizer, ZeRO-1), got {cfg.parallelism.zero_stage}; set "
+                     "parallelism.zero_stage=1, or use engine=deepspeed for ZeRO 2/3 (without "
+                     "pipeline parallelism)"),
+    Rule(("parallelism.offload_optimizer", "parallelism.offload_params", "engine"),
+         lambda cfg: cfg.parallelism.offload_optimizer or cfg.parallelism.offload_params,
+         lambda cfg: "CPU offload (offload_optimizer/offload_params) is a DeepSpeed feature",
+         lambda cfg: "CPU offload (parallelism.offload_optimizer/offload_params) is a DeepSpeed "
+                     "feature; use engine=deepspeed or set both to false"),
+    Rule(("trainer.fp8.param_gather", "parallelism.zero_stage"),
+         lambda cfg: is_fp8(cfg.trainer.precision) and cfg.trainer.fp8.param_gather
+         and cfg.parallelism.zero_stage != 1, lambda cfg: None,
+         lambda cfg: "trainer.fp8.param_gather=true all-gathers FP8 weights from the distributed "
+                     "optimizer's shards, which needs parallelism.zero_stage=1 (got "
+                     f"{cfg.parallelism.zero_stage}); set parallelism.zero_stage=1 or "
+                     "trainer.fp8.param_gather=false"),
+)
+"""Every setting engine=megatron cannot run (the plan's notes and problems)."""
+
+
+class MegatronSpec(RuleBook):
     """What engine=megatron runs (see :class:`launcher.engines.base.EngineSpec`)."""
 
     name = "megatron"
+    RULES = RULES
 
     def summary(self, cfg) -> str:
         p = cfg.parallelism
@@ -27,38 +51,6 @@ class MegatronSpec:
         return (f"engine=megatron: Megatron-Core DDP + {optimizer}, forward/backward schedule "
                 f"{schedule}; gradients reduced in "
                 f"{'fp32' if cfg.engine.grad_reduce_in_fp32 else 'the compute dtype'}")
-
-    def cannot_run(self, cfg) -> list:
-        p = cfg.parallelism
-        out = []
-        if p.zero_stage >= 2:
-            out.append(f"zero_stage={p.zero_stage}: Megatron-Core shards optimizer state only "
-                       "(distributed optimizer = ZeRO-1)")
-        if p.offload_optimizer or p.offload_params:
-            out.append("CPU offload (offload_optimizer/offload_params) is a DeepSpeed feature")
-        return out
-
-    def problems(self, cfg) -> list:
-        p = cfg.parallelism
-        out = []
-        if p.zero_stage >= 2:
-            out.append(Problem(
-                ("parallelism.zero_stage", "engine"),
-                f"engine=megatron supports parallelism.zero_stage 0 (DDP) or 1 (distributed "
-                f"optimizer, ZeRO-1), got {p.zero_stage}; set parallelism.zero_stage=1, or use "
-                "engine=deepspeed for ZeRO 2/3 (without pipeline parallelism)"))
-        if p.offload_optimizer or p.offload_params:
-            out.append(Problem(
-                ("parallelism.offload_optimizer", "parallelism.offload_params", "engine"),
-                "CPU offload (parallelism.offload_optimizer/offload_params) is a DeepSpeed "
-                "feature; use engine=deepspeed or set both to false"))
-        if is_fp8(cfg.trainer.precision) and cfg.trainer.fp8.param_gather and p.zero_stage != 1:
-            out.append(Problem(
-                ("trainer.fp8.param_gather", "parallelism.zero_stage"),
-                "trainer.fp8.param_gather=true all-gathers FP8 weights from the distributed "
-                f"optimizer's shards, which needs parallelism.zero_stage=1 (got {p.zero_stage}); "
-                "set parallelism.zero_stage=1 or trainer.fp8.param_gather=false"))
-        return out
 
     def state_bytes(self, *, precision, zero_stage: int, grad_fp32: bool,
                     offload_optimizer: bool, offload_params: bool, shards: int) -> StateBytes:
