@@ -37,6 +37,8 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
+from files import sha256  # bench/device/files.py (this script's folder is on sys.path)
+
 from pip._vendor.packaging.markers import default_environment
 from pip._vendor.packaging.requirements import Requirement
 from pip._vendor.packaging.utils import (canonicalize_name, parse_sdist_filename,
@@ -91,14 +93,6 @@ def mib(n: float) -> str:
 
 def mb(n: float) -> str:
     return f"{n / 1e6:.1f} MB"
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(8 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class Failure(Exception):

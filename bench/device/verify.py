@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import lzma
 import os
@@ -57,6 +56,8 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+
+from files import sha256  # bench/device/files.py (this script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[2]
 WHL = ROOT / ".whl"
@@ -118,14 +119,6 @@ call's stashing and checks."""
 
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(8 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def say(msg: str) -> None:
@@ -352,36 +345,40 @@ def install(manifest, state, call: dict) -> None:
     """Installs each complete group once per machine (markers in the target folders)."""
     log = LOGS / "install.log"
     base = group_items(manifest, "base")
-    if base and not (SITE / ".tw-installed").exists() and all(map(is_ready, base)):
-        start = time.monotonic()
-        if pip_install([READY / i["name"] for i in base], SITE, log):
-            # byte-compiled now, so that no timed run and no concurrent launch compiles them
-            run([PY, "-m", "compileall", "-q", "-j", "0", str(SITE)], log, 300,
-                dict(os.environ), f"{RUN_ID}-compileall")
-            (SITE / ".tw-installed").touch()
-            call["installed"].append(f"base ({len(base)} wheels, {time.monotonic() - start:.0f} s)")
-            check_imports(call, log)
-        else:
-            call["problems"].append("pip could not install the base wheels: see install.log")
-            for step in STEPS:  # nothing that needs them can run: settled, not waited for
-                if "base" in step.needs and state["steps"][step.name]["status"] not in FINAL:
-                    state["steps"][step.name].update(
-                        status="error", note="pip could not install the base wheels (install.log)")
+    if base and _install_group(base, SITE, "base", call, log):
+        check_imports(call, log)
+    elif base and not (SITE / ".tw-installed").exists() and all(map(is_ready, base)):
+        call["problems"].append("pip could not install the base wheels: see install.log")
+        for step in STEPS:  # nothing that needs them can run: settled, not waited for
+            if "base" in step.needs and state["steps"][step.name]["status"] not in FINAL:
+                state["steps"][step.name].update(
+                    status="error", note="pip could not install the base wheels (install.log)")
     core = group_items(manifest, "te-core", "te-meta")
-    if core and not (SITE_TE / ".tw-installed").exists() and all(map(is_ready, core)) \
-            and state["steps"]["te_torch"]["status"] not in FINAL:
-        start = time.monotonic()
-        if pip_install([READY / i["name"] for i in core], SITE_TE, log):
-            run([PY, "-m", "compileall", "-q", "-j", "0", str(SITE_TE)], log, 300,
-                dict(os.environ), f"{RUN_ID}-compileall")
-            (SITE_TE / ".tw-installed").touch()
-            call["installed"].append(f"Transformer Engine core ({time.monotonic() - start:.0f} s)")
-        else:
-            call["problems"].append("pip could not install Transformer Engine: see install.log")
-            (WORK / "te-disabled").touch()  # the tests run as where TE is not installed
-            state["steps"]["te_torch"].update(
-                status="fail", note="pip could not install TE's core (install.log); the tests "
-                                    "run without Transformer Engine")
+    if not core or state["steps"]["te_torch"]["status"] in FINAL:
+        return
+    if not _install_group(core, SITE_TE, "Transformer Engine core", call, log) \
+            and not (SITE_TE / ".tw-installed").exists() and all(map(is_ready, core)):
+        call["problems"].append("pip could not install Transformer Engine: see install.log")
+        (WORK / "te-disabled").touch()  # the tests run as where TE is not installed
+        state["steps"]["te_torch"].update(
+            status="fail", note="pip could not install TE's core (install.log); the tests "
+                                "run without Transformer Engine")
+
+
+def _install_group(items: list, site: Path, label: str, call: dict, log: Path) -> bool:
+    """Install a group into ``site`` once it has all arrived and is not installed yet, then
+    byte-compile it (so that no timed run and no concurrent launch compiles it); True when this
+    call installed it."""
+    if (site / ".tw-installed").exists() or not all(map(is_ready, items)):
+        return False
+    start = time.monotonic()
+    if not pip_install([READY / i["name"] for i in items], site, log):
+        return False
+    run([PY, "-m", "compileall", "-q", "-j", "0", str(site)], log, 300, dict(os.environ),
+        f"{RUN_ID}-compileall")
+    (site / ".tw-installed").touch()
+    call["installed"].append(f"{label} ({len(items)} files, {time.monotonic() - start:.0f} s)")
+    return True
 
 
 BASE_IMPORTS = ("hydra", "omegaconf", "pydantic", "hjson", "submitit", "yaml", "orjson",
