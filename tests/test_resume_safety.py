@@ -267,7 +267,8 @@ def test_deepspeed_refuses_only_what_it_cannot_convert(tmp_path):
     ZeRO 0 load (checked on real DeepSpeed 0.19.8 checkpoints: DP 2 -> 1 at ZeRO-1 raises
     ZeRORuntimeException, ZeRO 0 -> 1 FileNotFoundError, 1 -> 0 AttributeError, 1 -> 3 and
     TP 2 -> 1 AssertionError; 1 -> 2 resumes)."""
-    from launcher.engines.deepspeed.engine import check_layout, saved_layout
+    from launcher.engines.deepspeed.engine import check_layout
+    from launcher.engines.deepspeed.files import saved_layout
 
     zero1 = saved_layout(_ds_files(tmp_path / "z1", [
         "mp_rank_00_model_states.pt", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",

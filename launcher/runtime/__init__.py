@@ -1,1 +1,2 @@
-"""The training runtime: the loop, its collectives, checkpoints, data, metrics and stop requests."""
+"""The training runtime: the loop, the checkpoint manager, resume, the run directory and its
+session (lock, metrics), data, console."""

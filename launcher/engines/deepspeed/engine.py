@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable, Optional
@@ -30,6 +29,7 @@ from launcher.core.errors import CheckpointError, IncompatibleCheckpoint, NonFin
 from launcher.engines import compat
 from launcher.engines.base import StepResult
 from launcher.engines.common import initialize_weights, masked_mean, param_groups, set_lr
+from launcher.engines.deepspeed.files import TP_SPLIT_FILE, ZERO_FORMATS, saved_layout
 from launcher.engines.deepspeed.mpu import DeepSpeedMPU
 from launcher.parallel import collectives
 from launcher.shape import Batch
@@ -216,16 +216,6 @@ class DeepSpeedEngine:
         return total / max(count, 1.0)
 
 
-_MODEL_FILE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
-_OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$")
-_ZERO_FORMATS = {0: "ZeRO stage 0", 1: "ZeRO stage 1/2", 2: "ZeRO stage 1/2", 3: "ZeRO stage 3"}
-"""Optimizer-state formats: stages 1 and 2 write the same partitions (a resume may switch)."""
-
-TP_SPLIT_FILE = "tensor_parallel.json"
-"""How the module's tensor-parallel parameters are split, beside DeepSpeed's files of a
-checkpoint written at TP > 1 (:func:`tensor_parallel_split`)."""
-
-
 def tensor_parallel_split(module: torch.nn.Module) -> dict:
     """{parameter name: [axis, glu]} of every tensor-parallel parameter of ``module``, as
     Megatron-Core splits it (``partition_dim``); ``glu``: the SwiGLU input projection, whose
@@ -235,23 +225,6 @@ def tensor_parallel_split(module: torch.nn.Module) -> dict:
     return {name: [int(param.partition_dim), gated and ".linear_fc1." in f".{name}"]
             for name, param in module.named_parameters()
             if getattr(param, "tensor_model_parallel", False)}
-
-
-def saved_layout(step_dir: Path) -> dict:
-    """TP size, optimizer-state format and (under ZeRO) DP size of the DeepSpeed files in
-    ``step_dir``, read from their names (``mp_rank_<tp>_model_states.pt``,
-    ``[bf16_]zero_pp_rank_<dp>_mp_rank_<tp>_optim_states.pt``, ZeRO-3's
-    ``zero_pp_rank_<dp>_mp_rank_<tp>_model_states.pt``); None where no file tells."""
-    tp, dp, stage3 = set(), set(), False
-    for path in Path(step_dir).iterdir():
-        if match := _MODEL_FILE.match(path.name):
-            tp.add(int(match.group(2)))
-            stage3 = stage3 or match.group(1) is not None
-        elif match := _OPTIM_FILE.match(path.name):
-            dp.add(int(match.group(1)))
-            tp.add(int(match.group(2)))
-    zero = "ZeRO stage 3" if stage3 else _ZERO_FORMATS[1] if dp else _ZERO_FORMATS[0]
-    return {"tp": len(tp) or None, "dp": len(dp) or None, "zero": zero if tp else None}
 
 
 def check_layout(saved: dict, current: dict, step_dir: Path) -> None:
@@ -271,7 +244,7 @@ def check_layout(saved: dict, current: dict, step_dir: Path) -> None:
         problems.append(f"its optimizer state is in the {saved['zero']} format, this run uses "
                         f"{current['zero']}: resume with parallelism.zero_stage="
                         f"{stage[saved['zero']]}")
-    elif saved["dp"] and current["zero"] != _ZERO_FORMATS[0] and saved["dp"] != current["dp"]:
+    elif saved["dp"] and current["zero"] != ZERO_FORMATS[0] and saved["dp"] != current["dp"]:
         tp = saved["tp"] or current["tp"]
         problems.append(f"its ZeRO optimizer state is partitioned over {saved['dp']} "
                         f"data-parallel ranks, this run has {current['dp']}, and DeepSpeed "
@@ -308,7 +281,7 @@ class DeepSpeedCheckpointIO:
     def layout(self) -> dict:
         """This engine's TP size, optimizer-state format and DP size (as :func:`saved_layout`)."""
         return {"tp": self.ds.mp_world_size, "dp": self.ds.dp_world_size,
-                "zero": _ZERO_FORMATS[self.ds.zero_optimization_stage()]}
+                "zero": ZERO_FORMATS[self.ds.zero_optimization_stage()]}
 
     def read(self, step_dir: Path) -> None:
         check_layout(saved_layout(step_dir), self.layout(), step_dir)

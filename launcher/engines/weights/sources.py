@@ -25,6 +25,7 @@ from typing import Iterable, Optional
 import torch
 
 from launcher.engines import compat, unpickle
+from launcher.engines.deepspeed.files import TP_SPLIT_FILE, saved_layout
 from launcher.engines.weights import mapping
 from launcher.engines.weights.hf_config import model_fields
 from launcher.shape import ResolvedModel
@@ -200,8 +201,6 @@ class DeepSpeedSource:
     each tensor merged as the writer recorded their split (``tensor_parallel.json``)."""
 
     def __init__(self, step_dir: Path):
-        from launcher.engines.deepspeed.engine import TP_SPLIT_FILE, saved_layout
-
         self.step_dir = Path(step_dir)
         self.model = _model_of(self.step_dir)
         self.dims = ResolvedModel.of_fields(self.model)
