@@ -110,10 +110,14 @@ def load(source: Union[str, Path, IO[bytes]], *args: Any, **kwargs: Any) -> Any:
 
 
 def _is_archive(source: Union[str, Path, IO[bytes]]) -> bool:
-    """Whether a file is a zip archive, as torch.save has written since torch 1.6 (its older
-    format is a bare pickle stream, which nothing trainwright reads was written in). A stream
-    (DCP's views into its files) is left to torch.load, weights only."""
-    return not isinstance(source, (str, Path)) or zipfile.is_zipfile(source)
+    """Whether a file is a zip archive, as torch.save has written since torch 1.6, or the start
+    of one (a truncated archive: torch.load reports it, and the load error names the file). Its
+    older format is a bare pickle stream, which nothing trainwright reads was written in. A
+    stream (DCP's views into its files) is left to torch.load, weights only."""
+    if not isinstance(source, (str, Path)) or zipfile.is_zipfile(source):
+        return True
+    with open(source, "rb") as handle:
+        return handle.read(4) == b"PK\x03\x04"
 
 
 def _first_line(exc: BaseException) -> str:
