@@ -5,10 +5,13 @@
 rank body, a module-level function ``body(rank: Rank) -> int``. :func:`run_ranks` then runs the
 body on every rank of the job:
 
-* in this process, when it already is a rank (started by torchrun, the per-node agent or
-  ``srun``) or when the job has one process;
-* else in ``job.local_ranks`` processes it spawns on this machine (torch elastic, c10d on
-  localhost; :func:`launcher.launch.local.launch_local_world`), handing each the same Job.
+* in this process, when it already is a rank (started by torchrun or ``srun``) or when the job
+  has one process;
+* else in ``job.local_ranks`` processes it spawns on this machine (torch elastic:
+  :func:`launcher.launch.local.launch_world`), handing each the same Job: a world of this
+  machine alone (c10d on localhost), or this node's share of a multi-node world when this
+  process is the node's agent (``launcher.launch.agent``, which hands it the job's
+  rendezvous).
 
 Every rank starts the same way (:func:`start_rank`): its library output goes to
 ``<run_dir>/logs/rank_<r>.log`` (unless ``run.verbose``), the stop contract is installed
@@ -24,17 +27,16 @@ from __future__ import annotations
 
 import os
 import sys
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 from launcher.core.atomic import atomic_write_text
 from launcher.core.errors import CheckpointError
 from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.core.stop import StopRequest
 from launcher.launch.job import Job
-from launcher.launch.local import launch_local_world
+from launcher.launch.local import Rendezvous, launch_world
 from launcher.parallel.distributed import in_distributed_launch, launch_rank
 from launcher.runtime.console import Console, library_logs_to, report_crash, route_output
 
@@ -76,21 +78,34 @@ RankBody = Callable[[Rank], int]
 
 def run_ranks(job: Job, body: RankBody, *, command: str) -> int:
     """Run ``body`` on every rank of ``job`` (see the module docstring); the exit code."""
-    nodes = job.cfg.cluster.nodes
-    if in_distributed_launch() or (nodes == 1 and job.local_ranks == 1):
+    nodes, agent = job.cfg.cluster.nodes, Rendezvous.from_env()
+    if in_distributed_launch() or (nodes == 1 and job.local_ranks == 1 and agent is None):
         return on_this_rank(job, body, command)
-    if nodes > 1:
-        print(f"{command}: cluster.nodes={nodes} needs a multi-node launcher (srun or torchrun, "
-              "e.g. launcher.submit); this process starts ranks on one machine only",
-              file=sys.stderr)
+    problem = _launch_problem(job, agent)
+    if problem:
+        print(f"{command}: {problem}", file=sys.stderr)
         return CONFIG_ERROR_EXIT
     log = None if job.cfg.run.verbose or job.run_dir is None \
         else job.run_dir / "logs" / "launcher.log"
     with library_logs_to(log):
-        launch_local_world(_spawned_rank, (job, body, command), job.local_ranks,
-                           run_id=f"tw-{uuid.uuid4().hex[:8]}",
-                           stop_signal=job.cfg.trainer.stop_signal)
+        launch_world(_spawned_rank, (job, body, command), job.local_ranks,
+                     agent or Rendezvous.local(), stop_signal=job.cfg.trainer.stop_signal)
     return 0
+
+
+def _launch_problem(job: Job, agent: Optional[Rendezvous]) -> str:
+    """Why this process cannot start the job's ranks here ('' when it can)."""
+    nodes = job.cfg.cluster.nodes
+    if agent is None and nodes > 1:
+        return (f"cluster.nodes={nodes} needs a multi-node launcher (srun or one "
+                "launcher.launch.agent per node, e.g. launcher.submit); this process starts "
+                "ranks on one machine only")
+    if agent is not None and (agent.nnodes, agent.nproc_per_node or job.local_ranks) != \
+            (nodes, job.local_ranks):
+        return (f"the agent starts {agent.nproc_per_node} rank(s) on each of {agent.nnodes} "
+                f"node(s), the config plans {job.local_ranks} on each of {nodes} "
+                "(cluster.nodes, gpus_per_node, ranks_per_gpu); launch with the config's layout")
+    return ""
 
 
 def _spawned_rank(job: Job, body: RankBody, command: str) -> None:

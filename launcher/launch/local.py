@@ -1,14 +1,19 @@
-"""The local multi-process launcher: ``python -m launcher.train`` on one machine starts its ranks
-here (torch's elastic launcher, a c10d rendezvous on localhost), forwards stop signals to them and
+"""Start this machine's ranks of a world (:func:`launch_world`): torch's elastic launcher, a c10d
+rendezvous on localhost for a world of one machine, or the job's rendezvous when this process is
+a node's agent (:class:`Rendezvous`); stop signals are forwarded to the ranks and the launcher
 exits with the code of the rank that failed first.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import sys
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 from launcher.core.stop import child_ranks, elastic_signals, forward_stop_signals, restore_handlers
 from launcher.parallel.distributed import free_port
@@ -32,14 +37,50 @@ def failure_exit_code(exc) -> tuple[int, int, str]:
     return rank, code, f"rank {rank} failed with {how} (error file: {failure.error_file})"
 
 
-def launch_local_world(entrypoint: Callable, args: tuple, nprocs: int, run_id: str,
-                       log_dir: Optional[Path] = None, stop_signal: str = "SIGUSR1") -> None:
-    """Run ``entrypoint(*args)`` in ``nprocs`` worker processes on this machine and wait.
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the agents of a world meet (torch elastic's c10d rendezvous): one agent per
+    machine, ``nnodes`` of them."""
 
-    Uses torch's elastic launcher with a c10d rendezvous on 127.0.0.1 at a free port; workers see
-    RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as under torchrun. ``entrypoint`` must
-    be picklable (a module-level function; workers are spawned). With ``log_dir`` each worker's
-    stdout/stderr go to files there (``<log_dir>/<run_id>_*/attempt_0/<rank>/``).
+    nnodes: int
+    endpoint: str
+    """host:port of the rendezvous (the first node hosts it)."""
+    run_id: str
+    """The same on every agent (the job id)."""
+    local_addr: Optional[str] = None
+    """The address the other agents reach this one at (None: the host name)."""
+    nproc_per_node: int = 0
+    """Ranks each agent starts, as the job script says (0: the config's, unchecked)."""
+
+    @classmethod
+    def local(cls) -> "Rendezvous":
+        """A world of this machine alone, on a free port of the loopback interface."""
+        return cls(1, f"127.0.0.1:{free_port()}", f"tw-{uuid.uuid4().hex[:8]}", "127.0.0.1")
+
+    def to_env(self) -> dict:
+        """The variables that hand this rendezvous to a ``launcher.<command>`` process."""
+        return {AGENT_ENV: json.dumps(dataclasses.asdict(self))}
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Optional["Rendezvous"]:
+        """The rendezvous a per-node agent handed this process, or None."""
+        return cls(**json.loads(env[AGENT_ENV])) if env.get(AGENT_ENV) else None
+
+
+AGENT_ENV = "TRAINWRIGHT_AGENT_RENDEZVOUS"
+"""Set by ``launcher.launch.agent``: this process is a node's agent, its ranks join that
+rendezvous (:meth:`Rendezvous.from_env`)."""
+
+
+def launch_world(entrypoint: Callable, args: tuple, nprocs: int, rendezvous: Rendezvous,
+                 log_dir: Optional[Path] = None, stop_signal: str = "SIGUSR1") -> None:
+    """Run ``entrypoint(*args)`` in ``nprocs`` worker processes on this machine, as one agent of
+    ``rendezvous``, and wait.
+
+    Uses torch's elastic launcher with a c10d rendezvous; workers see RANK, LOCAL_RANK,
+    WORLD_SIZE, MASTER_ADDR, MASTER_PORT as under torchrun. ``entrypoint`` must be picklable (a
+    module-level function; workers are spawned). With ``log_dir`` each worker's stdout/stderr
+    go to files there (``<log_dir>/<run_id>_*/attempt_0/<rank>/``).
 
     If any worker fails, prints which one to stderr and raises ``SystemExit`` with that worker's
     exit code (so REQUEUE_EXIT from a worker becomes the launcher's exit code).
@@ -58,21 +99,29 @@ def launch_local_world(entrypoint: Callable, args: tuple, nprocs: int, run_id: s
 
     logs = DefaultLogsSpecs(log_dir=str(log_dir) if log_dir else None,
                             redirects=Std.ALL if log_dir else Std.NONE)
+    r = rendezvous
     config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=run_id, role="trainer",
-        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0,
-        monitor_interval=0.1, start_method="spawn", local_addr="127.0.0.1", logs_specs=logs,
+        min_nodes=r.nnodes, max_nodes=r.nnodes, nproc_per_node=nprocs, run_id=r.run_id,
+        role="trainer", rdzv_backend="c10d", rdzv_endpoint=r.endpoint, max_restarts=0,
+        monitor_interval=0.1, start_method="spawn", local_addr=r.local_addr, logs_specs=logs,
         signals_to_handle=elastic_signals(stop_signal))
     previous = forward_stop_signals(stop_signal, child_ranks)
     try:
         elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as exc:
         rank, code, message = failure_exit_code(exc)
-        print(f"launch_local_world: {message}; exiting with {code}", file=sys.stderr, flush=True)
+        print(f"launcher: {message}; exiting with {code}", file=sys.stderr, flush=True)
         raise SystemExit(code) from exc
     except SignalException as exc:
-        print(f"launch_local_world: received {exc.sigval.name}; workers stopped",
-              file=sys.stderr, flush=True)
+        print(f"launcher: received {exc.sigval.name}; workers stopped", file=sys.stderr,
+              flush=True)
         raise SystemExit(128 + int(exc.sigval)) from exc
     finally:
         restore_handlers(previous)
+
+
+def launch_local_world(entrypoint: Callable, args: tuple, nprocs: int, run_id: str,
+                       log_dir: Optional[Path] = None, stop_signal: str = "SIGUSR1") -> None:
+    """:func:`launch_world` on this machine alone (a loopback rendezvous named ``run_id``)."""
+    rendezvous = dataclasses.replace(Rendezvous.local(), run_id=run_id)
+    launch_world(entrypoint, args, nprocs, rendezvous, log_dir=log_dir, stop_signal=stop_signal)

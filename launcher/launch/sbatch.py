@@ -95,8 +95,7 @@ def srun_line(cfg, plan, overrides: Sequence[str]) -> str:
         srun += ["--ntasks-per-node=1"] + ([f"--cpus-per-task={cpus}"] if cpus else [])
         agent = (f'"$PYTHON" -m launcher.launch.agent --nnodes={plan.machines.nodes} '
                  f'--nproc-per-node={plan.machines.gpus_per_node} --rdzv-endpoint="$HEAD:'
-                 f'{cfg.launch.rdzv_port}" --rdzv-id="$SLURM_JOB_ID" '
-                 f'--stop-signal={shlex.quote(cfg.trainer.stop_signal)} --')
+                 f'{cfg.launch.rdzv_port}" --rdzv-id="$SLURM_JOB_ID" --')
         return " ".join(shlex.quote(a) for a in srun) + f" {agent} {quoted}".rstrip()
     srun += [f"--ntasks-per-node={plan.machines.gpus_per_node}"]
     srun += [f"--cpus-per-task={c.cpus_per_task}"] if c.cpus_per_task else []

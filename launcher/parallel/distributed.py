@@ -6,7 +6,7 @@ Three ways a training process can start, all ending in :func:`init_distributed`:
 * under ``srun`` with one task per GPU: :func:`torch_env_from_slurm` derives RANK, LOCAL_RANK,
   WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT from Slurm's variables;
 * from a plain ``python -m launcher.train`` on one machine:
-  :func:`launcher.launch.local.launch_local_world` spawns the workers with torch's elastic
+  :func:`launcher.launch.local.launch_world` spawns the workers with torch's elastic
   launcher (c10d rendezvous on localhost, a free port).
 
 torch is imported lazily so that the pure helpers (hostlist expansion, env mapping) stay cheap.
@@ -158,7 +158,7 @@ def _single_process_env() -> None:
                if not os.environ.get(k)]
     if missing:
         raise RuntimeError(f"launched process lacks {', '.join(missing)}; start it with torchrun, "
-                           f"srun or launcher.parallel.distributed.launch_local_world")
+                           f"srun or launcher.launch.local.launch_world")
 
 
 def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S,
