@@ -7,13 +7,13 @@ from omegaconf import OmegaConf
 
 from launcher.compose import CONF_DIR, ConfigError, compose_config, to_object
 from launcher.config import (ClusterConfig, DataConfig, EngineConfig, LoggerConfig, ModelConfig,
-                             OptimizerConfig, ParallelismConfig, Recompute, TrainerConfig,
-                             TrainwrightConfig)
+                             OptimizerConfig, ParallelismConfig, Recompute, ResilienceConfig,
+                             TrainerConfig, TrainwrightConfig)
 
 SCHEMA_OF_GROUP = {
     "model": ModelConfig, "parallelism": ParallelismConfig, "data": DataConfig,
     "optimizer": OptimizerConfig, "trainer": TrainerConfig, "cluster": ClusterConfig,
-    "engine": EngineConfig, "logger": LoggerConfig,
+    "engine": EngineConfig, "logger": LoggerConfig, "resilience": ResilienceConfig,
 }
 # Groups composed by other primary configs (tested next to their own app).
 OTHER_APPS = {"data_prep"}

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Sequence
 
 from launcher.compose import CONF_DIR, compose_or_exit, to_object
+from launcher.core.durations import slurm_time_limit_s
 from launcher.core.exits import REQUEUE_EXIT
 from launcher.core.stop import forward_stop_signals, resolve_signal, restore_handlers
 
@@ -53,10 +54,7 @@ def split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def time_limit_minutes(limit: str) -> int:
     """Slurm ``D-HH:MM:SS`` / ``HH:MM:SS`` / ``MM`` -> minutes (rounded up)."""
-    days, _, clock = limit.rpartition("-")
-    parts = [int(p) for p in clock.split(":")]
-    h, m, s = ([0] * (3 - len(parts)) + parts) if len(parts) > 1 else (0, parts[0], 0)
-    return int(days or 0) * 1440 + h * 60 + m + (1 if s else 0)
+    return -(-slurm_time_limit_s(limit) // 60)
 
 
 def _quote(value: str) -> str:

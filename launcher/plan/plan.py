@@ -4,23 +4,27 @@
 with ``plan.format=json`` as one JSON object on stdout (:meth:`Plan.to_dict`). Every validation
 problem is collected and printed with its fix; the exit code is then 2. No torch.distributed, no
 GPU, no model is built. A Plan is a few typed parts: where it runs (:class:`Machines`), the model
-as built, the layout (ParallelDims), the batch, parameter counts, memory and compute.
+as built, the layout (ParallelDims), the batch, parameter counts, memory, compute and what
+interruptions will cost (:mod:`launcher.plan.goodput`).
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import asdict, dataclass
+from typing import Optional
 
 from launcher.config import AttentionBackend, Precision, TrainwrightConfig, loss_kernel
 from launcher.engines import spec
 from launcher.plan import fp8
 from launcher.plan.engine_choice import engine_notes
 from launcher.plan.flops import train_flops_per_token
+from launcher.plan.goodput import GoodputPlan, plan_goodput
 from launcher.plan.hardware import Device, resolve_device
 from launcher.plan.memory import (ActivationSettings, in_flight_microbatches,
                                   stage_activation_bytes, state_bytes_per_param)
 from launcher.plan.params import ParamCounts, StageParams, count_parameters, stage_params
+from launcher.plan.resilience import planned_eval_s, resilience_problems, resilience_warnings
 from launcher.plan.step_time import StepTime
 from launcher.plan.timing import peak_flops, predict_step
 from launcher.plan.validate import (Problem, check_batch, check_interleaving, check_positive,
@@ -35,7 +39,7 @@ class PlanError(Exception):
 
     def __init__(self, problems: list[Problem], plan: "Plan | None" = None):
         self.problems = problems
-        self.plan = plan  # the derived plan, when only the memory check failed
+        self.plan = plan  # the derived plan, when only its memory or resilience checks failed
         super().__init__("\n".join(f"- {p}" for p in problems))
 
 
@@ -145,6 +149,8 @@ class Plan:
     """Why the chosen engine runs this layout, what the others would not."""
     warnings: tuple = ()
     """Worth a word, not a refusal (e.g. warmup longer than the run)."""
+    goodput: Optional[GoodputPlan] = None
+    """What interruptions will cost and the best save interval (launcher.plan.goodput)."""
 
     @property
     def stage_layers(self) -> tuple[int, ...]:
@@ -170,7 +176,8 @@ class Plan:
             "redundant_state_bytes": m.redundant_state_bytes,
             "activation_recompute": m.activation_recompute, "flash_attention": m.flash_attention,
             "peak_tflops_per_gpu": h.peak_tflops_per_gpu, **_compute_keys(self.compute),
-            "engine_notes": list(self.engine_notes), "warnings": list(self.warnings)}
+            "engine_notes": list(self.engine_notes), "warnings": list(self.warnings),
+            "goodput": self.goodput.to_dict() if self.goodput else None}
 
 
 def _batch_keys(b: Batch) -> dict:
@@ -324,6 +331,9 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: B
     most = _most_loaded_stage(cfg.model, dims)
     machines = Machines(cfg.cluster.nodes, cfg.cluster.gpus_per_node, cfg.cluster.ranks_per_gpu,
                         device.name, device.memory_bytes, peak_flops(cfg, device) / 1e12)
+    compute = _compute(cfg, dims, device, batch, flash, most, model)
+    goodput = _goodput(cfg, counts, per_gpu, batch, compute)
+    eval_s = planned_eval_s(compute.step_time_s, cfg.trainer.eval_iters, batch.grad_accum_steps)
     plan = Plan(
         engine=cfg.engine.name.value, zero_stage=cfg.parallelism.zero_stage, machines=machines,
         model=model, dims=dims, batch=batch,
@@ -331,12 +341,34 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: B
                             {k: getattr(counts, k) for k in COMPONENTS}, counts.vocab_padding,
                             most.total),
         memory=Memory(per_gpu, one_copy, redundant, cfg.trainer.activation_recompute.value, flash),
-        compute=_compute(cfg, dims, device, batch, flash, most, model),
-        engine_notes=tuple(engine_notes(cfg)),
+        compute=compute, engine_notes=tuple(engine_notes(cfg)),
         warnings=tuple(schedule_warnings(cfg, batch.train_steps)
-                       + [str(x) for x in check_interleaving(dims, batch.grad_accum_steps)]))
-    _check_fits(plan)
+                       + [str(x) for x in check_interleaving(dims, batch.grad_accum_steps)]
+                       + resilience_warnings(cfg, step_time_s=compute.step_time_s,
+                                             goodput=goodput)),
+        goodput=goodput)
+    problems = _fit_problems(plan) + resilience_problems(
+        cfg, step_time_s=compute.step_time_s, eval_s=eval_s, goodput=goodput)
+    if problems:
+        raise PlanError(problems, plan)
     return plan
+
+
+def _goodput(cfg: TrainwrightConfig, counts: ParamCounts, per_gpu: MemoryPerGPU, batch: Batch,
+             compute: Compute) -> GoodputPlan:
+    """Planned save time, expected goodput and the best save interval."""
+    c, t = cfg.cluster, cfg.trainer
+    unsharded = state_bytes_per_param(
+        precision=t.precision, engine=cfg.engine.name, zero_stage=0,
+        grad_fp32=cfg.engine.grad_reduce_in_fp32, offload_optimizer=False,
+        offload_params=False, shards=1)
+    saved = int(counts.total * (unsharded.weights + unsharded.optimizer))
+    return plan_goodput(
+        checkpoint_bytes=saved, bytes_per_gpu=per_gpu.weights + per_gpu.optimizer,
+        nodes=c.nodes, gbps_per_node=c.checkpoint_gbps_per_node,
+        node_mtbf_hours=c.mtbf_hours, async_save=t.async_save,
+        step_time_s=compute.step_time_s, save_interval=t.save_interval,
+        train_steps=batch.train_steps)
 
 
 COMPONENTS = ("embedding", "attention", "mlp", "norms", "output_layer")
@@ -369,14 +401,15 @@ def _compute(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: 
         time_to_train_days=batch.train_steps * step_time / 86400, fp8_layers=fp8.describe(cfg))
 
 
-def _check_fits(plan: Plan) -> None:
-    """Refuse a plan whose ranks on one GPU (ranks_per_gpu of them) need more than its memory."""
+def _fit_problems(plan: Plan) -> list[Problem]:
+    """A plan whose ranks on one GPU (ranks_per_gpu of them) need more than its memory."""
     cap, n = plan.machines.gpu_memory_bytes, plan.machines.ranks_per_gpu
-    if cap and n * plan.memory.per_gpu.total > cap:
-        keys = ("trainer.activation_recompute", "trainer.micro_batch_size")
-        if n > 1:
-            keys = ("cluster.ranks_per_gpu",) + keys
-        raise PlanError([Problem(keys, _overflow_message(plan))], plan=plan)
+    if not cap or n * plan.memory.per_gpu.total <= cap:
+        return []
+    keys = ("trainer.activation_recompute", "trainer.micro_batch_size")
+    if n > 1:
+        keys = ("cluster.ranks_per_gpu",) + keys
+    return [Problem(keys, _overflow_message(plan))]
 
 
 def _stage_note(stage: str) -> str:

@@ -148,6 +148,22 @@ def _time_rows(p: Plan) -> list[tuple[str, str, str]]:
     ]
 
 
+def _goodput_rows(p: Plan) -> list[tuple[str, str, str]]:
+    g = p.goodput
+    if g is None:
+        return []
+    every = f"every {g.save_interval:,} steps" if g.save_interval else "at the end only"
+    return [
+        ("checkpoint", _b(g.checkpoint_bytes), f"save {g.save_s:,.1f} s (loop stalls "
+                                               f"{g.stall_s:,.1f} s), load {g.load_s:,.1f} s"),
+        ("interruptions", f"every {g.mtbf_hours:,.1f} h",
+         f"cluster.mtbf_hours / {p.machines.nodes:,} nodes; a restart costs {g.restart_s:,.0f} s"),
+        ("expected goodput", f"{g.expected:.1%}", f"saving {every} (trainer.save_interval)"),
+        ("best save interval", f"{g.best_save_interval:,} steps",
+         f"{g.expected_at_best:.1%} expected goodput (Young/Daly)"),
+    ]
+
+
 def _engine_rows(p: Plan) -> list[tuple[str, str, str]]:
     return [("engine" if i == 0 else "", p.engine if i == 0 else "", note)
             for i, note in enumerate(p.engine_notes)]
@@ -165,4 +181,5 @@ def render_plan(plan: Plan, console: Console | None = None) -> None:
     _section(table, "memory per GPU" if plan.machines.ranks_per_gpu == 1 else "memory per rank",
              _memory_rows(plan))
     _section(table, "compute", _time_rows(plan))
+    _section(table, "goodput", _goodput_rows(plan))
     (console or Console()).print(table)

@@ -1,0 +1,87 @@
+"""Resilience settings checked against the planned step, save, eval and restart times.
+
+Refused (exit 2, with the fix): a collective timeout shorter than the hang timeout (the
+collective would fail first, with no stacks and no rank named); a fixed hang timeout shorter
+than a planned step, save or evaluation (every one would be taken for a hang); in-job restarts
+that cannot fit in the Slurm time limit with the planned restart time. Warned: a save
+interval longer than the expected time between interruptions.
+"""
+
+from __future__ import annotations
+
+from launcher.config import ResilienceConfig, TrainwrightConfig
+from launcher.core.durations import slurm_time_limit_s
+from launcher.core.problems import Problem
+from launcher.plan.goodput import GoodputPlan
+
+MIN_COLLECTIVE_TIMEOUT_S = 1800.0
+"""The automatic collective timeout is never below torch's own default (30 minutes)."""
+
+
+def collective_timeout_s(r: ResilienceConfig) -> float:
+    """Seconds every collective may take: resilience.collective_timeout_s, or (0) the longer
+    of 30 minutes and twice the longest hang timeout, so hang detection always fires first."""
+    if r.collective_timeout_s > 0:
+        return r.collective_timeout_s
+    longest_hang = max(r.hang_timeout_s, r.first_phase_timeout_s)
+    return max(MIN_COLLECTIVE_TIMEOUT_S, 2.0 * longest_hang)
+
+
+def planned_eval_s(step_time_s: float, eval_iters: int, grad_accum_steps: int) -> float:
+    """One validation pass: eval_iters forward passes of a micro-batch, a forward being about
+    a third of a micro-batch's share of the step."""
+    return step_time_s * eval_iters / max(1, grad_accum_steps) / 3.0
+
+
+def resilience_problems(cfg: TrainwrightConfig, *, step_time_s: float, eval_s: float,
+                        goodput: GoodputPlan) -> list[Problem]:
+    """Settings that cannot work together (module docstring)."""
+    r, problems = cfg.resilience, []
+    hang = r.hang_timeout_s
+    if r.collective_timeout_s > 0 and hang > 0 and r.collective_timeout_s < 2 * hang:
+        problems.append(Problem(("resilience.collective_timeout_s", "resilience.hang_timeout_s"), (
+            f"resilience.collective_timeout_s={r.collective_timeout_s:g} is shorter than twice "
+            f"resilience.hang_timeout_s={hang:g}: a stuck collective would fail before the hang "
+            "is detected (no stacks, no rank named); set collective_timeout_s >= "
+            f"{2 * hang:g} or 0 (automatic)")))
+    if hang > 0:
+        longest = max((step_time_s, "a step"), (goodput.stall_s, "a checkpoint save"),
+                      (eval_s if cfg.trainer.eval_interval else 0.0, "a validation pass"))
+        if hang < longest[0]:
+            problems.append(Problem(("resilience.hang_timeout_s",), (
+                f"resilience.hang_timeout_s={hang:g} is shorter than {longest[1]} "
+                f"({longest[0]:.0f} s planned): every one would be taken for a hang; set "
+                f"hang_timeout_s >= {3 * longest[0]:.0f} or 0 (automatic, from the run)")))
+    problems += _restarts_fit(cfg, goodput)
+    return problems
+
+
+def _restarts_fit(cfg: TrainwrightConfig, goodput: GoodputPlan) -> list[Problem]:
+    c, restarts = cfg.cluster, cfg.resilience.restarts_in_job
+    if c.launcher != "slurm" or restarts <= 0:
+        return []
+    limit = slurm_time_limit_s(c.time_limit)
+    needed = restarts * goodput.restart_s
+    if needed < limit:
+        return []
+    fits = int(limit // goodput.restart_s)
+    return [Problem(("resilience.restarts_in_job", "cluster.time_limit"), (
+        f"resilience.restarts_in_job={restarts} restarts of {goodput.restart_s:.0f} s each "
+        f"(start-up and loading {goodput.checkpoint_bytes / 1e9:,.0f} GB at "
+        f"{c.checkpoint_gbps_per_node:g} GB/s per node) need {needed:.0f} s, more than "
+        f"cluster.time_limit={c.time_limit} ({limit} s); set restarts_in_job <= "
+        f"{max(0, fits - 1)} or a longer time limit"))]
+
+
+def resilience_warnings(cfg: TrainwrightConfig, *, step_time_s: float,
+                        goodput: GoodputPlan) -> list[str]:
+    """Worth a word: a save interval longer than the expected time between interruptions."""
+    interval_s = (cfg.trainer.save_interval or 0) * step_time_s
+    mtbf_s = goodput.mtbf_hours * 3600
+    if not cfg.trainer.save_interval or interval_s <= mtbf_s:
+        return []
+    return [f"trainer.save_interval={cfg.trainer.save_interval} steps ({interval_s / 3600:.1f} h) "
+            f"is longer than the job's expected time between interruptions "
+            f"({goodput.mtbf_hours:.1f} h): most interruptions will lose work; "
+            f"save_interval={goodput.best_save_interval} maximises the expected goodput "
+            f"({goodput.expected_at_best:.1%} against {goodput.expected:.1%})"]

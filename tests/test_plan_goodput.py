@@ -1,0 +1,108 @@
+"""The plan's goodput model (cluster.mtbf_hours, Young/Daly) and the resilience checks."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from launcher.compose import compose_config, to_object
+from launcher.plan import PlanError, compute_plan
+from launcher.plan.goodput import STARTUP_S, expected_goodput, plan_goodput
+from launcher.plan.resilience import collective_timeout_s
+
+EXP_70B = "experiment=llama3_70b_16k_h100"
+
+
+def plan_of(*overrides):
+    return compute_plan(to_object(compose_config(list(overrides))))
+
+
+def test_best_interval_maximises_the_expected_goodput_near_young_daly():
+    g = plan_goodput(checkpoint_bytes=int(500e9), bytes_per_gpu=int(5e9), nodes=100,
+                     gbps_per_node=0.5, node_mtbf_hours=1000.0, async_save=False,
+                     step_time_s=2.0, save_interval=50, train_steps=100_000)
+    assert g.save_s == pytest.approx(10.0) and g.mtbf_hours == pytest.approx(10.0)
+    young = math.sqrt(2 * 10.0 * 36_000.0) / 2.0  # steps
+    assert abs(g.best_save_interval - young) / young < 0.02
+    mtbf_s = 36_000.0
+
+    def at(k):
+        return expected_goodput(k * 2.0, 10.0, STARTUP_S + 10.0, mtbf_s)
+
+    assert g.expected_at_best == pytest.approx(at(g.best_save_interval))
+    assert all(at(k) <= g.expected_at_best for k in (1, 10, 50, 200, 400, 1000, 5000))
+    assert g.expected == pytest.approx(at(50)) and g.expected < g.expected_at_best
+
+
+def test_async_save_stalls_for_the_host_copy_only():
+    kw = dict(checkpoint_bytes=int(500e9), bytes_per_gpu=int(5e9), nodes=100, gbps_per_node=0.5,
+              node_mtbf_hours=1000.0, step_time_s=2.0, save_interval=50, train_steps=1000)
+    sync, background = plan_goodput(async_save=False, **kw), plan_goodput(async_save=True, **kw)
+    assert sync.stall_s == sync.save_s == pytest.approx(10.0)
+    assert background.stall_s == pytest.approx(0.2) and background.save_s == sync.save_s
+    assert background.best_save_interval < sync.best_save_interval
+
+
+def test_16k_plan_json_says_what_interruptions_cost():
+    out = subprocess.run([sys.executable, "-m", "launcher.plan", EXP_70B, "plan.format=json"],
+                         capture_output=True, text=True, check=True).stdout
+    g = json.loads(out)["goodput"]
+    assert {"mtbf_hours", "save_s", "expected", "best_save_interval",
+            "expected_at_best"} <= set(g)
+    assert g["mtbf_hours"] == pytest.approx(6330.0 / 2048)
+    assert 0 < g["expected"] < g["expected_at_best"] <= 1
+    p = plan_of(EXP_70B)
+    saved = p.params.total * 14  # bf16 weights + fp32 master, momentum, variance
+    assert g["checkpoint_bytes"] == saved
+    assert g["save_s"] == pytest.approx(saved / 2048 / 1e9)
+
+
+def test_mtbf_changes_the_best_interval():
+    often = plan_of(EXP_70B, "cluster.mtbf_hours=600").goodput
+    rarely = plan_of(EXP_70B, "cluster.mtbf_hours=60000").goodput
+    assert often.best_save_interval < rarely.best_save_interval
+    assert often.expected_at_best < rarely.expected_at_best
+
+
+def test_save_interval_longer_than_the_mtbf_is_warned():
+    p = plan_of(EXP_70B, "trainer.save_interval=2000")
+    warning = [w for w in p.warnings if "trainer.save_interval=2000" in w]
+    assert warning and f"save_interval={p.goodput.best_save_interval}" in warning[0]
+    assert not [w for w in plan_of(EXP_70B).warnings if "save_interval" in w]
+
+
+@pytest.mark.parametrize("overrides,keys,fix", [
+    (["resilience.hang_timeout_s=600", "resilience.collective_timeout_s=900"],
+     ("resilience.collective_timeout_s", "resilience.hang_timeout_s"), "collective_timeout_s >= 1200"),
+    (["resilience.hang_timeout_s=1", "cluster.checkpoint_gbps_per_node=0.01"],
+     ("resilience.hang_timeout_s",), "shorter than a checkpoint save"),
+    (["resilience.restarts_in_job=5", "cluster.time_limit=00:10:00",
+      "cluster.checkpoint_gbps_per_node=0.001"],
+     ("resilience.restarts_in_job", "cluster.time_limit"), "or a longer time limit"),
+])
+def test_resilience_settings_that_cannot_work_are_refused(overrides, keys, fix):
+    with pytest.raises(PlanError) as info:
+        plan_of(EXP_70B, *overrides)
+    problems = [p for p in info.value.problems if p.keys == keys]
+    assert len(problems) == 1 and fix in problems[0].message
+    assert info.value.plan is not None and info.value.plan.goodput is not None
+
+
+def test_resilience_refusal_exits_2_naming_the_key():
+    run = subprocess.run([sys.executable, "-m", "launcher.plan", EXP_70B,
+                          "resilience.hang_timeout_s=600", "resilience.collective_timeout_s=60"],
+                         capture_output=True, text=True)
+    assert run.returncode == 2
+    assert "resilience.collective_timeout_s=60 is shorter than" in run.stderr
+
+
+def test_collective_timeout_backs_up_the_hang_timeout():
+    r = to_object(compose_config([])).resilience
+    assert collective_timeout_s(r) == max(1800.0, 2 * r.first_phase_timeout_s)
+    r = to_object(compose_config(["resilience.hang_timeout_s=7200",
+                                  "resilience.first_phase_timeout_s=600"])).resilience
+    assert collective_timeout_s(r) == 14400.0
+    r = to_object(compose_config(["resilience.collective_timeout_s=99"])).resilience
+    assert collective_timeout_s(r) == 99.0
