@@ -5,6 +5,7 @@ tokenizer vocabulary exceeds model.vocab_size is refused by launcher.train and l
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import yaml
@@ -12,7 +13,7 @@ import yaml
 from data_prep.cli import compose
 from data_prep.run import execute
 from tests.helpers.data_prep import run_module, stdlib_documents, write_jsonl
-from launcher.plan.data_check import vocab_problems
+from launcher.plan.data_check import expected_bin_bytes, shard_problems, vocab_problems
 
 
 @pytest.fixture(scope="module")
@@ -49,3 +50,67 @@ def test_too_small_model_vocab_exits_2_before_launch(corpus, module, tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert f"set model.vocab_size={vocab}" in proc.stderr
     assert not any(tmp_path.iterdir())  # no run directory, no script
+
+
+def _shards(corpus) -> list[str]:
+    return yaml.safe_load((corpus / "data.yaml").read_text())["prefixes"]
+
+
+def test_expected_bin_size_agrees_with_megatron_core_reader(corpus):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    for prefix in _shards(corpus):
+        index = IndexedDataset(prefix).index
+        itemsize = index.dtype_size
+        described = int(index.sequence_pointers[-1]) + int(index.sequence_lengths[-1]) * itemsize
+        assert expected_bin_bytes(prefix + ".idx") == described
+        assert described == (corpus / (prefix + ".bin")).stat().st_size
+    assert shard_problems(_shards(corpus)) == []
+
+
+def _damaged_copy(corpus, tmp_path, how):
+    """A copy of the corpus with its first shard's .bin (or .idx) damaged."""
+    import shutil
+
+    copy = tmp_path / "corpus"
+    shutil.copytree(corpus, copy)
+    first = _shards(corpus)[0].replace(str(corpus), str(copy))
+    how(first)
+    return copy, first
+
+
+@pytest.mark.parametrize("damage,expect", [
+    ("truncate", "truncated"), ("grow", "longer"), ("bad_index", "bad header"),
+    ("missing", "does not exist")])
+def test_damaged_shards_are_named(corpus, tmp_path, damage, expect):
+    def how(prefix):
+        if damage == "truncate":
+            os.truncate(prefix + ".bin", os.path.getsize(prefix + ".bin") // 2)
+        elif damage == "grow":
+            with open(prefix + ".bin", "ab") as f:
+                f.write(b"\0" * 8)
+        elif damage == "bad_index":
+            with open(prefix + ".idx", "r+b") as f:
+                f.write(b"XXXX")
+        else:
+            os.remove(prefix + ".bin")
+
+    copy, first = _damaged_copy(corpus, tmp_path, how)
+    prefixes = [p.replace(str(corpus), str(copy)) for p in _shards(corpus)]
+    (problem,) = shard_problems(prefixes)
+    assert expect in problem and first in problem
+
+
+def test_truncated_shard_exits_2_before_spawning(corpus, tmp_path):
+    copy, first = _damaged_copy(
+        corpus, tmp_path, lambda p: os.truncate(p + ".bin", os.path.getsize(p + ".bin") // 2))
+    conf = copy / "conf"
+    for yml in conf.rglob("*.yaml"):
+        yml.write_text(yml.read_text().replace(str(corpus), str(copy)))
+    out = tmp_path / "runs"
+    proc = run_module("launcher.train", f"hydra.searchpath=[file://{conf}]", "data=bytes",
+                      f"run.output_root={out}", "run.name=x")
+    assert proc.returncode == 2, proc.stderr
+    assert f"{first}.bin is " in proc.stderr and "truncated" in proc.stderr
+    assert "python -m data_prep" in proc.stderr
+    assert not out.exists()  # nothing started, no run directory

@@ -1,5 +1,10 @@
 """Checks of the data a run will read against its config, before anything is launched.
 
+Every shard must be whole: its ``.idx`` readable and its ``.bin`` exactly as long as the index
+says (the end of the last sequence). Only the index header and its last entries are read, never
+the data, so the check costs milliseconds per shard. A truncated ``.bin`` would otherwise fail
+inside every rank's DataLoader after the job started.
+
 data_prep writes ``manifest.json`` beside its shards, naming the tokenizer and its vocabulary
 size. Token ids at or above ``model.vocab_size`` would index past the embedding table (a device
 assert on a GPU, an IndexError on a CPU, after the job has queued and started), so a tokenizer
@@ -10,9 +15,64 @@ manifest (data prepared elsewhere) are not checked.
 from __future__ import annotations
 
 import json
+import os
+import struct
 import sys
 from pathlib import Path
 from typing import Sequence
+
+INDEX_HEADER = b"MMIDIDX\x00\x00"
+"""The first bytes of a Megatron-Core indexed-dataset ``.idx`` (format version 1)."""
+ITEM_BYTES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 8, 7: 4, 8: 2}
+"""Bytes per token id for each dtype code of the index (megatron.core.datasets.indexed_dataset
+DType: uint8, int8, int16, int32, int64, float64, float32, uint16)."""
+REBUILD = ("rebuild it with python -m data_prep (manifest.json beside it names the inputs) "
+           "or copy it again, or remove the prefix from data.prefixes")
+
+
+def expected_bin_bytes(idx_path: str) -> int:
+    """The ``.bin`` size the index describes: the last sequence's offset + its length in bytes.
+    Raises ValueError naming what is wrong with the index."""
+    with open(idx_path, "rb") as f:
+        head = f.read(34)
+        if len(head) < 34 or head[:9] != INDEX_HEADER:
+            raise ValueError("not a Megatron indexed-dataset index (bad header)")
+        version, code, sequences = struct.unpack("<QBQ", head[9:26])
+        if version != 1 or code not in ITEM_BYTES:
+            raise ValueError(f"unknown index version {version} or dtype code {code}")
+        if sequences == 0:
+            return 0
+        need = 34 + sequences * 12
+        if os.fstat(f.fileno()).st_size < need:
+            raise ValueError(f"index truncated: {sequences} sequences need at least {need} bytes")
+        f.seek(34 + (sequences - 1) * 4)
+        (last_length,) = struct.unpack("<i", f.read(4))
+        f.seek(34 + sequences * 4 + (sequences - 1) * 8)
+        (last_pointer,) = struct.unpack("<q", f.read(8))
+    return last_pointer + last_length * ITEM_BYTES[code]
+
+
+def shard_problems(prefixes: Sequence[str]) -> list[str]:
+    """One message per shard that is missing, unreadable or not as long as its index says."""
+    problems = []
+    for prefix in prefixes:
+        bin_path, idx_path = prefix + ".bin", prefix + ".idx"
+        missing = [p for p in (bin_path, idx_path) if not os.path.isfile(p)]
+        if missing:
+            problems.append(f"data.prefixes: {', '.join(missing)} does not exist; run data_prep "
+                            "for it, or fix data.prefixes")
+            continue
+        try:
+            expected = expected_bin_bytes(idx_path)
+        except (OSError, ValueError, struct.error) as exc:
+            problems.append(f"{idx_path}: {exc}; {REBUILD}")
+            continue
+        actual = os.path.getsize(bin_path)
+        if actual != expected:
+            problems.append(f"{bin_path} is {actual:,} bytes, its index {idx_path} describes "
+                            f"{expected:,} (the file is {'truncated' if actual < expected else 'longer'}"
+                            f"); {REBUILD}")
+    return problems
 
 
 def vocab_problems(prefixes: Sequence[str], vocab_size: int) -> list[str]:
@@ -38,10 +98,11 @@ def vocab_problems(prefixes: Sequence[str], vocab_size: int) -> list[str]:
 
 
 def check_data_or_exit(prefixes: Sequence[str], vocab_size: int) -> None:
-    """Print every problem of :func:`vocab_problems` and exit 2 when there is any."""
+    """Print every problem of :func:`shard_problems` and :func:`vocab_problems` and exit 2 when
+    there is any."""
     from launcher.core.exits import CONFIG_ERROR_EXIT
 
-    problems = vocab_problems(prefixes, vocab_size)
+    problems = shard_problems(prefixes) + vocab_problems(prefixes, vocab_size)
     if problems:
         print(f"data: {len(problems)} problem(s):\n" + "\n".join(f"- {p}" for p in problems),
               file=sys.stderr)
