@@ -31,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     job = prepare(argv, weights_key="trainer.init_from")
     if not run_dir_free(job.run_dir):
         return CONFIG_ERROR_EXIT
-    return run_ranks(job, train, command="train")
+    return run_ranks(job, train, command="train", resilient=True)
 
 
 def train(rank: Rank) -> int:
@@ -84,10 +84,11 @@ def resume_build_train(rank: Rank, metrics: Metrics) -> int:
                           files=engine_spec.run_files(batch=plan.batch, **subs))
     next_batch, eval_batches = build_data(cfg, plan, job.run_dir, state.consumed_samples)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else None
+    beat = rank.heartbeat.phase if rank.heartbeat is not None else None
     return TrainLoop(engine=engine, plan=plan, trainer=cfg.trainer, optimizer=cfg.optimizer,
                      next_batch=next_batch, eval_batches=eval_batches, metrics=metrics,
-                     timer=PhaseTimer(sync=sync), stop=rank.stop, checkpoints=checkpoints,
-                     state=state,
+                     timer=PhaseTimer(sync=sync, on_phase=beat), stop=rank.stop,
+                     checkpoints=checkpoints, state=state, heartbeat=rank.heartbeat,
                      saved_extras={"config": redact(job.config), "plan": plan.to_dict()}).run()
 
 

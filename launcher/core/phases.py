@@ -33,11 +33,14 @@ class PhaseTimer:
 
     ``sync`` (e.g. ``torch.cuda.synchronize``) is called before each clock reading, so
     asynchronous device work is charged to the phase that launched it. Phases not in
-    :data:`PHASES` may be used too; they appear in snapshots once used.
+    :data:`PHASES` may be used too; they appear in snapshots once used. ``on_phase(name)`` is
+    called as each phase begins (the rank's heartbeat: launcher.runtime.heartbeat).
     """
 
-    def __init__(self, sync: Optional[Callable[[], None]] = None):
+    def __init__(self, sync: Optional[Callable[[], None]] = None,
+                 on_phase: Optional[Callable[[str], None]] = None):
         self._sync = sync
+        self._on_phase = on_phase
         self._totals: Dict[str, float] = {name: 0.0 for name in PHASES}
         self._names: Dict[str, str] = {}
 
@@ -50,6 +53,8 @@ class PhaseTimer:
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Time the enclosed block and add it to phase ``name`` (also when the block raises)."""
+        if self._on_phase is not None:
+            self._on_phase(name)
         start = self._now()
         try:
             yield

@@ -27,6 +27,7 @@ import os
 import pickle
 import sys
 import threading
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
@@ -456,6 +457,74 @@ def _probe_dcp_unsafe_load() -> bool:
         "weights_only=False" in inspect.getsource(default_planner.DefaultLoadPlanner.load_bytes)
 
 
+@contextlib.contextmanager
+def monitored_elastic_agent(monitor: Callable) -> Iterator[None]:
+    """Within the block, the agents torch elastic's launcher builds call
+    ``monitor(agent, worker_group, result)`` after each of their own health checks and use
+    its answer: the hang watchdog and restart policy of :mod:`launcher.launch.watchdog`.
+
+    torch 2.13's ``launch_agent`` builds ``LocalElasticAgent`` by its module-level name and the
+    agent's loop (``SimpleElasticAgent._invoke_run``) restarts the worker group while
+    ``_remaining_restarts`` > 0 after ``_monitor_workers`` reports FAILED; the monitor may set
+    ``agent._remaining_restarts = 0`` to make a failure final."""
+    import torch.distributed.launcher.api as api
+
+    base = api.LocalElasticAgent
+
+    class MonitoredAgent(base):
+        def _monitor_workers(self, worker_group):
+            return monitor(self, worker_group, super()._monitor_workers(worker_group))
+
+    api.LocalElasticAgent = MonitoredAgent
+    try:
+        yield
+    finally:
+        api.LocalElasticAgent = base
+
+
+def release_jit_build_locks(since: float) -> list:
+    """Remove the JIT-build locks made since ``since`` (epoch seconds) by ranks that were just
+    killed; the paths removed.
+
+    torch 2.13's ``cpp_extension`` guards each JIT-built op with a ``FileBaton``
+    (``<build dir>/lock``) and every later load waits for that file to go away. A rank killed
+    while it held the baton (DeepSpeed builds its CPU shared-memory comm op in every rank's
+    ``init_distributed``) leaves it behind, and every rank of the next attempt waits forever."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    roots = {os.environ.get("TORCH_EXTENSIONS_DIR") or "", get_default_build_root()} - {""}
+    removed = []
+    for root in roots:
+        for depth in ("*/lock", "*/*/lock"):
+            for lock in Path(root).glob(depth):
+                try:
+                    if lock.stat().st_mtime >= since:
+                        lock.unlink()
+                        removed.append(str(lock))
+                except OSError:
+                    pass
+    return removed
+
+
+def _probe_jit_baton() -> bool:
+    import inspect
+
+    from torch.utils import cpp_extension
+
+    return "baton.wait()" in inspect.getsource(cpp_extension._jit_compile)
+
+
+def _probe_elastic_monitor() -> bool:
+    import inspect
+
+    import torch.distributed.launcher.api as api
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    loop = inspect.getsource(SimpleElasticAgent._invoke_run)
+    return ("LocalElasticAgent(" in inspect.getsource(api.launch_agent)
+            and "self._monitor_workers(" in loop and "self._remaining_restarts > 0" in loop)
+
+
 @dataclass(frozen=True)
 class Shim:
     """One patch of a library internal."""
@@ -498,6 +567,12 @@ SHIMS = (
          None, _probe_dcp_unsafe_load, "checkpoint_loads_without_code, around every "
          "checkpoint read: FileSystemReader.read_metadata calls pickle.load, "
          "DefaultLoadPlanner.load_bytes torch.load(weights_only=False)"),
+    Shim("elastic agent monitor hook", "torch", "2.13.0", _applied_by_caller, None,
+         _probe_elastic_monitor, "monitored_elastic_agent, around the launcher's elastic_launch: "
+         "torch elastic's agent has no hook for a hang check or a restart policy by exit code"),
+    Shim("JIT-build locks of killed ranks", "torch", "2.13.0", _applied_by_caller, None,
+         _probe_jit_baton, "release_jit_build_locks, after the watchdog kills an attempt's "
+         "ranks: cpp_extension._jit_compile waits forever on a FileBaton its killed owner left"),
 )
 """Every patch of a library internal (see the module docstring)."""
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -37,7 +38,10 @@ from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.core.stop import StopRequest
 from launcher.launch.job import Job
 from launcher.launch.local import Rendezvous, launch_world
+from launcher.launch.watchdog import JobWatch
 from launcher.parallel.distributed import in_distributed_launch, launch_rank
+from launcher.plan.resilience import collective_timeout_s
+from launcher.runtime.heartbeat import STARTUP, Heartbeat
 from launcher.runtime.console import Console, library_logs_to, report_crash, route_output
 
 STOPPED_EXIT_BASE = 128
@@ -57,6 +61,8 @@ class Rank:
     """The stop contract of this rank: ``stop.agree()`` at each safe point (a collective)."""
     console: Console
     """Where the command's own lines go (the terminal, while library output goes to the log)."""
+    heartbeat: Optional[Heartbeat] = None
+    """This rank's progress for its launcher's hang watchdog (None: not watched)."""
 
     def stopped_exit(self) -> int:
         """The exit code of a command that trains nothing and stopped on a signal."""
@@ -69,6 +75,8 @@ class Rank:
 
         if not self.stop.decided:
             self.stop.restore()
+        if self.heartbeat is not None:
+            self.heartbeat.close()
         destroy_distributed()
 
 
@@ -76,8 +84,10 @@ RankBody = Callable[[Rank], int]
 """A command's work on one rank; returns the rank's exit code."""
 
 
-def run_ranks(job: Job, body: RankBody, *, command: str) -> int:
-    """Run ``body`` on every rank of ``job`` (see the module docstring); the exit code."""
+def run_ranks(job: Job, body: RankBody, *, command: str, resilient: bool = False) -> int:
+    """Run ``body`` on every rank of ``job`` (see the module docstring); the exit code. With
+    ``resilient`` (training) the ranks this process starts are watched for hangs and restarted
+    after a failure (:mod:`launcher.launch.watchdog`, the ``resilience`` group)."""
     nodes, agent = job.cfg.cluster.nodes, Rendezvous.from_env()
     if in_distributed_launch() or (nodes == 1 and job.local_ranks == 1 and agent is None):
         return on_this_rank(job, body, command)
@@ -87,10 +97,19 @@ def run_ranks(job: Job, body: RankBody, *, command: str) -> int:
         return CONFIG_ERROR_EXIT
     log = None if job.cfg.run.verbose or job.run_dir is None \
         else job.run_dir / "logs" / "launcher.log"
+    watch = job_watch(job) if resilient else None
     with library_logs_to(log):
         launch_world(_spawned_rank, (job, body, command), job.local_ranks,
-                     agent or Rendezvous.local(), stop_signal=job.cfg.trainer.stop_signal)
+                     agent or Rendezvous.local(), stop_signal=job.cfg.trainer.stop_signal,
+                     watch=watch)
     return 0
+
+
+def job_watch(job: Job) -> JobWatch:
+    """The watch over this machine's ranks of ``job``; heartbeats in shared memory."""
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    folder = Path(tempfile.mkdtemp(prefix="trainwright-heartbeats-", dir=shm))
+    return JobWatch(resilience=job.cfg.resilience, heartbeat_dir=folder, run_dir=job.run_dir)
 
 
 def _launch_problem(job: Job, agent: Optional[Rendezvous]) -> str:
@@ -146,14 +165,18 @@ def start_rank(job: Job) -> Rank:
     stop = StopRequest(cfg.trainer.stop_signal, any_rank=collectives.any_rank)
     compat.install()
     strict_devices.install_if_requested()
-    rank, _, world = init_distributed(ranks_per_gpu=cfg.cluster.ranks_per_gpu)
+    heartbeat = Heartbeat.from_env(launch_rank(), cfg.resilience)
+    if heartbeat is not None:
+        heartbeat.phase(STARTUP)
+    rank, _, world = init_distributed(timeout_s=collective_timeout_s(cfg.resilience),
+                                      ranks_per_gpu=cfg.cluster.ranks_per_gpu)
     if job.plan is not None and world != job.plan.dims.world:
         raise RuntimeError(f"the job was planned for {job.plan.dims.world} ranks and the launcher "
                            f"started {world}; plan and launch with the same cluster settings")
     init_parallel_state(cfg.parallelism, seed=cfg.trainer.seed)
     if job.run_dir is not None:
         write_pid_file(job.run_dir, rank)
-    return Rank(job, rank, world, stop, console)
+    return Rank(job, rank, world, stop, console, heartbeat)
 
 
 def write_pid_file(run_dir: Path, rank: int) -> None:

@@ -6,17 +6,22 @@ exits with the code of the rank that failed first.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 from launcher.core.stop import child_ranks, elastic_signals, forward_stop_signals, restore_handlers
 from launcher.parallel.distributed import free_port
+
+if TYPE_CHECKING:
+    from launcher.launch.watchdog import JobWatch
 
 
 def failure_exit_code(exc) -> tuple[int, int, str]:
@@ -73,7 +78,8 @@ rendezvous (:meth:`Rendezvous.from_env`)."""
 
 
 def launch_world(entrypoint: Callable, args: tuple, nprocs: int, rendezvous: Rendezvous,
-                 log_dir: Optional[Path] = None, stop_signal: str = "SIGUSR1") -> None:
+                 log_dir: Optional[Path] = None, stop_signal: str = "SIGUSR1",
+                 watch: Optional["JobWatch"] = None) -> None:
     """Run ``entrypoint(*args)`` in ``nprocs`` worker processes on this machine, as one agent of
     ``rendezvous``, and wait.
 
@@ -91,25 +97,37 @@ def launch_world(entrypoint: Callable, args: tuple, nprocs: int, rendezvous: Ren
     directly and the forwarded copy changes nothing. Other terminating signals (SIGHUP,
     SIGQUIT) make the elastic agent stop the workers and this raise ``SystemExit`` with 128 +
     the signal number.
+
+    With ``watch`` (:class:`launcher.launch.watchdog.JobWatch`) the ranks publish heartbeats,
+    hangs are detected, and the agent restarts the whole worker group after a failure up to
+    ``watch.resilience.restarts_in_job`` times (torch elastic's ``max_restarts``); when the job
+    fails for good every attempt's cause is printed.
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from launcher.engines.compat import monitored_elastic_agent
+
     logs = DefaultLogsSpecs(log_dir=str(log_dir) if log_dir else None,
                             redirects=Std.ALL if log_dir else Std.NONE)
     r = rendezvous
     config = LaunchConfig(
         min_nodes=r.nnodes, max_nodes=r.nnodes, nproc_per_node=nprocs, run_id=r.run_id,
-        role="trainer", rdzv_backend="c10d", rdzv_endpoint=r.endpoint, max_restarts=0,
+        role="trainer", rdzv_backend="c10d", rdzv_endpoint=r.endpoint,
+        max_restarts=watch.resilience.restarts_in_job if watch else 0,
         monitor_interval=0.1, start_method="spawn", local_addr=r.local_addr, logs_specs=logs,
         signals_to_handle=elastic_signals(stop_signal))
     previous = forward_stop_signals(stop_signal, child_ranks)
+    monitoring = monitored_elastic_agent(watch) if watch else contextlib.nullcontext()
     try:
-        elastic_launch(config, entrypoint)(*args)
+        with monitoring, heartbeats_for(watch):
+            elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as exc:
         rank, code, message = failure_exit_code(exc)
+        if watch is not None and len(watch.attempts) > 1:
+            message = f"{message}; {len(watch.attempts)} attempts: {watch.summary()}"
         print(f"launcher: {message}; exiting with {code}", file=sys.stderr, flush=True)
         raise SystemExit(code) from exc
     except SignalException as exc:
@@ -118,6 +136,23 @@ def launch_world(entrypoint: Callable, args: tuple, nprocs: int, rendezvous: Ren
         raise SystemExit(128 + int(exc.sigval)) from exc
     finally:
         restore_handlers(previous)
+
+
+@contextlib.contextmanager
+def heartbeats_for(watch: Optional["JobWatch"]):
+    """While the ranks run: the folder of their heartbeats (in shared memory when the machine
+    has /dev/shm), handed to them through the environment they inherit; removed after."""
+    from launcher.runtime.heartbeat import HEARTBEAT_DIR_ENV
+
+    if watch is None:
+        yield
+        return
+    os.environ[HEARTBEAT_DIR_ENV] = str(watch.heartbeat_dir)
+    try:
+        yield
+    finally:
+        os.environ.pop(HEARTBEAT_DIR_ENV, None)
+        shutil.rmtree(watch.heartbeat_dir, ignore_errors=True)
 
 
 def launch_local_world(entrypoint: Callable, args: tuple, nprocs: int, run_id: str,

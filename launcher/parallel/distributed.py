@@ -188,9 +188,33 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S,
         torch.cuda.set_device(local_rank // ranks_per_gpu)
         if ranks_per_gpu > 1:
             os.environ["NCCL_HOSTID"] = f"{socket.gethostname()}-rank{rank}"
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = attempt_store(timeout)
+    if store is not None:
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                                timeout=timeout)
+    else:
+        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
+                                timeout=timeout)
     return rank, local_rank, world
+
+
+def attempt_store(timeout):
+    """Under torch elastic's agent: its store, with this attempt's own key prefix.
+
+    The agent keeps one store for every restart of the worker group (torch 2.13,
+    pytorch/pytorch#167288), so with ``env://`` a restarted rank can read the previous
+    attempt's keys, e.g. a dead rank's gloo address ("Connection refused" in
+    connectFullMesh). Prefixing the keys with TORCHELASTIC_RESTART_COUNT keeps attempts apart.
+    None outside torch elastic (srun, a single process): ``env://`` as usual."""
+    import torch.distributed as dist
+
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                           int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"trainwright/attempt_{restart}", client)
 
 
 def destroy_distributed() -> None:

@@ -33,6 +33,7 @@ from launcher.core.stop import StopRequest
 from launcher.engines.base import Engine, StepResult
 from launcher.plan import Plan
 from launcher.runtime.checkpoint import CheckpointManager
+from launcher.runtime.heartbeat import Heartbeat
 from launcher.runtime.metrics import Metrics
 from launcher.runtime.schedule import lr_at
 from launcher.runtime.straggler import find_stragglers, gather_times
@@ -83,6 +84,8 @@ class TrainLoop:
     saved_extras: dict
     """{"config": ..., "plan": ...}, stored with every checkpoint."""
     state: LoopState = field(default_factory=LoopState)
+    heartbeat: Optional[Heartbeat] = None
+    """This rank's progress for the launcher's hang watchdog (phases beat through the timer)."""
 
     def run(self) -> int:
         """Train to the plan's train_steps; returns 0, or REQUEUE_EXIT after a stop request."""
@@ -100,6 +103,8 @@ class TrainLoop:
 
     def _one_step(self) -> None:
         s = self.state
+        if self.heartbeat is not None:
+            self.heartbeat.step = s.step
         lr = lr_at(s.step, optimizer=self.optimizer, total_steps=self.plan.batch.train_steps)
         if self.checkpoints.pending:  # a background save: complete it once every rank wrote it
             with self.timer.phase("checkpoint"):
@@ -181,12 +186,16 @@ class TrainLoop:
     def evaluate(self) -> None:
         if self.eval_batches is None:
             return
+        if self.heartbeat is not None:
+            self.heartbeat.phase("eval")
         loss = self.engine.eval_loss(self.eval_batches())
         ppl = math.exp(min(loss, 80.0))
         self.metrics.log(self.state.step, {"eval/loss": loss, "eval/perplexity": ppl})
 
     def _stragglers(self, step_time: float) -> None:
         step_times, data_times = gather_times(step_time, self.state.window_data_time)
+        if self.heartbeat is not None:
+            self.heartbeat.agree(step_times)
         for slow in find_stragglers(step_times, data_times, self.trainer.straggler_threshold):
             self.metrics.log_event("straggler", f"rank {slow['rank']} is slow: "
                                    f"{', '.join(slow['slow'])}", step=self.state.step, **slow)

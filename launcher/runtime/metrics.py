@@ -89,6 +89,26 @@ def progress_line(step: int, m: Mapping[str, Any]) -> str:
     return " | ".join(parts)
 
 
+def event_record(kind: str, message: str, secrets: list, **fields: Any) -> dict:
+    """One line of events.jsonl: time, kind, message and fields, secrets redacted."""
+    record = {"time": round(time.time(), 3), "kind": kind,
+              "message": redact_text(str(message), secrets)}
+    record.update(redact({k: _scalar(v) for k, v in to_plain(fields).items()}, secrets))
+    return record
+
+
+def append_event(run_dir: Path, kind: str, message: str, **fields: Any) -> None:
+    """Add an event to ``run_dir/events.jsonl`` from outside the ranks (the launcher): one
+    ``O_APPEND`` write, so it never interleaves with rank 0's lines."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    line = json.dumps(event_record(kind, message, secret_env_values(), **fields), default=str)
+    fd = os.open(Path(run_dir) / "events.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
 class NullMetricsLogger:
     """What ranks other than 0 get: every method does nothing."""
 
@@ -153,10 +173,7 @@ class MetricsLogger(NullMetricsLogger):
     def log_event(self, kind: str, message: str, **fields: Any) -> None:
         """A warning-level event (``loss_spike``, ``straggler``, ``nan_skip``, ``stop``, ...):
         one line in events.jsonl and on the console, secrets redacted."""
-        message = redact_text(str(message), self._secrets)
-        record = {"time": round(time.time(), 3), "kind": kind, "message": message}
-        record.update(redact({k: _scalar(v) for k, v in to_plain(fields).items()},
-                             self._secrets))
+        record = event_record(kind, message, self._secrets, **fields)
         self._events.write(json.dumps(record, default=str) + "\n")
         self._events.flush()
         extra = " ".join(f"{k}={v}" for k, v in record.items()
