@@ -31,7 +31,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     job = prepare(argv, weights_key="trainer.init_from")
     if not run_dir_free(job.run_dir):
         return CONFIG_ERROR_EXIT
-    return run_ranks(job, train, command="train", resilient=True)
+    try:
+        return run_ranks(job, train, command="train", resilient=True)
+    finally:
+        print_goodput(job.run_dir)
+
+
+def print_goodput(run_dir) -> None:
+    """One line at the end of every run, however it ended: where its wall time went."""
+    from launcher.parallel.distributed import launch_rank
+    from launcher.runtime.goodput import account, summary_line
+
+    if launch_rank() == 0 and (run_dir / "metrics.jsonl").exists():
+        print(f"[goodput] {summary_line(account(run_dir))} (python -m launcher.report "
+              f"{run_dir})", file=sys.stderr, flush=True)
 
 
 def train(rank: Rank) -> int:

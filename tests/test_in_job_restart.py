@@ -104,6 +104,23 @@ def test_killed_rank_is_restarted_with_the_same_losses(tmp_path, straight):
     assert "rank 1 died (SIGKILL)" in end["message"] and end["restart"] is True
     assert "restart 1 of 3" in log.read_text()
     assert _last_losses(run_dir) == straight
+    _check_goodput(run_dir, log)
+
+
+def _check_goodput(run_dir: Path, log: Path) -> None:
+    """One forced restart: recomputed steps and restart time are counted, the parts add up."""
+    report = subprocess.run([sys.executable, "-m", "launcher.report", str(run_dir),
+                             "--format", "json"], cwd=REPO, capture_output=True, text=True,
+                            check=True)
+    acc = json.loads(report.stdout)
+    lost = acc["lost_s"]
+    assert lost["recomputed"] > 0 and lost["restart"] > 0 and lost["startup"] > 0, acc
+    total = acc["productive_s"] + sum(lost.values())
+    assert abs(total - acc["wall_s"]) <= 0.02 * acc["wall_s"], acc
+    assert 0 < acc["goodput"] < 1 and acc["goodput"] == acc["productive_s"] / acc["wall_s"]
+    assert [a["cause"] for a in acc["attempts"]] == ["rank 1 died (SIGKILL)", "finished"]
+    assert acc["attempts"][1]["resumed_at"] == 10
+    assert "[goodput] goodput" in log.read_text()
 
 
 def test_more_failures_than_restarts_end_the_job_with_every_cause(tmp_path):

@@ -87,6 +87,11 @@ class JobWatch:
         self._follow_steps()
         if result.state == WorkerState.FAILED:
             self._failed(agent, result)
+        elif result.state == WorkerState.SUCCEEDED and not self.attempts[-1].cause:
+            attempt = self.attempts[-1]
+            attempt.cause = "finished"
+            self._event("attempt_end", f"attempt {attempt.number}: finished",
+                        attempt=attempt.number, step=attempt.last_step, restart=False)
         elif result.state == WorkerState.HEALTHY and self.resilience.hang_timeout_s >= 0:
             now = time.monotonic()
             if now - self._checked >= CHECK_INTERVAL_S and not self._hang:

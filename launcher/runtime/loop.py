@@ -186,9 +186,8 @@ class TrainLoop:
     def evaluate(self) -> None:
         if self.eval_batches is None:
             return
-        if self.heartbeat is not None:
-            self.heartbeat.phase("eval")
-        loss = self.engine.eval_loss(self.eval_batches())
+        with self.timer.phase("eval"):  # time/eval in the next step line; a heartbeat phase
+            loss = self.engine.eval_loss(self.eval_batches())
         ppl = math.exp(min(loss, 80.0))
         self.metrics.log(self.state.step, {"eval/loss": loss, "eval/perplexity": ppl})
 

@@ -158,17 +158,18 @@ class MetricsLogger(NullMetricsLogger):
                 raise
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Append one JSON line (``step`` first; in step records every ``time/<phase>``
-        present), print the progress line, and log to wandb at ``step``."""
-        record = {"step": int(step)}
+        """Append one JSON line (``step`` and the wall-clock ``time`` first; in step records
+        every ``time/<phase>`` present), print the progress line, and log to wandb at
+        ``step``."""
+        record = {"step": int(step), "time": round(time.time(), 3)}
         record.update(_with_all_phases({str(k): _scalar(v) for k, v in metrics.items()
-                                        if k != "step"}))
+                                        if k not in ("step", "time")}))
         self._metrics.write(json.dumps(record) + "\n")
         self._metrics.flush()
         print(progress_line(int(step), record), file=self._console, flush=True)
         if self.wandb_run is not None:
-            self.wandb_run.log({k: v for k, v in record.items() if k != "step" and v is not None},
-                               step=int(step))
+            self.wandb_run.log({k: v for k, v in record.items()
+                                if k not in ("step", "time") and v is not None}, step=int(step))
 
     def log_event(self, kind: str, message: str, **fields: Any) -> None:
         """A warning-level event (``loss_spike``, ``straggler``, ``nan_skip``, ``stop``, ...):
@@ -187,8 +188,17 @@ class MetricsLogger(NullMetricsLogger):
         atomic_write_json(self.run_dir / name, redact(to_plain(content), self._secrets))
 
     def close(self) -> None:
-        """Finish the wandb run and close the files (safe to call twice)."""
+        """Put the goodput account so far in the wandb run's summary, finish the wandb run and
+        close the files (safe to call twice)."""
         if self.wandb_run is not None:
+            from launcher.runtime.goodput import account
+
+            for handle in (self._metrics, self._events):
+                handle.flush()
+            acc = account(self.run_dir)
+            self.wandb_run.summary.update(
+                {"goodput": acc["goodput"], "goodput/wall_s": acc["wall_s"],
+                 **{f"goodput/lost_s/{k}": v for k, v in acc["lost_s"].items()}})
             self.wandb_run.finish()
             self.wandb_run = None
         for handle in (self._metrics, self._events):
