@@ -49,6 +49,7 @@ def print_goodput(run_dir) -> None:
 
 def train(rank: Rank) -> int:
     """One rank of the run, from the locked run directory to the loop's exit code."""
+    from launcher.runtime.data import data_failure
     from launcher.runtime.session import run_session
 
     job = rank.job
@@ -57,7 +58,12 @@ def train(rank: Rank) -> int:
         if metrics is None:  # a live run holds the directory
             return CONFIG_ERROR_EXIT
         try:
-            return resume_build_train(rank, metrics)
+            try:
+                return resume_build_train(rank, metrics)
+            except (TrainingAborted, CheckpointError):
+                raise
+            except Exception as exc:  # a shard that went bad under the run ends it (exit 3)
+                raise data_failure(job.cfg.data.prefixes, exc) from exc
         except (TrainingAborted, CheckpointError) as exc:
             metrics.log_event("abort", str(exc))
             rank.console.error(f"train: rank {rank.rank}: {exc}")

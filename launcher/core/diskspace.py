@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from launcher.core.errors import CheckpointError
+from launcher.core.exits import CONFIG_ERROR_EXIT
 
 __all__ = ["TORCH_WRITE_FAILURES", "filesystem_usage", "free_space_text", "human_bytes",
            "is_write_failure", "no_space_cause", "out_of_space", "write_error"]
@@ -104,6 +105,13 @@ def free_space_text(path: Path) -> str:
     return f"{human_bytes(usage.free)} free of {human_bytes(usage.total)}"
 
 
+class DiskFull(CheckpointError):
+    """No space left for a checkpoint: exit 2, never restarted in the job (a restart would
+    fill the same disk); the message says what to free or where to point run.output_root."""
+
+    exit_code = CONFIG_ERROR_EXIT
+
+
 def write_error(exc: BaseException, path: Path, *, step: int, latest: Optional[str]) -> \
         CheckpointError:
     """The CheckpointError for ``exc``, raised while saving ``step`` into ``path`` (the
@@ -112,7 +120,7 @@ def write_error(exc: BaseException, path: Path, *, step: int, latest: Optional[s
     kept = (f"the previous checkpoint (latest = {latest}) is intact" if latest
             else "no earlier checkpoint exists")
     if out_of_space(exc, path):
-        return CheckpointError(
+        return DiskFull(
             f"no space left on {path} ({free_space_text(path)}) while saving step {step}; {kept}. "
             "Free space on that filesystem or point run.output_root at a larger one, then "
             f"restart{': the run resumes from it' if latest else ''} "

@@ -77,7 +77,33 @@ class Rank:
             self.stop.restore()
         if self.heartbeat is not None:
             self.heartbeat.close()
+        end_child_processes()
         destroy_distributed()
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent (the launcher) dies
+    (``prctl(PR_SET_PDEATHSIG)``); nothing elsewhere."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def end_child_processes() -> None:
+    """Kill what this rank started and still runs: DataLoader workers (which ignore stop
+    signals, so the interpreter's exit, which terminates and then joins them, would wait
+    forever after a failure left their iterator open) and library helper processes."""
+    import multiprocessing
+
+    children = multiprocessing.active_children()
+    for child in children:
+        child.kill()
+    for child in children:
+        child.join(timeout=5)
 
 
 RankBody = Callable[[Rank], int]
@@ -128,7 +154,9 @@ def _launch_problem(job: Job, agent: Optional[Rendezvous]) -> str:
 
 
 def _spawned_rank(job: Job, body: RankBody, command: str) -> None:
-    """Entry of a spawned rank (module level, so it pickles): exit with the body's code."""
+    """Entry of a spawned rank (module level, so it pickles): exit with the body's code. The
+    rank dies with its launcher (a launcher killed outright cannot stop its ranks itself)."""
+    die_with_parent()
     code = on_this_rank(job, body, command)
     if code:
         raise SystemExit(code)

@@ -42,7 +42,8 @@ from launcher.engines.compat import release_jit_build_locks
 from launcher.runtime.heartbeat import STARTUP, Beat, read_beat, record_path
 from launcher.runtime.metrics import append_event
 
-FINAL_EXITS = {CONFIG_ERROR_EXIT: "a config error", BAD_DATA_EXIT: "a non-finite loss",
+FINAL_EXITS = {CONFIG_ERROR_EXIT: "a config error or a full disk",
+               BAD_DATA_EXIT: "a non-finite loss",
                REQUEUE_EXIT: "a stop for requeue"}
 """Exit codes that are never restarted: retrying reproduces them, or they were asked for."""
 CHECK_INTERVAL_S = 0.5
@@ -92,12 +93,29 @@ class JobWatch:
             attempt.cause = "finished"
             self._event("attempt_end", f"attempt {attempt.number}: finished",
                         attempt=attempt.number, step=attempt.last_step, restart=False)
+        elif result.state == WorkerState.HEALTHY and self._end_broken_world():
+            pass
         elif result.state == WorkerState.HEALTHY and self.resilience.hang_timeout_s >= 0:
             now = time.monotonic()
             if now - self._checked >= CHECK_INTERVAL_S and not self._hang:
                 self._checked = now
                 self._check_hang()
         return result
+
+    def _end_broken_world(self) -> bool:
+        """A rank that died or failed (an exit other than 0 and 75, read from its zombie
+        before the agent reaps it) leaves the others waiting on it: kill them now, so the
+        agent does not spend its 30 s SIGTERM grace on ranks that cannot save anyway."""
+        attempt = self.attempts[-1]
+        dead = {r: _exit_status(pid) for r, pid in attempt.pids.items() if _state(pid) == "Z"}
+        broken = [r for r, status in dead.items()
+                  if status is not None and (status & 0x7F or status >> 8 not in (0, REQUEUE_EXIT))]
+        if not broken:
+            return False
+        for rank, pid in attempt.pids.items():
+            if rank not in dead:
+                _kill_tree(pid)
+        return True
 
     def _begin(self, pids: dict) -> None:
         number = len(self.attempts)
@@ -253,6 +271,14 @@ def _state(pid: int) -> str:
         return stat[stat.rindex(")") + 2]
     except (OSError, ValueError, IndexError):
         return ""
+
+
+def _exit_status(pid: int) -> Optional[int]:
+    """The wait status of a zombie (the last field of /proc/<pid>/stat, Linux >= 3.5)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(" ", 1)[-1])
+    except (OSError, ValueError):
+        return None
 
 
 def _alive(pid: int) -> bool:

@@ -72,9 +72,30 @@ def route_output(run_dir: Path, rank: int, verbose: bool) -> Console:
 
 
 def report_crash(console: Console, rank: int, exc: BaseException, command: str) -> None:
-    """The traceback of an exception that ends a rank: on the console and in its log."""
-    text = "".join(traceback.format_exception(exc))
-    console.error(f"{command}: rank {rank} failed:\n{text.rstrip()}")
+    """An exception that ends a rank: one line on the console naming the rank and the cause,
+    the traceback in the rank's log (on the console only when the log cannot take it, e.g. on
+    a full disk, or in verbose mode, where the log is the console)."""
+    text = "".join(traceback.format_exception(exc)).rstrip()
+    if console.log is None:
+        print(f"{command}: rank {rank} failed:\n{text}", file=console.err, flush=True)
+        return
+    try:
+        print(text, file=sys.stderr, flush=True)
+        where = f"traceback in {console.log}"
+    except OSError as log_error:
+        print(text, file=console.err, flush=True)
+        where = f"traceback above: the rank log cannot be written ({log_error.strerror})"
+    cause = (str(exc).strip().splitlines() or [""])[0][:400]
+    print(f"{command}: rank {rank} failed: {type(exc).__name__}: {cause} ({where})",
+          file=console.err, flush=True)
+
+
+class _QuietFileHandler(logging.FileHandler):
+    """A log file that, when it cannot be written (a full disk), drops the record instead of
+    printing a 'Logging error' traceback on the console."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
 
 
 @contextlib.contextmanager
@@ -86,7 +107,7 @@ def library_logs_to(path: Optional[Path], names: tuple = ("torch.distributed.ela
         yield
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, encoding="utf-8")
+    handler = _QuietFileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     loggers = [logging.getLogger(name) for name in names]
     saved = [(lg.handlers[:], lg.propagate) for lg in loggers]
@@ -97,4 +118,7 @@ def library_logs_to(path: Optional[Path], names: tuple = ("torch.distributed.ela
     finally:
         for lg, (handlers, propagate) in zip(loggers, saved):
             lg.handlers, lg.propagate = handlers, propagate
-        handler.close()
+        try:
+            handler.close()
+        except OSError:  # a full disk: the log's last lines are lost, the exit code is not
+            pass

@@ -26,6 +26,7 @@ from typing import Iterator, List, Optional
 import torch
 
 from launcher.config import DataConfig
+from launcher.core.errors import TrainingAborted
 from launcher.core.stop import ignore_stop_signals
 
 
@@ -159,6 +160,20 @@ def to_device(batch: dict, device: torch.device) -> dict:
     """Move a collated micro-batch (dict of tensors) to ``device``."""
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()
             if isinstance(v, torch.Tensor)}
+
+
+def data_failure(prefixes, exc: BaseException) -> TrainingAborted:
+    """``exc``, raised while training, as the end of the run (exit 3, one line naming the
+    file) when a data shard went bad under it (truncated, replaced, removed: a DataLoader
+    worker dies of SIGBUS or fails to slice the file); ``exc`` itself when every shard is
+    still whole."""
+    from launcher.plan.data_check import shard_problems
+
+    problems = shard_problems(prefixes)
+    if not problems:
+        raise exc
+    return TrainingAborted("a data shard went bad during the run: " + "; ".join(problems)
+                           + f" (the rank failed with {type(exc).__name__})")
 
 
 def build_data(cfg, plan, run_dir, consumed_samples: int):
