@@ -9,6 +9,7 @@ as after a requeue.
 from __future__ import annotations
 
 import json
+import time
 import os
 import secrets
 import struct
@@ -41,6 +42,7 @@ def test_metrics_jsonl_and_console(tmp_path, capsys):
     metrics = make_metrics_logger(0, run_dir=tmp_path, logger=LoggerConfig(), run_name="r",
                                   config={})
     assert isinstance(metrics, MetricsLogger)
+    before = time.time()
     with metrics:
         for step in range(1, 4):
             metrics.log(step, _step_metrics(step, fused=step == 3))
@@ -48,6 +50,7 @@ def test_metrics_jsonl_and_console(tmp_path, capsys):
         metrics.log(4, {"eval/loss": 2.5})
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2, 3, 4, 4]
+    assert all(before - 0.01 <= line.pop("time") <= time.time() + 0.01 for line in lines)
     assert lines.pop() == {"step": 4, "eval/loss": 2.5}  # not a step record: no phase keys
     assert all(next(iter(line)) == "step" for line in lines)
     for line in lines[:2] + lines[3:]:

@@ -126,6 +126,10 @@ def launch_world(entrypoint: Callable, args: tuple, nprocs: int, rendezvous: Ren
             elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as exc:
         rank, code, message = failure_exit_code(exc)
+        if watch is not None and watch.exit_code() is not None and watch.exit_code() != code:
+            first = watch.attempts[-1].failure[0]
+            code, message = watch.exit_code(), f"rank {first} failed with exit code " \
+                f"{watch.exit_code()} (the watch stopped the others)"
         if watch is not None and len(watch.attempts) > 1:
             message = f"{message}; {len(watch.attempts)} attempts: {watch.summary()}"
         print(f"launcher: {message}; exiting with {code}", file=sys.stderr, flush=True)

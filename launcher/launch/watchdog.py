@@ -65,6 +65,9 @@ class Attempt:
     last_step: Optional[int] = None
     cause: str = ""
     """Why it ended ('' while it runs)."""
+    failure: Optional[tuple] = None
+    """(rank, exit code) of the first rank seen failing (128 + N for a signal N), before the
+    watch killed the others (which the agent then also reports as failed)."""
 
 
 @dataclass
@@ -112,6 +115,9 @@ class JobWatch:
                   if status is not None and (status & 0x7F or status >> 8 not in (0, REQUEUE_EXIT))]
         if not broken:
             return False
+        if attempt.failure is None:
+            status = dead[broken[0]]
+            attempt.failure = (broken[0], 128 + (status & 0x7F) if status & 0x7F else status >> 8)
         for rank, pid in attempt.pids.items():
             if rank not in dead:
                 _kill_tree(pid)
@@ -192,7 +198,7 @@ class JobWatch:
         attempt = self.attempts[-1]
         if attempt.cause:
             return
-        attempt.cause = self._hang or _failure_cause(result.failures)
+        attempt.cause = self._hang or _failure_cause(result.failures, attempt.failure)
         final = _final_reason(result.failures, attempt)
         left = getattr(agent, "_remaining_restarts", 0)
         if final:
@@ -213,6 +219,11 @@ class JobWatch:
             self._event("restart", f"restart {total - left + 1} of {total} after: "
                         f"{attempt.cause}", attempt=attempt.number + 1)
 
+    def exit_code(self) -> Optional[int]:
+        """The first failing rank's own code in the last attempt (None: the agent's report)."""
+        failure = self.attempts[-1].failure if self.attempts else None
+        return failure[1] if failure else None
+
     def summary(self) -> str:
         """Every attempt and how it ended (printed when the job fails for good)."""
         return "; ".join(f"attempt {a.number}: {a.cause or 'running'}"
@@ -226,8 +237,10 @@ class JobWatch:
 
 def _final_reason(failures: dict, attempt: Attempt) -> str:
     """Why this failure must not be restarted ('' when it may)."""
+    codes = {f.exitcode for f in failures.values()} | {attempt.failure[1] if attempt.failure
+                                                       else 0}
     for code, what in FINAL_EXITS.items():
-        if any(f.exitcode == code for f in failures.values()):
+        if code in codes:
             return f"exit {code} is {what}, which a restart would not change"
     if attempt.number > 0 and (attempt.last_step is None
                                or attempt.last_step <= (attempt.first_step or 0)):
@@ -235,8 +248,13 @@ def _final_reason(failures: dict, attempt: Attempt) -> str:
     return ""
 
 
-def _failure_cause(failures: dict) -> str:
-    """'rank 1 died (SIGKILL)' / 'rank 0 exited with code 1': the first own failure."""
+def _failure_cause(failures: dict, first: Optional[tuple] = None) -> str:
+    """'rank 1 died (SIGKILL)' / 'rank 0 exited with code 1': the first failure the watch saw,
+    else the first own failure the agent reports."""
+    if first is not None:
+        rank, code = first
+        return (f"rank {rank} died ({signal.Signals(code - 128).name})" if code > 128
+                else f"rank {rank} exited with code {code}")
     own = {r: f for r, f in failures.items() if f.exitcode > 0} or failures
     rank = min(own, key=lambda r: (own[r].timestamp, r))
     f = own[rank]

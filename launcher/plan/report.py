@@ -156,11 +156,11 @@ def _goodput_rows(p: Plan) -> list[tuple[str, str, str]]:
     return [
         ("checkpoint", _b(g.checkpoint_bytes), f"save {g.save_s:,.1f} s (loop stalls "
                                                f"{g.stall_s:,.1f} s), load {g.load_s:,.1f} s"),
-        ("interruptions", f"every {g.mtbf_hours:,.1f} h",
+        ("interrupted every", f"{g.mtbf_hours:,.1f} h",
          f"cluster.mtbf_hours / {p.machines.nodes:,} nodes; a restart costs {g.restart_s:,.0f} s"),
         ("expected goodput", f"{g.expected:.1%}", f"saving {every} (trainer.save_interval)"),
-        ("best save interval", f"{g.best_save_interval:,} steps",
-         f"{g.expected_at_best:.1%} expected goodput (Young/Daly)"),
+        ("best save interval", f"{g.best_save_interval:,}",
+         f"steps: {g.expected_at_best:.1%} expected goodput (Young/Daly)"),
     ]
 
 

@@ -179,7 +179,7 @@ class MetricsLogger(NullMetricsLogger):
         self._events.flush()
         extra = " ".join(f"{k}={v}" for k, v in record.items()
                          if k not in ("time", "kind", "message"))
-        print(f"[{kind}] {message}" + (f" ({extra})" if extra else ""),
+        print(f"[{kind}] {record['message']}" + (f" ({extra})" if extra else ""),
               file=self._console, flush=True)
 
     def write_json(self, name: str, content: Any) -> None:
