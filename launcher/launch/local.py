@@ -151,12 +151,30 @@ def heartbeats_for(watch: Optional["JobWatch"]):
     if watch is None:
         yield
         return
-    os.environ[HEARTBEAT_DIR_ENV] = str(watch.heartbeat_dir)
+    added = {HEARTBEAT_DIR_ENV: str(watch.heartbeat_dir), **flight_recorder_env(watch.run_dir)}
+    added = {k: v for k, v in added.items() if k == HEARTBEAT_DIR_ENV or k not in os.environ}
+    os.environ.update(added)
     try:
         yield
     finally:
-        os.environ.pop(HEARTBEAT_DIR_ENV, None)
+        for key in added:
+            os.environ.pop(key, None)
         shutil.rmtree(watch.heartbeat_dir, ignore_errors=True)
+
+
+def flight_recorder_env(run_dir: Optional[Path]) -> dict:
+    """PyTorch's NCCL flight recorder for the ranks (GPU runs; the variables do nothing on
+    gloo): the last 2,000 collectives of each rank, dumped on a collective timeout or a hang
+    of the NCCL watchdog to ``<run_dir>/hangs/nccl_trace_rank_<r>`` (read them with
+    ``python -m torch.distributed.flight_recorder.fr_trace``). Variables already set win; none
+    without CUDA."""
+    import torch
+
+    if run_dir is None or not torch.cuda.is_available():
+        return {}
+    (Path(run_dir) / "hangs").mkdir(parents=True, exist_ok=True)
+    return {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_FR_DUMP_TEMP_FILE": str(Path(run_dir) / "hangs" / "nccl_trace_rank_")}
 
 
 def launch_local_world(entrypoint: Callable, args: tuple, nprocs: int, run_id: str,
