@@ -17,6 +17,7 @@ from launcher.core.errors import CheckpointError, TrainingAborted
 from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.launch.bootstrap import Rank, run_ranks
 from launcher.launch.job import prepare
+from launcher.runtime.goodput import print_summary
 from launcher.runtime.metrics import Metrics
 
 
@@ -34,17 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run_ranks(job, train, command="train", resilient=True)
     finally:
-        print_goodput(job.run_dir)
-
-
-def print_goodput(run_dir) -> None:
-    """One line at the end of every run, however it ended: where its wall time went."""
-    from launcher.parallel.distributed import launch_rank
-    from launcher.runtime.goodput import account, summary_line
-
-    if launch_rank() == 0 and (run_dir / "metrics.jsonl").exists():
-        print(f"[goodput] {summary_line(account(run_dir))} (python -m launcher.report "
-              f"{run_dir})", file=sys.stderr, flush=True)
+        print_summary(job.run_dir)
 
 
 def train(rank: Rank) -> int:
@@ -58,16 +49,18 @@ def train(rank: Rank) -> int:
         if metrics is None:  # a live run holds the directory
             return CONFIG_ERROR_EXIT
         try:
-            try:
-                return resume_build_train(rank, metrics)
-            except (TrainingAborted, CheckpointError):
-                raise
-            except Exception as exc:  # a shard that went bad under the run ends it (exit 3)
-                raise data_failure(job.cfg.data.prefixes, exc) from exc
+            return resume_build_train(rank, metrics)
         except (TrainingAborted, CheckpointError) as exc:
-            metrics.log_event("abort", str(exc))
-            rank.console.error(f"train: rank {rank.rank}: {exc}")
-            return exc.exit_code
+            return aborted(rank, metrics, exc)
+        except Exception as exc:  # a shard gone bad under the run ends it (exit 3), else raise
+            return aborted(rank, metrics, data_failure(job.cfg.data.prefixes, exc))
+
+
+def aborted(rank: Rank, metrics: Metrics, exc: TrainingAborted | CheckpointError) -> int:
+    """An event and one console line for a run that cannot go on; its exit code."""
+    metrics.log_event("abort", str(exc))
+    rank.console.error(f"train: rank {rank.rank}: {exc}")
+    return exc.exit_code
 
 
 def resume_build_train(rank: Rank, metrics: Metrics) -> int:

@@ -110,3 +110,22 @@ def test_a_job_failing_for_another_reason_is_not_requeued(slurm, tmp_path):
     logs = read_logs(run_dir / "logs")
     assert info["JobState"] == "FAILED" and info["Restarts"] == "0", logs
     assert info["ExitCode"] != "0:0" and "requeueing" not in logs
+
+
+def test_a_rank_killed_inside_the_allocation_is_restarted_in_the_same_job(slurm, tmp_path):
+    """launch.mode=torchrun: the node's agent restarts its ranks (torch elastic) from the
+    latest checkpoint; Slurm sees one job, never requeued, that completes."""
+    run_dir = tmp_path / "tiny_1x2_cpu"
+    job = submit(tmp_path, "launch.mode=torchrun", "trainer.train_steps=60",
+                 "trainer.save_interval=5", "trainer.eval_interval=0", env=job_env())
+    wait_for_steps(run_dir, job, 12)
+    pid = int((run_dir / "logs" / "rank_1.pid").read_text())
+    subprocess.run(["kill", "-9", str(pid)], check=True, timeout=30)
+    info = wait_job(job, timeout=300, logs=run_dir / "logs")
+    logs = read_logs(run_dir / "logs")
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), logs
+    events = [json.loads(l) for l in (run_dir / "events.jsonl").read_text().splitlines()]
+    ends = [e for e in events if e["kind"] == "attempt_end"]
+    assert "rank 1 died (SIGKILL)" in ends[0]["message"] and ends[0]["restart"] is True
+    assert [e for e in events if e["kind"] == "resume"]
+    assert max(metric_steps(run_dir)) == 60

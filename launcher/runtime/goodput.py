@@ -147,3 +147,15 @@ def summary_line(acc: dict) -> str:
     return (f"goodput {acc['goodput']:.1%} of {acc['wall_s']:,.1f} s wall"
             + (f" over {attempts} attempts" if attempts > 1 else "")
             + (f"; lost: {', '.join(parts)}" if parts else ""))
+
+
+def print_summary(run_dir: Path) -> None:
+    """The goodput line every run ends with (on stderr; by the launching process, or rank 0
+    when each rank was started from outside)."""
+    import sys
+
+    from launcher.parallel.distributed import launch_rank
+
+    if launch_rank() == 0 and (Path(run_dir) / "metrics.jsonl").exists():
+        print(f"[goodput] {summary_line(account(run_dir))} (python -m launcher.report "
+              f"{run_dir})", file=sys.stderr, flush=True)
