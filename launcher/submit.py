@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = handle_flags(sys.argv[1:] if argv is None else argv, "launcher.submit", __doc__)
     cfg = to_object(compose_or_exit(argv))
     plan = plan_or_exit(cfg)
-    check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size)
+    check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size, cfg.data.split)
     run_dir = run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name).resolve()
     script = render_or_exit(cfg, plan, argv, run_dir)
     if cfg.submit.dry_run:

@@ -114,3 +114,21 @@ def test_truncated_shard_exits_2_before_spawning(corpus, tmp_path):
     assert f"{first}.bin is " in proc.stderr and "truncated" in proc.stderr
     assert "python -m data_prep" in proc.stderr
     assert not out.exists()  # nothing started, no run directory
+
+
+def test_a_split_left_without_documents_is_refused(corpus, tmp_path):
+    """Megatron-Core splits each shard by documents; a split with none would make its dataset
+    builder loop forever (found with a 16-document corpus and data.split=98,1,1)."""
+    from launcher.plan.data_check import document_count, split_problems
+
+    prefixes = _shards(corpus)
+    docs = sum(document_count(p + ".idx") for p in prefixes)
+    assert docs == 6  # the corpus fixture's documents
+    (problem,) = split_problems(prefixes[:1], "98,1,1")
+    assert "leaves the validation split no document of" in problem and prefixes[0] in problem
+    assert split_problems(prefixes, "34,33,33") == []
+    assert split_problems(prefixes, "100,0,0") == []  # an unweighted split is not built
+    proc = run_module("launcher.train", f"hydra.searchpath=[file://{corpus / 'conf'}]",
+                      "data=bytes", f"run.output_root={tmp_path}", "run.name=x")
+    assert proc.returncode == 2 and "data.split=98,1,1 leaves the validation split" in proc.stderr
+    assert not (tmp_path / "x").exists()

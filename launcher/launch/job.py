@@ -84,7 +84,7 @@ def prepare(argv: Sequence[str], *, weights_key: str = "", plan: bool = True,
         return Job(tuple(argv), to_plain(raw), cfg, None, run_dir)
     world = launched_world(cfg)
     cfg, planned, notes = plan_for_this_machine(cfg, plan_or_exit(cfg, world), world)
-    check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size)
+    check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size, cfg.data.split)
     run_dir = run_dir or run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name)
     return Job(tuple(argv), to_plain(raw), cfg, planned, run_dir, notes)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import sys
 from pathlib import Path
@@ -50,6 +51,43 @@ def expected_bin_bytes(idx_path: str) -> int:
         f.seek(34 + sequences * 4 + (sequences - 1) * 8)
         (last_pointer,) = struct.unpack("<q", f.read(8))
     return last_pointer + last_length * ITEM_BYTES[code]
+
+
+def document_count(idx_path: str) -> int:
+    """Documents of a shard, from its index header (its document index has one more entry)."""
+    with open(idx_path, "rb") as f:
+        head = f.read(34)
+    return max(0, struct.unpack("<Q", head[26:34])[0] - 1)
+
+
+SPLIT_NAMES = ("training", "validation", "test")
+
+
+def split_problems(prefixes: Sequence[str], split: str) -> list[str]:
+    """A split of ``data.split`` that gets no document of a shard: Megatron-Core splits each
+    shard by documents (``round(fraction x documents)`` at each boundary) and, asked for
+    samples from an empty split, loops forever counting epochs."""
+    weights = [float(w) for w in re.findall(r"[.0-9]+", split) if w != "."]  # Megatron's parse
+    weights = (weights + [0.0, 0.0, 0.0])[:3]
+    total = sum(weights)
+    if total <= 0:
+        return [f"data.split={split!r} gives no split any weight; use e.g. 98,1,1"]
+    bounds = [sum(weights[:i]) / total for i in range(4)]
+    problems = []
+    for prefix in prefixes:
+        try:
+            docs = document_count(prefix + ".idx")
+        except (OSError, struct.error):
+            continue  # named by shard_problems
+        for name, weight, beg, end in zip(SPLIT_NAMES, weights, bounds, bounds[1:]):
+            if weight > 0 and round(end * docs) - round(beg * docs) == 0:
+                problems.append(
+                    f"data.split={split} leaves the {name} split no document of {prefix} "
+                    f"({docs} documents): Megatron-Core would loop forever building it; give "
+                    "that split more weight (e.g. data.split=80,10,10) or the shard more "
+                    "documents")
+                break
+    return problems
 
 
 def shard_problems(prefixes: Sequence[str]) -> list[str]:
@@ -97,12 +135,14 @@ def vocab_problems(prefixes: Sequence[str], vocab_size: int) -> list[str]:
     return problems
 
 
-def check_data_or_exit(prefixes: Sequence[str], vocab_size: int) -> None:
-    """Print every problem of :func:`shard_problems` and :func:`vocab_problems` and exit 2 when
-    there is any."""
+def check_data_or_exit(prefixes: Sequence[str], vocab_size: int, split: str = "98,1,1") -> None:
+    """Print every problem of :func:`shard_problems`, :func:`split_problems` and
+    :func:`vocab_problems` and exit 2 when there is any."""
     from launcher.core.exits import CONFIG_ERROR_EXIT
 
-    problems = shard_problems(prefixes) + vocab_problems(prefixes, vocab_size)
+    problems = shard_problems(prefixes)
+    problems += split_problems(prefixes, split) if not problems else []
+    problems += vocab_problems(prefixes, vocab_size)
     if problems:
         print(f"data: {len(problems)} problem(s):\n" + "\n".join(f"- {p}" for p in problems),
               file=sys.stderr)
