@@ -91,19 +91,25 @@ class JobWatch:
         self._follow_steps()
         if result.state == WorkerState.FAILED:
             self._failed(agent, result)
-        elif result.state == WorkerState.SUCCEEDED and not self.attempts[-1].cause:
-            attempt = self.attempts[-1]
+        elif result.state == WorkerState.SUCCEEDED:
+            self._finished()
+        elif result.state == WorkerState.HEALTHY and not self._end_broken_world():
+            self._check_hang_now_and_then()
+        return result
+
+    def _finished(self) -> None:
+        attempt = self.attempts[-1]
+        if not attempt.cause:
             attempt.cause = "finished"
             self._event("attempt_end", f"attempt {attempt.number}: finished",
                         attempt=attempt.number, step=attempt.last_step, restart=False)
-        elif result.state == WorkerState.HEALTHY and self._end_broken_world():
-            pass
-        elif result.state == WorkerState.HEALTHY and self.resilience.hang_timeout_s >= 0:
-            now = time.monotonic()
-            if now - self._checked >= CHECK_INTERVAL_S and not self._hang:
-                self._checked = now
-                self._check_hang()
-        return result
+
+    def _check_hang_now_and_then(self) -> None:
+        now = time.monotonic()
+        if self.resilience.hang_timeout_s >= 0 and not self._hang \
+                and now - self._checked >= CHECK_INTERVAL_S:
+            self._checked = now
+            self._check_hang()
 
     def _end_broken_world(self) -> bool:
         """A rank that died or failed (an exit other than 0 and 75, read from its zombie
