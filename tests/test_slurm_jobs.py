@@ -116,7 +116,7 @@ def test_a_rank_killed_inside_the_allocation_is_restarted_in_the_same_job(slurm,
     """launch.mode=torchrun: the node's agent restarts its ranks (torch elastic) from the
     latest checkpoint; Slurm sees one job, never requeued, that completes."""
     run_dir = tmp_path / "tiny_1x2_cpu"
-    job = submit(tmp_path, "launch.mode=torchrun", "trainer.train_steps=60",
+    job = submit(tmp_path, "launch.mode=torchrun", "trainer.train_steps=30",
                  "trainer.save_interval=5", "trainer.eval_interval=0", env=job_env())
     wait_for_steps(run_dir, job, 12)
     pid = int((run_dir / "logs" / "rank_1.pid").read_text())
@@ -128,4 +128,4 @@ def test_a_rank_killed_inside_the_allocation_is_restarted_in_the_same_job(slurm,
     ends = [e for e in events if e["kind"] == "attempt_end"]
     assert "rank 1 died (SIGKILL)" in ends[0]["message"] and ends[0]["restart"] is True
     assert [e for e in events if e["kind"] == "resume"]
-    assert max(metric_steps(run_dir)) == 60
+    assert max(metric_steps(run_dir)) == 30
