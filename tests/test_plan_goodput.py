@@ -106,3 +106,11 @@ def test_collective_timeout_backs_up_the_hang_timeout():
     assert collective_timeout_s(r) == 14400.0
     r = to_object(compose_config(["resilience.collective_timeout_s=99"])).resilience
     assert collective_timeout_s(r) == 99.0
+
+
+def test_srun_mode_says_it_has_no_watchdog():
+    srun = plan_of("cluster=slurm_cpu", "launch.mode=srun").warnings
+    assert any("launch.mode=srun" in w and "no in-job restart" in w for w in srun)
+    assert not any("launch.mode=srun" in w
+                   for w in plan_of("cluster=slurm_cpu", "launch.mode=torchrun").warnings)
+    assert not any("launch.mode=srun" in w for w in plan_of("cluster=local_cpu").warnings)

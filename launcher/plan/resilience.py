@@ -75,13 +75,25 @@ def _restarts_fit(cfg: TrainwrightConfig, goodput: GoodputPlan) -> list[Problem]
 
 def resilience_warnings(cfg: TrainwrightConfig, *, step_time_s: float,
                         goodput: GoodputPlan) -> list[str]:
-    """Worth a word: a save interval longer than the expected time between interruptions."""
+    """Worth a word: a save interval longer than the expected time between interruptions; a
+    Slurm job started with one task per GPU, which has no launcher to watch its ranks."""
+    warnings = _srun_warning(cfg)
     interval_s = (cfg.trainer.save_interval or 0) * step_time_s
     mtbf_s = goodput.mtbf_hours * 3600
     if not cfg.trainer.save_interval or interval_s <= mtbf_s:
-        return []
-    return [f"trainer.save_interval={cfg.trainer.save_interval} steps ({interval_s / 3600:.1f} h) "
+        return warnings
+    return warnings + [f"trainer.save_interval={cfg.trainer.save_interval} steps ({interval_s / 3600:.1f} h) "
             f"is longer than the job's expected time between interruptions "
             f"({goodput.mtbf_hours:.1f} h): most interruptions will lose work; "
             f"save_interval={goodput.best_save_interval} maximises the expected goodput "
             f"({goodput.expected_at_best:.1%} against {goodput.expected:.1%})"]
+
+
+def _srun_warning(cfg: TrainwrightConfig) -> list[str]:
+    r = cfg.resilience
+    if cfg.cluster.launcher != "slurm" or cfg.launch.mode.value != "srun" or \
+            (r.restarts_in_job <= 0 and r.hang_timeout_s < 0):
+        return []
+    return ["launch.mode=srun starts one Slurm task per GPU with no launcher to watch them: no "
+            "hang detection and no in-job restart (resilience.*) for this job; "
+            "launch.mode=torchrun (one agent per node) has both"]
