@@ -27,6 +27,9 @@ from tests.helpers.megatron_checkpoints import (_batches, _finish, _load, _manag
                                                 build)
 
 TIED = ["model.untie_embeddings_and_output_weights=false"]
+RESHARDABLE = TIED + ["engine.optimizer_checkpoint=fully_reshardable"]
+"""What the layout-change tests save with: the distributed optimizer's model-space format (the
+default, dp_reshardable, loads only where DP alone changed: tests/test_reshard_convert.py)."""
 
 
 def _dp_share(batches: list) -> list:
@@ -49,19 +52,19 @@ def reshard_worker(args: dict) -> dict:
     root, out = Path(args["dir"]), {}
     for name, layout in RESHARD_LAYOUTS.items():
         ckpt = root / name / "checkpoints"
-        cfg, plan, eng = build(TIED + layout + ["trainer.global_batch_size=4"])
+        cfg, plan, eng = build(RESHARDABLE + layout + ["trainer.global_batch_size=4"])
         batches = _batches(cfg, 8)
         out[f"{name}_train"] = _steps(eng, cfg, plan, batches[:4], 2)
         _save(eng, ckpt, 2)
         out[f"{name}_eval"] = eng.eval_loss(batches[4:6])
         out[f"{name}_next"] = _steps(eng, cfg, plan, batches[4:8], 2)
         _finish()
-        cfg, plan, eng = build(TIED + layout + ["trainer.global_batch_size=4"])
+        cfg, plan, eng = build(RESHARDABLE + layout + ["trainer.global_batch_size=4"])
         _load(eng, ckpt)
         out[f"{name}_resumed"] = _steps(eng, cfg, plan, batches[4:8], 2)
         _finish()
         # TP=1, PP=1, DP=2, same optimizer kind
-        cfg, plan, eng = build(TIED + layout[1:] + ["trainer.global_batch_size=4"])
+        cfg, plan, eng = build(RESHARDABLE + layout[1:] + ["trainer.global_batch_size=4"])
         _load(eng, ckpt)
         out[f"{name}_to_1_eval"] = eng.eval_loss(batches[4:6])
         out["latest"] = (ckpt / "latest").read_text().strip() if (ckpt / "latest").is_file() \
@@ -78,19 +81,22 @@ def _moe_phase(ckpt: Path, out: dict) -> None:
     from launcher.core.errors import CheckpointError
     from tests.helpers.engines import MOE
 
-    cfg, plan, eng = build(TIED + MOE + ["parallelism.zero_stage=1", "trainer.global_batch_size=4"])
+    cfg, plan, eng = build(RESHARDABLE + MOE + ["parallelism.zero_stage=1",
+                                                 "trainer.global_batch_size=4"])
     out["moe_optimizers"] = len(eng.optimizer.chained_optimizers)
     batches = _batches(cfg, 8)
     _steps(eng, cfg, plan, batches[:4], 2)
     _save(eng, ckpt, 2)
     out["moe_next"] = _steps(eng, cfg, plan, batches[4:8], 2)
     _finish()
-    cfg, plan, eng = build(TIED + MOE + ["parallelism.zero_stage=1", "trainer.global_batch_size=4"])
+    cfg, plan, eng = build(RESHARDABLE + MOE + ["parallelism.zero_stage=1",
+                                                 "trainer.global_batch_size=4"])
     _load(eng, ckpt)
     out["moe_resumed"] = _steps(eng, cfg, plan, batches[4:8], 2)
     _finish()
     ep1 = [o for o in MOE if not o.startswith("parallelism.expert_parallel_size")]
-    cfg, plan, eng = build(TIED + ep1 + ["parallelism.zero_stage=1", "trainer.global_batch_size=4"])
+    cfg, plan, eng = build(RESHARDABLE + ep1 + ["parallelism.zero_stage=1",
+                                                 "trainer.global_batch_size=4"])
     try:
         _load(eng, ckpt)
         out["moe_ep1_error"] = None
@@ -157,7 +163,7 @@ TP2_DP1 = ["parallelism.tensor_parallel_size=2", "parallelism.sequence_parallel=
 
 def _train_and_save_zero1(ckpt: Path, out: dict) -> list:
     """DP=2 distributed optimizer: save before the first step and after two; then two more."""
-    cfg, plan, eng = build(TIED + ZERO1)
+    cfg, plan, eng = build(RESHARDABLE + ZERO1)
     batches = _batches(cfg, 16)
     out["eval_start"] = eng.eval_loss(batches[:2])
     _save(eng, ckpt, 0)  # a fresh optimizer has no Adam state yet
@@ -176,13 +182,14 @@ def _load_elsewhere(ckpt: Path, batches: list, out: dict) -> None:
     tensors alone (weights-only load) must still reproduce the saved model."""
     from launcher.core.errors import CheckpointError
 
-    cfg, plan, eng = build(TIED + ZERO1 + TP2_DP1)
+    cfg, plan, eng = build(RESHARDABLE + ZERO1 + TP2_DP1)
     _load(eng, ckpt)
     out["tp2_eval0"] = eng.eval_loss(batches[8:10])
     out["tp2_next"] = _steps(eng, cfg, plan, _dp_share(batches[4:8]), 2)
     out["tp2_eval2"] = eng.eval_loss(batches[8:10])
     _finish()
-    cfg, plan, eng = build(TIED + ["parallelism.zero_stage=0", "trainer.global_batch_size=4"])
+    cfg, plan, eng = build(RESHARDABLE + ["parallelism.zero_stage=0",
+                                          "trainer.global_batch_size=4"])
     try:
         _load(eng, ckpt)
         out["zero0_error"] = None
@@ -197,15 +204,15 @@ def _load_elsewhere(ckpt: Path, batches: list, out: dict) -> None:
 def zero1_worker(args: dict) -> dict:
     """Distributed optimizer (zero_stage=1) at DP=2: see the module docstring."""
     ckpt, out = Path(args["dir"]) / "zero1" / "checkpoints", {}
-    cfg, plan, eng = build(TIED + ZERO1)
+    cfg, plan, eng = build(RESHARDABLE + ZERO1)
     out["fresh"] = _steps(eng, cfg, plan, _batches(cfg, 4), 2)  # never saved: the reference
     _finish()
     batches = _train_and_save_zero1(ckpt, out)
-    cfg, plan, eng = build(TIED + ZERO1)
+    cfg, plan, eng = build(RESHARDABLE + ZERO1)
     _load(eng, ckpt)
     out["resumed"] = _steps(eng, cfg, plan, _dp_share(batches[4:8]), 2)
     _finish()
-    cfg, plan, eng = build(TIED + ZERO1)
+    cfg, plan, eng = build(RESHARDABLE + ZERO1)
     from launcher.core import checkpoints
 
     _manager(eng, ckpt).load(checkpoints.find_resume(ckpt, str(ckpt / "step_000000")))
@@ -281,7 +288,7 @@ def tp2dp2_worker(args: dict) -> dict:
     """4 ranks: distributed optimizer at TP=2 x DP=2 (ZeRO-1 shards of TP shards), saved after
     two steps, then two more; loaded at TP=1 x DP=4 for the same two steps."""
     ckpt, out = Path(args["dir"]) / "tp2dp2" / "checkpoints", {}
-    common = TIED + ["parallelism.zero_stage=1", "trainer.global_batch_size=8"]
+    common = RESHARDABLE + ["parallelism.zero_stage=1", "trainer.global_batch_size=8"]
     layouts = {"tp2dp2": TP2_DP1, "tp1dp4": []}
     for name, layout in layouts.items():
         cfg, plan, eng = build(common + layout)

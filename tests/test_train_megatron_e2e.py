@@ -131,5 +131,6 @@ def test_dp_reshardable_checkpoints_resume_bitwise_reshard_dp_and_refuse_a_tp_ch
                     "trainer.train_steps=4", f"trainer.load={step2}", expect=2)
     message = refused.stdout + refused.stderr
     assert "engine.optimizer_checkpoint=dp_reshardable" in message, message[-3000:]
-    assert "Resume with parallelism.tensor_parallel_size=1" in message
+    assert "resume with parallelism.tensor_parallel_size=1" in message
+    assert "python -m launcher.convert reshard checkpoint=" in message
     assert "trainer.init_from=" in message

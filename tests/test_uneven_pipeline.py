@@ -132,7 +132,7 @@ def test_fewer_layers_on_the_first_stage_lower_its_memory():
 SMALL = ["engine=megatron", "model.hidden_size=64", "model.ffn_hidden_size=160",
          "model.num_attention_heads=4", "model.num_query_groups=2", "model.vocab_size=512",
          "model.seq_length=32", "trainer.precision=fp32", "trainer.micro_batch_size=1",
-         "trainer.global_batch_size=4"]
+         "trainer.global_batch_size=4", "engine.optimizer_checkpoint=fully_reshardable"]
 CASES = {  # name: (ranks, overrides)
     "pp2_first1": (2, ["model.num_layers=4", "parallelism.pipeline_parallel_size=2",
                        "parallelism.layers_in_first_stage=1"]),
@@ -189,7 +189,35 @@ def uneven_worker(args: dict) -> dict:
         _load(eng, ckpt)
         out["even_eval"] = eng.eval_loss(batches[4:6])
         _finish()
+        out["per_rank_format_refusal"] = _per_rank_format_refusal(name, Path(args["dir"]))
+        out["unrecorded_refusal"] = _per_rank_format_refusal(name, Path(args["dir"]), False)
     return out
+
+
+def _per_rank_format_refusal(name: str, root: Path, recorded: bool = True) -> str:
+    """The error of loading the default per-rank optimizer format (dp_reshardable), saved with
+    the case's split, into the RELOAD split (same PP: only the layers per stage differ);
+    ``recorded=False``: a checkpoint saved without the buffer-layout record (as before it was
+    written), so only Megatron-Core's own load can find the difference."""
+    from launcher.core.errors import CheckpointError
+    from tests.helpers.megatron_checkpoints import _batches, _finish, _load, _save, _steps, build
+
+    ckpt = root / f"{name}_per_rank_{recorded}" / "checkpoints"
+    per_rank = [o for o in SMALL if "optimizer_checkpoint" not in o]
+    cfg, plan, eng = build(per_rank + CASES[name][1])
+    _steps(eng, cfg, plan, _batches(cfg, 4), 1)
+    if not recorded:
+        eng.checkpoint_io.buffers = None
+    _save(eng, ckpt, 1, background=False)
+    _finish()
+    cfg, plan, eng = build(per_rank + RELOAD[name])
+    try:
+        _load(eng, ckpt)
+        return ""
+    except CheckpointError as exc:
+        return f"exit {exc.exit_code}: {exc}"
+    finally:
+        _finish()
 
 
 @pytest.fixture(scope="module")
@@ -232,3 +260,32 @@ def test_uneven_checkpoint_loads_into_another_split(name, built):
     for result in built[name]:
         assert all(math.isfinite(loss) for loss, _ in result["train"])
         assert result["even_eval"] == pytest.approx(result["eval"], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(RELOAD))
+def test_per_rank_optimizer_format_refuses_another_split_naming_the_conversion(name, built):
+    """The default format saves the distributed optimizer's flat buffers, whose layout follows
+    the stage split: another split at the same PP is refused (exit 2) before any tensor is read
+    (Megatron-Core failed with "Global shape mismatch ... bucket_idx_0.param")."""
+    split = {"pp2_first1": "saved [1, 3], now [2, 2]",
+             "pp2_embedding": "saved [2, 3], now [4, 1]"}
+    for result in built[name]:
+        message = result["per_rank_format_refusal"]
+        assert message.startswith("exit 2: "), message
+        assert f"layers per pipeline stage: {split[name]}" in message, message
+        assert "python -m launcher.convert reshard checkpoint=" in message
+        assert "Global shape mismatch" not in message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(RELOAD))
+def test_per_rank_checkpoint_without_the_layout_record_is_refused_not_crashed(name, built):
+    """Written without the buffer-layout record: Megatron-Core's shape error on the flat buffers
+    becomes the same refusal (exit 2, the conversion command), not a crash of every rank."""
+    for result in built[name]:
+        message = result["unrecorded_refusal"]
+        assert message.startswith("exit 2: "), message
+        assert "laid out differently from this run's" in message, message
+        assert "bucket_idx_0.param" in message
+        assert "python -m launcher.convert reshard checkpoint=" in message

@@ -1,8 +1,10 @@
-"""``python -m launcher.convert <to_hf|from_hf|preset> key=value ...``
+"""``python -m launcher.convert <to_hf|from_hf|reshard|preset> key=value ...``
 
     to_hf   checkpoint=<run, checkpoints or step dir> out=<new dir> [dtype=auto|bf16|fp16|fp32]
             [max_shard_gb=5]
     from_hf hf=<HF dir> out=<new run dir> [parallelism.* engine=... cluster.* overrides]
+    reshard checkpoint=<run, checkpoints or step dir> out=<new dir> [cluster.* overrides]
+            (a dp_reshardable engine=megatron checkpoint -> one that resumes at any layout)
     preset  hf=<HF dir>      (prints the model YAML for conf/model/)
 
 Exit codes: 0 done, 2 bad arguments, unsupported model or config error.
@@ -20,13 +22,23 @@ from launcher.core.exits import CONFIG_ERROR_EXIT
 
 EXIT_USAGE = CONFIG_ERROR_EXIT
 OWN_KEYS = {"to_hf": ("checkpoint", "out", "dtype", "max_shard_gb"),
-            "from_hf": ("hf", "out"), "preset": ("hf",)}
-REQUIRED = {"to_hf": ("checkpoint", "out"), "from_hf": ("hf", "out"), "preset": ("hf",)}
+            "from_hf": ("hf", "out"), "reshard": ("checkpoint", "out"), "preset": ("hf",)}
+REQUIRED = {"to_hf": ("checkpoint", "out"), "from_hf": ("hf", "out"),
+            "reshard": ("checkpoint", "out"), "preset": ("hf",)}
+OVERRIDES = {"from_hf": "config overrides", "reshard": "cluster.* overrides"}
+"""Commands that take Hydra overrides besides their own keys, and which."""
 
 
 def _fail(message: str) -> int:
     print(f"convert: {message}", file=sys.stderr)
     return EXIT_USAGE
+
+
+def _cluster_override(key: str) -> bool:
+    """``cluster=...`` or ``cluster.<field>``: what a conversion may set (the rest is the
+    checkpoint's)."""
+    return key.lstrip("+~") == "cluster" or key.lstrip("+~").startswith("cluster.") \
+        or key == "run.verbose"
 
 
 def parse(argv: Sequence[str]) -> tuple[str, dict, list]:
@@ -38,12 +50,12 @@ def parse(argv: Sequence[str]) -> tuple[str, dict, list]:
         key, sep, value = arg.partition("=")
         if sep and key in OWN_KEYS[command]:
             own[key] = value
-        elif command == "from_hf" and sep:
+        elif sep and (command == "from_hf" or command == "reshard" and _cluster_override(key)):
             rest.append(arg)
         else:
             raise ValueError(f"{command}: unknown argument {arg!r}; it takes "
                              + ", ".join(f"{k}=" for k in OWN_KEYS[command])
-                             + (" and config overrides" if command == "from_hf" else ""))
+                             + (f" and {OVERRIDES[command]}" if command in OVERRIDES else ""))
     missing = [k for k in REQUIRED[command] if not own.get(k)]
     if missing:
         raise ValueError(f"{command}: missing {', '.join(f'{k}=<...>' for k in missing)}")
@@ -103,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return to_hf(own)
     if command == "preset":
         return preset(own)
+    if command == "reshard":
+        from launcher.convert.reshard import run_reshard
+
+        return run_reshard(own["checkpoint"], own["out"], rest)
     from launcher.convert.from_hf import run_import
 
     return run_import(own["hf"], own["out"], rest)

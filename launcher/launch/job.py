@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.compose import compose_or_exit, to_object
+from launcher.compose import compose_or_exit, config_errors, exit_on_config_error, to_object
 from launcher.config import TrainwrightConfig
 from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.launch.model_source import adopt_model
@@ -79,14 +79,39 @@ def prepare(argv: Sequence[str], *, weights_key: str = "", plan: bool = True,
     """The job of ``argv``: composed, planned (unless ``plan`` is False) and checked against its
     data; ``run_dir`` replaces the config's run directory (None: the config's, when planned)."""
     argv, raw = compose(argv, weights_key)
-    cfg = to_object(raw)
     if not plan:
-        return Job(tuple(argv), to_plain(raw), cfg, None, run_dir)
+        return Job(tuple(argv), to_plain(raw), to_object(raw), None, run_dir)
+    return planned_job(argv, raw, run_dir=run_dir)
+
+
+def planned_job(argv: Sequence[str], raw: DictConfig, *, run_dir: Optional[Path] = None,
+                check_data: bool = True) -> Job:
+    """The job of the composed ``raw``: planned for the world the ranks will form (exit 2 on a
+    plan problem) and, with ``check_data``, checked against its data shards."""
+    cfg = to_object(raw)
     world = launched_world(cfg)
     cfg, planned, notes = plan_for_this_machine(cfg, plan_or_exit(cfg, world), world)
-    check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size, cfg.data.split)
+    if check_data:
+        check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size, cfg.data.split)
     run_dir = run_dir or run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name)
     return Job(tuple(argv), to_plain(raw), cfg, planned, run_dir, notes)
+
+
+TRAINING_GROUPS = ("model", "parallelism", "data", "optimizer", "trainer", "engine")
+"""The groups a checkpoint's saved config fixes for a command that continues its state (the
+others, e.g. cluster and logger, are the command line's)."""
+
+
+def with_saved_training(raw: DictConfig, saved: dict,
+                        changes: Optional[dict] = None) -> DictConfig:
+    """``raw`` (composed from a command line) with the training groups of a checkpoint's saved,
+    resolved config, then ``changes`` (a nested dict) on top; exit 2 naming the key when the
+    saved config no longer fits the schema."""
+    with exit_on_config_error(), config_errors():
+        merged = OmegaConf.merge(raw, {k: saved[k] for k in TRAINING_GROUPS if k in saved},
+                                 changes or {})
+        OmegaConf.resolve(merged)
+    return merged
 
 
 def plan_for_this_machine(cfg: TrainwrightConfig, plan: Plan,

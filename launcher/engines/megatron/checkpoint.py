@@ -9,11 +9,14 @@ and global slice, not by rank, so a checkpoint written with one TP/PP/DP layout 
 another. The optimizer follows the same idea:
 
 * plain optimizer (``parallelism.zero_stage=0``): Megatron-Core's model-space optimizer state;
-* distributed optimizer (``zero_stage=1``): ``distrib_optim_sharding_type=fully_reshardable``.
-  On save Megatron-Core gathers the flat ZeRO-1 shards over the data-parallel group and reshapes
-  them to parameter shape; on load every rank reads what its new shard needs. TP, PP and DP may
-  all change. (``fully_sharded_model_space`` is deprecated and rejects the flattened shards
-  in 0.16.1; ``dp_reshardable`` would only allow DP changes.)
+* distributed optimizer (``zero_stage=1``): ``engine.optimizer_checkpoint``, Megatron-Core's
+  ``distrib_optim_sharding_type``. ``dp_reshardable`` (the default, as Megatron-LM's): each rank
+  writes its flat ZeRO-1 shard as it holds it, so a save runs at disk speed; a resume may change
+  DP only, and :mod:`launcher.convert.reshard` rewrites such a checkpoint once for any other
+  layout. ``fully_reshardable``: on save Megatron-Core gathers the flat shards over the
+  data-parallel group and reshapes them to parameter shape (about 4x slower on CPU); on load
+  every rank reads what its new shard needs, so TP, PP and DP may all change.
+  (``fully_sharded_model_space`` is deprecated and rejects the flattened shards in 0.16.1.)
 
 The checkpoint records its layout and optimizer format as dist-checkpointing *content metadata*;
 a load reads it back, builds the optimizer's sharded state dict in the saved format, and refuses
@@ -38,6 +41,7 @@ i.e. without Transformer Engine or Apex), each handled here and tested:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -52,10 +56,10 @@ SUBDIR = "megatron"
 FORMAT_VERSION = 1
 """Version of the content metadata written next to the tensors."""
 
-DISTRIBUTED_SHARDING = "fully_reshardable"
-"""Megatron-Core ``distrib_optim_sharding_type`` used for distributed-optimizer state."""
+DISTRIBUTED_SHARDING = "dp_reshardable"
+"""Megatron-Core ``distrib_optim_sharding_type`` of distributed-optimizer state by default."""
 
-_LEGACY = {"distrib_optim_sharding_type": DISTRIBUTED_SHARDING}
+_LEGACY = {"distrib_optim_sharding_type": "fully_reshardable"}
 """What a checkpoint without content metadata (written before it was recorded) holds."""
 
 
@@ -106,14 +110,19 @@ def describe(saved: dict) -> str:
     return f"zero_stage={saved.get('zero_stage', '?')} ({dims})"
 
 
-def content_metadata(optimizer, sharding: str = DISTRIBUTED_SHARDING) -> dict:
+def content_metadata(optimizer, sharding: str = DISTRIBUTED_SHARDING,
+                     buffers: Optional[dict] = None) -> dict:
     """What a save records: format version, layout and the optimizer state format
-    (``sharding``: engine.optimizer_checkpoint, for the distributed optimizer)."""
+    (``sharding``: engine.optimizer_checkpoint, for the distributed optimizer, and ``buffers``:
+    what lays out its flat buffers, :func:`buffer_layout`)."""
     distributed = is_distributed(optimizer)
-    return {"trainwright_format": FORMAT_VERSION, "layout": layout(),
-            "zero_stage": 1 if distributed else 0,
-            "distrib_optim_sharding_type": sharding if distributed else None,
-            "optimizers": len(_sub_optimizers(optimizer))}
+    metadata = {"trainwright_format": FORMAT_VERSION, "layout": layout(),
+                "zero_stage": 1 if distributed else 0,
+                "distrib_optim_sharding_type": sharding if distributed else None,
+                "optimizers": len(_sub_optimizers(optimizer))}
+    if distributed and buffers is not None:
+        metadata["buffers"] = dict(buffers)
+    return metadata
 
 
 def optimizer_metadata(saved: dict) -> dict:
@@ -182,11 +191,11 @@ def _full_state(chunks: list, optimizer, saved: dict, is_loading: bool,
     return state
 
 
-def incompatibilities(saved: dict, current: dict) -> list:
+def incompatibilities(saved: dict, current: dict, where: str = "<that checkpoint>") -> list:
     """What Megatron-Core cannot convert from a checkpoint's content metadata (``saved``) to
     this run's (``current``), each with its fix; empty when it loads (TP, PP, VPP, CP and DP
     changes do: tensors are addressed in model space)."""
-    problems = _dp_only_changes(saved, current)
+    problems = _dp_only_changes(saved, current, where)
     if saved.get("zero_stage", current["zero_stage"]) != current["zero_stage"]:
         problems.append(
             "Megatron-Core cannot convert optimizer state between the distributed optimizer "
@@ -202,33 +211,86 @@ def incompatibilities(saved: dict, current: dict) -> list:
     return problems
 
 
-def _dp_only_changes(saved: dict, current: dict) -> list:
-    """A dp_reshardable optimizer state loads only where nothing but DP changed."""
+BUFFER_SETTINGS = {
+    "stage_layers": ("layers per pipeline stage", "parallelism.layers_in_first_stage, "
+                     "layers_in_last_stage and account_for_*_in_pipeline_split"),
+    "bucket_size": ("gradient bucket size (none without engine.overlap_grad_reduce)",
+                    "engine.reduce_bucket_size and engine.overlap_grad_reduce"),
+    "grad_reduce_in_fp32": ("fp32 gradient buffers", "engine.grad_reduce_in_fp32"),
+    "precision": ("parameter precision", "trainer.precision")}
+"""What lays out the distributed optimizer's flat buffers besides the parallel sizes: a
+dp_reshardable state (saved as those buffers) loads only where each is unchanged."""
+
+
+def buffer_layout(*, stage_layers, engine, trainer) -> dict:
+    """This run's values of :data:`BUFFER_SETTINGS` (``stage_layers``: layers of every pipeline
+    stage, first to last)."""
+    return {"stage_layers": [int(n) for n in stage_layers],
+            "bucket_size": engine.reduce_bucket_size if engine.overlap_grad_reduce else None,
+            "grad_reduce_in_fp32": bool(engine.grad_reduce_in_fp32),
+            "precision": str(trainer.precision)}
+
+
+def _dp_only_changes(saved: dict, current: dict, where: str) -> list:
+    """A dp_reshardable optimizer state loads only where nothing but DP changed: neither a
+    parallel size nor what lays out the flat buffers (``where``: the step directory, named in
+    the conversion command)."""
     if saved.get("distrib_optim_sharding_type") != "dp_reshardable" \
             or current.get("zero_stage") != 1:
         return []
     was, now = saved.get("layout", {}), current.get("layout", {})
-    changed = [(short, field) for short, field, _ in MODEL_PARALLEL_SIZES
-               if short in was and was[short] != now.get(short)]
-    if not changed:
+    fixes = [f"parallelism.{field}={was[short]}" for short, field, _ in MODEL_PARALLEL_SIZES
+             if short in was and was[short] != now.get(short)]
+    old, new = saved.get("buffers") or {}, current.get("buffers") or {}
+    changed = [f"{BUFFER_SETTINGS[key][0]}: saved {old[key]}, now {new.get(key)} (set "
+               f"{BUFFER_SETTINGS[key][1]} as saved)" for key in BUFFER_SETTINGS
+               if key in old and key in new and old[key] != new[key]]
+    if not fixes and not changed:
         return []
-    fix = " ".join(f"parallelism.{field}={was[short]}" for short, field in changed)
-    return [f"Its optimizer state was saved with engine.optimizer_checkpoint=dp_reshardable, "
-            f"which loads only where TP, PP, VPP, CP and EP are unchanged (DP may change). "
-            f"Resume with {fix}, or start a new run from its weights with "
-            "trainer.init_from=<that checkpoint> (fresh optimizer); save with "
-            "engine.optimizer_checkpoint=fully_reshardable to change layouts at resume."]
+    what = "; ".join(changed) + ". " if changed else ""
+    keep = f"resume with {' '.join(fixes)}" if fixes else "resume with the settings above"
+    return [f"Its optimizer state was saved with engine.optimizer_checkpoint=dp_reshardable "
+            f"(each rank's shard as it was, the fast default), which loads only where TP, PP, "
+            f"VPP, CP, EP and the optimizer's buffer layout are unchanged (DP may change). "
+            f"{what}To resume at this layout, convert it "
+            f"once: python -m launcher.convert reshard checkpoint={where} "
+            "out=<new dir> (it runs at the saved layout and writes a copy that loads at any "
+            f"layout), then resume with trainer.load=<new dir>. Or {keep}, or start a new run "
+            f"from its weights with trainer.init_from={where} (fresh optimizer)."]
 
 
 def check_compatible(saved: dict, current: dict, source: Path) -> None:
     """Raise IncompatibleCheckpoint (exit 2) when the optimizer state in ``source`` (saved with
     ``saved``) cannot be loaded by this run's optimizer (``current``), naming both layouts and
     every fix; TP, PP and DP changes are loadable."""
-    problems = incompatibilities(saved, current)
+    problems = incompatibilities(saved, current, str(Path(source).parent))
     if problems:
         raise IncompatibleCheckpoint(
             f"{source} was saved with {describe(saved)}, this run uses {describe(current)}: "
             + " ".join(problems))
+
+
+def _load_or_refuse(state: dict, source: Path, saved: dict) -> dict:
+    """``dist_checkpointing.load``; a dp_reshardable optimizer state whose flat buffers do not
+    fit this run's (a change its records do not show) is refused with the conversion command
+    (IncompatibleCheckpoint, exit 2) instead of Megatron-Core's shape error."""
+    from megatron.core import dist_checkpointing
+
+    try:
+        return dist_checkpointing.load(state, str(source))
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+        text = str(exc)
+        if saved.get("distrib_optim_sharding_type") != "dp_reshardable" \
+                or "optimizer.distributed" not in text or isinstance(exc, KeyboardInterrupt):
+            raise
+        detail = next((line.strip() for line in text.splitlines()
+                       if "optimizer.distributed" in line), "")
+        raise IncompatibleCheckpoint(
+            f"{source} holds its optimizer state as each rank's flat buffers "
+            f"(dp_reshardable), laid out differently from this run's ({detail[:300]}). "
+            f"Convert it once with python -m launcher.convert reshard "
+            f"checkpoint={source.parent} out=<new dir>, then resume with "
+            "trainer.load=<new dir>; or resume with the settings it was saved with.") from exc
 
 
 class MegatronCheckpointIO:
@@ -239,10 +301,12 @@ class MegatronCheckpointIO:
     ``AsyncCallsQueue``; the fork is a snapshot, so training may change the weights meanwhile);
     :meth:`finish_background` writes the global metadata once every rank's write has finished."""
 
-    def __init__(self, chunks: list, optimizer, sharding: str = DISTRIBUTED_SHARDING):
+    def __init__(self, chunks: list, optimizer, sharding: str = DISTRIBUTED_SHARDING,
+                 buffers: Optional[dict] = None):
         # a plain str: it is stored in the checkpoint, which loads without running code (no
         # class of ours may be in it)
         self.chunks, self.optimizer, self.sharding = chunks, optimizer, str(sharding)
+        self.buffers = buffers  # buffer_layout(): recorded, and compared at a load
         self._queue = None
         self._warming = None
 
@@ -264,7 +328,7 @@ class MegatronCheckpointIO:
             target.mkdir(parents=True, exist_ok=True)
         collectives.barrier()
         sync_params(self.chunks)
-        metadata = content_metadata(self.optimizer, self.sharding)
+        metadata = content_metadata(self.optimizer, self.sharding, self.buffers)
         return target, _full_state(self.chunks, self.optimizer, metadata, is_loading=False), \
             metadata
 
@@ -307,10 +371,11 @@ class MegatronCheckpointIO:
             # No content metadata: written before it was recorded, always as fully_reshardable.
             saved = dist_checkpointing.load_content_metadata(str(source)) or _LEGACY
             if with_optimizer:
-                check_compatible(saved, content_metadata(self.optimizer), source)
+                check_compatible(saved, content_metadata(self.optimizer, self.sharding,
+                                                         self.buffers), source)
             state = _full_state(self.chunks, self.optimizer, saved, is_loading=True,
                                 with_optimizer=with_optimizer)
-            loaded = dist_checkpointing.load(state, str(source))
+            loaded = _load_or_refuse(state, source, saved)
         for i, chunk in enumerate(self.chunks):
             unwrap_model(chunk).load_state_dict(loaded["model"][f"chunk{i}"])
         if with_optimizer:

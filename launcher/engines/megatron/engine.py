@@ -35,6 +35,7 @@ from launcher.engines.base import StepResult
 from launcher.engines.common import masked_mean, set_lr
 from launcher.parallel import collectives
 from launcher.shape import Batch
+from launcher.shape.stages import StageSplit, stage_layers
 
 LOAD_BALANCING_METRIC = "moe/load_balancing_loss"
 """Metric name of the MoE router's load-balancing (aux) loss, mean over MoE layers."""
@@ -155,7 +156,10 @@ def build_megatron_engine(*, batch: Batch, model: ModelConfig, parallelism: Para
     opt = get_megatron_optimizer(
         optimizer_config(optimizer, trainer, parallelism.zero_stage == 1), chunks)
     return MegatronEngine(chunks, opt, batch=batch, engine=engine, trainer=trainer,
-                          moe_layers=model.num_layers if model.num_experts else 0)
+                          moe_layers=model.num_layers if model.num_experts else 0,
+                          stage_layers=stage_layers(model.num_layers,
+                                                    parallelism.pipeline_parallel_size,
+                                                    StageSplit.of(parallelism)))
 
 
 class _Clock:
@@ -175,10 +179,10 @@ class MegatronEngine:
     Megatron optimizer; :attr:`checkpoint_io` writes and reads them with dist-checkpointing."""
 
     def __init__(self, chunks: list, optimizer, *, batch: Batch, engine: EngineConfig,
-                 trainer: TrainerConfig, moe_layers: int = 0):
+                 trainer: TrainerConfig, moe_layers: int = 0, stage_layers: tuple = ()):
         from megatron.core import parallel_state
 
-        from launcher.engines.megatron.checkpoint import MegatronCheckpointIO
+        from launcher.engines.megatron.checkpoint import MegatronCheckpointIO, buffer_layout
 
         self.chunks, self.optimizer = chunks, optimizer
         self.grad_accum_steps, self.nan_policy = batch.grad_accum_steps, trainer.nan_policy
@@ -189,7 +193,9 @@ class MegatronEngine:
         self._box: dict = {}
         self._grad_norm: Optional[float] = None
         _configure_schedule(chunks, optimizer, engine, self._box)
-        self.checkpoint_io = MegatronCheckpointIO(chunks, optimizer, engine.optimizer_checkpoint)
+        self.checkpoint_io = MegatronCheckpointIO(
+            chunks, optimizer, engine.optimizer_checkpoint,
+            buffer_layout(stage_layers=stage_layers, engine=engine, trainer=trainer))
 
     def _prepare(self, batch: dict) -> dict:
         """Move to the device and keep this context-parallel rank's part of the sequence."""
