@@ -12,6 +12,9 @@
 
 Prints save and load GB/s and their share of the disk's rate (issue targets: save >= 30% of
 the disk on the 2-core CPU machine, >= 70% on a GPU node; load no slower than save).
+``--convert`` also times ``python -m launcher.convert reshard`` of the last checkpoint (the
+one-off step that lets the default per-rank optimizer format resume at another layout), as a
+whole process.
 """
 
 from __future__ import annotations
@@ -44,6 +47,20 @@ def train(workdir: Path, args, steps: int) -> list:
         raise SystemExit(f"launcher.train failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     lines = (workdir / "bench" / "events.jsonl").read_text().splitlines()
     return [e for e in map(json.loads, lines) if e["kind"] == "checkpoint" and "bytes" in e]
+
+
+def convert_seconds(workdir: Path) -> float:
+    """Wall seconds of ``launcher.convert reshard`` of the bench run's latest checkpoint."""
+    env = {**os.environ, "WANDB_MODE": "disabled",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "launcher.convert", "reshard",
+                           f"checkpoint={workdir / 'bench'}", f"out={workdir / 'converted'}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"launcher.convert reshard failed ({proc.returncode}):\n"
+                         f"{proc.stderr[-3000:]}")
+    return time.perf_counter() - start
 
 
 def _write_share(path: str, nbytes: int) -> None:
@@ -80,6 +97,8 @@ def main() -> int:
     parser.add_argument("--engine", default="megatron")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--workdir", default="/tmp/tw_ckpt")
+    parser.add_argument("--convert", action="store_true",
+                        help="also time launcher.convert reshard of the last checkpoint")
     parser.add_argument("overrides", nargs="*", help="more launcher.train overrides")
     args = parser.parse_args()
     work = Path(args.workdir)
@@ -101,6 +120,9 @@ def main() -> int:
             rate = e["bytes"] / 1e9 / e["seconds"]
             print(f"  {kind} step {e['step']}: {e['seconds']:.1f} s, {rate:.2f} GB/s = "
                   f"{rate / disk:.0%} of the disk")
+    if args.convert:
+        row["convert_s"] = convert_seconds(work)
+        print(f"  launcher.convert reshard (whole process): {row['convert_s']:.1f} s")
     print(json.dumps(row))
     return 0
 
