@@ -164,11 +164,13 @@ class CrossEntropyFusion(StrEnum):
 
 
 class LaunchMode(StrEnum):
-    srun = "srun"
-    """One srun task per GPU; every task maps Slurm's variables to its rank."""
     torchrun = "torchrun"
     """One elastic agent per node (srun, one task per node) with a c10d rendezvous on the first
-    node; each agent starts gpus_per_node training processes."""
+    node; each agent composes and plans once and starts gpus_per_node training processes, which
+    it watches for hangs and restarts inside the allocation (group resilience)."""
+    srun = "srun"
+    """One srun task per GPU; every task maps Slurm's variables to its rank and composes and
+    plans the job itself. Nothing watches the tasks: no hang detection, no in-job restart."""
 
 
 class PlanFormat(StrEnum):
@@ -608,7 +610,7 @@ class GenerateConfig:
 
 @dataclass
 class LaunchConfig:
-    mode: LaunchMode = LaunchMode.srun
+    mode: LaunchMode = LaunchMode.torchrun
     """How a Slurm job starts its training processes (see LaunchMode)."""
     rdzv_port: int = 29500
     """torchrun mode: TCP port of the c10d rendezvous on the job's first node."""

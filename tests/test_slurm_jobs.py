@@ -113,10 +113,10 @@ def test_a_job_failing_for_another_reason_is_not_requeued(slurm, tmp_path):
 
 
 def test_a_rank_killed_inside_the_allocation_is_restarted_in_the_same_job(slurm, tmp_path):
-    """launch.mode=torchrun: the node's agent restarts its ranks (torch elastic) from the
+    """The default launch.mode=torchrun: the node's agent restarts its ranks (torch elastic) from the
     latest checkpoint; Slurm sees one job, never requeued, that completes."""
     run_dir = tmp_path / "tiny_1x2_cpu"
-    job = submit(tmp_path, "launch.mode=torchrun", "trainer.train_steps=30",
+    job = submit(tmp_path, "trainer.train_steps=30",
                  "trainer.save_interval=5", "trainer.eval_interval=0", env=job_env())
     wait_for_steps(run_dir, job, 12)
     pid = int((run_dir / "logs" / "rank_1.pid").read_text())

@@ -31,8 +31,8 @@ def bash_n(script: str, tmp: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-def test_16k_gpu_recipe_dry_run_has_2048_nodes_of_8_tasks(tmp_path):
-    proc = submit(tmp_path, "experiment=llama3_70b_16k_h100")
+def test_16k_gpu_recipe_dry_run_in_srun_mode_has_2048_nodes_of_8_tasks(tmp_path):
+    proc = submit(tmp_path, "experiment=llama3_70b_16k_h100", "launch.mode=srun")
     assert proc.returncode == 0, proc.stderr
     script = proc.stdout
     assert "#SBATCH --nodes=2048\n" in script and "#SBATCH --ntasks-per-node=8\n" in script
@@ -40,7 +40,7 @@ def test_16k_gpu_recipe_dry_run_has_2048_nodes_of_8_tasks(tmp_path):
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
     assert "--nodes=2048" in srun and "--ntasks-per-node=8" in srun
     assert srun.endswith(f"-m launcher.train run.output_root={tmp_path} submit.dry_run=true "
-                         f"experiment=llama3_70b_16k_h100")
+                         f"experiment=llama3_70b_16k_h100 launch.mode=srun")
     assert f"#SBATCH --output={tmp_path}/llama3_70b_16k_h100/logs/slurm-%j.out" in script
     bash_n(script, tmp_path)
     assert not (tmp_path / "llama3_70b_16k_h100").exists()  # a dry run writes nothing
@@ -51,14 +51,16 @@ def test_node_and_gpu_counts_come_from_the_cluster_and_plan(tmp_path):
                   "cluster.partition=gpu", "cluster.account=proj", "cluster.qos=high",
                   "cluster.constraint='h100&ib'", "cluster.mem=500G", "cluster.time_limit=1-00:00:00")
     assert proc.returncode == 0, proc.stderr
-    for line in ("--nodes=4", "--ntasks-per-node=8", "--partition=gpu", "--account=proj",
+    # the default launch.mode=torchrun: one agent per node with the node's CPUs (16 per GPU)
+    for line in ("--nodes=4", "--ntasks-per-node=1", "--partition=gpu", "--account=proj",
                  "--qos=high", "--constraint=h100&ib", "--mem=500G", "--time=1-00:00:00",
-                 "--exclusive", "--requeue", "--cpus-per-task=16"):
+                 "--exclusive", "--requeue", "--cpus-per-task=128", "--gpus-per-node=8"):
         assert re.search(rf"^#SBATCH {re.escape(line)}$", proc.stdout, re.M), line
 
 
-def test_torchrun_mode_starts_one_agent_per_node_with_rendezvous_on_the_first(tmp_path):
-    proc = submit(tmp_path, "experiment=mixtral_8x7b_8x8_h100", "launch.mode=torchrun",
+def test_by_default_one_agent_per_node_starts_with_rendezvous_on_the_first(tmp_path):
+    """launch.mode=torchrun is the default: the agents watch their ranks (hangs, restarts)."""
+    proc = submit(tmp_path, "experiment=mixtral_8x7b_8x8_h100",
                   "cluster.container_image='nvcr.io#nvidia/pytorch:24.05-py3'",
                   "cluster.container_mounts=/data:/data")
     assert proc.returncode == 0, proc.stderr
