@@ -83,8 +83,9 @@ def test_hostile_override_values_are_quoted_and_never_executed(tmp_path):
     assert proc.returncode == 0, proc.stderr
     bash_n(proc.stdout, tmp_path)
     srun = next(line for line in proc.stdout.splitlines() if line.startswith("srun "))
-    # bash itself parses the srun line back into exactly the overrides given
-    words = subprocess.run(["bash", "-c", 'printf "%s\\0" ' + srun.split("launcher.train", 1)[1]],
+    # bash itself parses the srun line back into exactly the overrides given (after the
+    # agent's "--")
+    words = subprocess.run(["bash", "-c", 'printf "%s\\0" ' + srun.split(" -- ", 1)[1]],
                            capture_output=True, text=True, cwd=tmp_path).stdout.split("\0")[:-1]
     assert words == [f"run.output_root={tmp_path}", "submit.dry_run=true", "cluster=slurm_cpu",
                      *overrides]
