@@ -525,6 +525,10 @@ class EngineConfig:
 class LoggerConfig:
     name: str = "none"
     """none or wandb."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files (the keys wandb gets) under <run_dir>/tensorboard/;
+    a restart appends to the same directory, purging the steps it recomputes. logger=tensorboard
+    selects it alone, logger=[wandb,tensorboard] both."""
     project: str = "trainwright"
     """wandb project."""
     entity: str = ""
@@ -547,6 +551,9 @@ class RunConfig:
     """false: the console shows step lines, events and errors, and each training process's
     library output (warnings, banners, memory reports) goes to <run_dir>/logs/rank_<r>.log;
     true: everything on the console too."""
+    report: bool = True
+    """Write <run_dir>/report.html (python -m launcher.report --format html) when the run ends,
+    however it ends, and print its path; false: leave it to a later launcher.report."""
 
 
 @dataclass

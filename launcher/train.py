@@ -32,10 +32,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     job = prepare(argv, weights_key="trainer.init_from")
     if not run_dir_free(job.run_dir):
         return CONFIG_ERROR_EXIT
+    code: int | None = 1
     try:
-        return run_ranks(job, train, command="train", resilient=True)
+        code = run_ranks(job, train, command="train", resilient=True)
+        return code
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+        raise
     finally:
-        print_summary(job.run_dir)
+        finish_run(job.run_dir, code, report=job.cfg.run.report)
+
+
+def finish_run(run_dir, code: int | None, *, report: bool) -> None:
+    """However a run ended: its ``run_end`` event, the goodput line and (``run.report``) its
+    HTML report, by the launching process only. A report that cannot be written is one line;
+    it never changes the run's exit code."""
+    from launcher.parallel.distributed import launch_rank
+    from launcher.reports.data import record_end
+    from launcher.reports.run import write_run_report
+
+    if launch_rank() != 0 or not (run_dir / "metrics.jsonl").exists():
+        return
+    try:
+        record_end(run_dir, code)
+        print_summary(run_dir)
+        if report:
+            print(f"[report] {write_run_report(run_dir)}", file=sys.stderr, flush=True)
+    except Exception as exc:  # e.g. a full disk: never worth hiding how the run ended
+        print(f"[report] not written: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
 def train(rank: Rank) -> int:

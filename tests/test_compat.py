@@ -96,3 +96,34 @@ def test_save_results_queue_warm_up_leaves_a_server_with_torch_loaded(tmp_path):
                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, True, 0, "after the signals"]
+
+
+def test_jit_build_locks_of_killed_ranks_go_and_a_live_builds_lock_stays(tmp_path, monkeypatch):
+    """release_jit_build_locks (after the watch kills an attempt): a lock no process holds is
+    stale and removed; a lock a live process holds open (a FileBaton of another job building
+    the same op in the shared cache) stays. Removing it made that build fail with
+    FileNotFoundError in its baton.release() (seen with two jobs on one machine)."""
+    import subprocess
+    import sys
+    import time
+
+    from launcher.engines.compat import release_jit_build_locks
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    stale, live = tmp_path / "op_a" / "lock", tmp_path / "op_b" / "lock"
+    for lock in (stale, live):
+        lock.parent.mkdir()
+    stale.touch()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import os, sys, time\n"
+         f"fd = os.open({str(live)!r}, os.O_CREAT | os.O_EXCL)\nprint('held', flush=True)\n"
+         "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        removed = release_jit_build_locks(since=time.time() - 60)
+        assert removed == [str(stale)]
+        assert live.exists() and not stale.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert release_jit_build_locks(since=time.time() - 60) == [str(live)]

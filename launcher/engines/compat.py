@@ -483,27 +483,62 @@ def monitored_elastic_agent(monitor: Callable) -> Iterator[None]:
 
 
 def release_jit_build_locks(since: float) -> list:
-    """Remove the JIT-build locks made since ``since`` (epoch seconds) by ranks that were just
-    killed; the paths removed.
+    """Remove the JIT-build locks made since ``since`` (epoch seconds) that no live process
+    holds (those of ranks that were just killed); the paths removed.
 
     torch 2.13's ``cpp_extension`` guards each JIT-built op with a ``FileBaton``
     (``<build dir>/lock``) and every later load waits for that file to go away. A rank killed
     while it held the baton (DeepSpeed builds its CPU shared-memory comm op in every rank's
-    ``init_distributed``) leaves it behind, and every rank of the next attempt waits forever."""
+    ``init_distributed``) leaves it behind, and every rank of the next attempt waits forever.
+    The baton's holder keeps the file open until it releases it, so a lock that some process
+    still has open belongs to a live build (another job's on the same machine, sharing the
+    cache): it is left alone (removing it made that build fail with FileNotFoundError)."""
     from torch.utils.cpp_extension import get_default_build_root
 
     roots = {os.environ.get("TORCH_EXTENSIONS_DIR") or "", get_default_build_root()} - {""}
-    removed = []
+    candidates = []
     for root in roots:
         for depth in ("*/lock", "*/*/lock"):
             for lock in Path(root).glob(depth):
                 try:
                     if lock.stat().st_mtime >= since:
-                        lock.unlink()
-                        removed.append(str(lock))
+                        candidates.append(lock)
                 except OSError:
                     pass
+    held = _open_files({str(c.resolve()) for c in candidates})
+    removed = []
+    for lock in candidates:
+        if str(lock.resolve()) in held:
+            continue
+        try:
+            lock.unlink()
+            removed.append(str(lock))
+        except OSError:
+            pass
     return removed
+
+
+def _open_files(paths: set) -> set:
+    """The members of ``paths`` that some process of this machine has open (Linux /proc;
+    processes this user cannot inspect are not seen)."""
+    found: set = set()
+    if not paths or not os.path.isdir("/proc"):
+        return found
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target in paths:
+                found.add(target)
+    return found
 
 
 def _probe_jit_baton() -> bool:

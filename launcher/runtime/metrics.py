@@ -14,6 +14,9 @@ Keys are documented in docs/metrics.md. Nothing secret is written: the wandb con
 through :func:`launcher.runtime.rundir.redact`, event text through
 :func:`launcher.runtime.rundir.redact_text`.
 
+TensorBoard: with ``logger.tensorboard`` the same keys also go to ``<run_dir>/tensorboard/``
+(:mod:`launcher.runtime.tensorboard`).
+
 wandb: with ``logger.name == "wandb"`` a run is started in ``<run_dir>/wandb``. Its id is kept in
 ``<run_dir>/wandb_id`` (written on the first start), and later starts of the same run directory
 resume it (``resume="allow"``), so a requeued job continues the same wandb run. ``WANDB_MODE``
@@ -37,6 +40,7 @@ from launcher.core.atomic import atomic_write_json, atomic_write_text
 from launcher.core.phases import PHASES
 from launcher.runtime.rundir import (prepare_run_dir, redact, redact_text, secret_env_values,
                                      to_plain)
+from launcher.runtime.tensorboard import TensorBoardLog
 
 WANDB_ID_FILE = "wandb_id"
 """File in the run directory holding the wandb run id across restarts."""
@@ -146,6 +150,7 @@ class MetricsLogger(NullMetricsLogger):
         self._metrics = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
         self._events = open(self.run_dir / "events.jsonl", "a", encoding="utf-8")
         self.wandb_run = None
+        self.tensorboard = TensorBoardLog(self.run_dir) if logger.tensorboard else None
         if logger.name not in ("none", "wandb"):
             self.close()
             raise ValueError(f"logger.name={logger.name!r} is not supported; use none or wandb")
@@ -167,9 +172,11 @@ class MetricsLogger(NullMetricsLogger):
         self._metrics.write(json.dumps(record) + "\n")
         self._metrics.flush()
         print(progress_line(int(step), record), file=self._console, flush=True)
+        logged = {k: v for k, v in record.items() if k not in ("step", "time") and v is not None}
         if self.wandb_run is not None:
-            self.wandb_run.log({k: v for k, v in record.items()
-                                if k not in ("step", "time") and v is not None}, step=int(step))
+            self.wandb_run.log(logged, step=int(step))
+        if self.tensorboard is not None:
+            self.tensorboard.log(int(step), logged)
 
     def log_event(self, kind: str, message: str, **fields: Any) -> None:
         """A warning-level event (``loss_spike``, ``straggler``, ``nan_skip``, ``stop``, ...):
@@ -188,22 +195,31 @@ class MetricsLogger(NullMetricsLogger):
         atomic_write_json(self.run_dir / name, redact(to_plain(content), self._secrets))
 
     def close(self) -> None:
-        """Put the goodput account so far in the wandb run's summary, finish the wandb run and
-        close the files (safe to call twice)."""
-        if self.wandb_run is not None:
-            from launcher.runtime.goodput import account
-
-            for handle in (self._metrics, self._events):
-                handle.flush()
-            acc = account(self.run_dir)
-            self.wandb_run.summary.update(
-                {"goodput": acc["goodput"], "goodput/wall_s": acc["wall_s"],
-                 **{f"goodput/lost_s/{k}": v for k, v in acc["lost_s"].items()}})
-            self.wandb_run.finish()
-            self.wandb_run = None
+        """Put the goodput account so far in the wandb run's summary (and TensorBoard's last
+        step), finish the wandb run and close the files (safe to call twice)."""
+        if self.wandb_run is not None or self.tensorboard is not None:
+            summary = self._goodput_summary()
+            if self.wandb_run is not None:
+                self.wandb_run.summary.update(summary)
+                self.wandb_run.finish()
+                self.wandb_run = None
+            if self.tensorboard is not None:
+                self.tensorboard.close(summary)
+                self.tensorboard = None
         for handle in (self._metrics, self._events):
             if not handle.closed:
                 handle.close()
+
+
+    def _goodput_summary(self) -> Dict[str, float]:
+        from launcher.runtime.goodput import account
+
+        for handle in (self._metrics, self._events):
+            if not handle.closed:
+                handle.flush()
+        acc = account(self.run_dir)
+        return {"goodput": acc["goodput"], "goodput/wall_s": acc["wall_s"],
+                **{f"goodput/lost_s/{k}": v for k, v in acc["lost_s"].items()}}
 
 
 def _wandb_id(run_dir: Path) -> str:

@@ -17,12 +17,17 @@ TINY = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128
         "model.num_attention_heads=4", "model.num_query_groups=2", "model.vocab_size=512",
         "model.seq_length=64", "trainer.precision=fp32", "trainer.micro_batch_size=2",
         "optimizer.warmup_steps=2", "optimizer.lr=3e-3", "data.num_workers=1",
-        "trainer.eval_iters=2", "trainer.straggler_interval=5"]
+        "trainer.eval_iters=2", "trainer.straggler_interval=5",
+        # the end-of-run HTML report costs about a second a run; its own tests turn it on
+        "run.report=false"]
 
 
-def train(tmp: Path, name: str, *overrides: str, expect: int = 0) -> subprocess.CompletedProcess:
+def train(tmp: Path, name: str, *overrides: str, expect: int = 0,
+          env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m launcher.train`` of the tiny model (wandb disabled unless ``env`` says
+    otherwise); asserts its exit code is ``expect``."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
-           "PYTHONPATH": str(REPO)}
+           "PYTHONPATH": str(REPO), **(env or {})}
     args = [sys.executable, "-m", "launcher.train", *TINY, f"run.output_root={tmp}",
             f"run.name={name}", *overrides]
     proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
