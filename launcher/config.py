@@ -629,6 +629,23 @@ class SubmitConfig:
     """launcher.submit: print the sbatch script instead of writing and submitting it."""
 
 
+class Objective(StrEnum):
+    auto = "auto"
+    """The final validation loss, else (no evaluation ran) the final training loss."""
+    val_loss = "val_loss"
+    """The final validation loss; a point without one fails."""
+    train_loss = "train_loss"
+    """The final training loss."""
+
+
+@dataclass
+class SweepConfig:
+    objective: Objective = Objective.auto
+    """What each point of ``launcher.train -m`` returns to Hydra's sweeper (nats/token; Optuna,
+    Nevergrad and Ax minimise it). A point that diverged (non-finite loss, exit 3) returns NaN,
+    which Optuna records as a failed trial; one that failed otherwise raises."""
+
+
 @dataclass
 class TrainwrightConfig:
     model: ModelConfig = MISSING
@@ -659,6 +676,8 @@ class TrainwrightConfig:
     """How a Slurm job starts the training processes (launcher.submit)."""
     submit: SubmitConfig = field(default_factory=SubmitConfig)
     """launcher.submit options."""
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    """launcher.train -m options (what a point returns to an optimising sweeper)."""
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     """launcher.generate options."""
 

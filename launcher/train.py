@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = handle_flags(sys.argv[1:] if argv is None else argv, "launcher.train", __doc__, True)
     if any(flag in argv for flag in ("-m", "--multirun")):
         from launcher.launch.sweep import main as sweep_main  # Hydra multirun: one run per point
-        return sweep_main(argv)
+        return sweep_main(argv, on_end=finish_sweep)
     job = prepare(argv, weights_key="trainer.init_from")
     if not run_dir_free(job.run_dir):
         return CONFIG_ERROR_EXIT
@@ -41,6 +41,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
     finally:
         finish_run(job.run_dir, code, report=job.cfg.run.report)
+
+
+def finish_sweep(sweep_dir) -> None:
+    """However a sweep ended: its HTML report in the sweep directory (one line if it cannot
+    be written)."""
+    from launcher.reports.sweep import points, write_sweep_report
+
+    try:
+        if points(sweep_dir):
+            print(f"[report] {write_sweep_report(sweep_dir)}", file=sys.stderr, flush=True)
+    except Exception as exc:  # a report is never worth failing a sweep for
+        print(f"[report] not written: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
 def finish_run(run_dir, code: int | None, *, report: bool) -> None:

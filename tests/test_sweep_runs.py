@@ -47,8 +47,43 @@ def check_points(sweep_dir: Path) -> None:
 
 @pytest.mark.slow
 def test_local_multirun_one_run_dir_per_point_and_shared_group(tmp_path):
-    sweep(tmp_path)
+    proc = sweep(tmp_path)
     check_points(tmp_path / "lr_sweep")
+    # the sweep's report, written when it ends
+    assert f"[report] {tmp_path / 'lr_sweep' / 'report.html'}" in proc.stderr
+    assert "optimizer.lr=0.003" in (tmp_path / "lr_sweep" / "report.html").read_text()
+
+
+OPTUNA = ["hydra/sweeper=optuna", "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=1",
+          "hydra.sweeper.sampler.seed=7", "optimizer.lr=interval(1e-4,3e-3)",
+          *(o for o in TINY if not o.startswith("optimizer.lr=")), "trainer.train_steps=6",
+          "trainer.eval_interval=3", "trainer.save_interval=0", "trainer.straggler_interval=0"]
+
+
+@pytest.mark.slow
+def test_optuna_sweeper_gets_each_points_final_validation_loss(tmp_path):
+    """Hydra's real Optuna sweeper, 3 trials: each point returns its final validation loss
+    (before, launcher.train's task returned None and Hydra failed with "Return value must be
+    float-castable"); Optuna's best value is the best point's, which the report marks."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
+           "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "launcher.train", "-m", *OPTUNA,
+                           f"run.output_root={tmp_path}", "run.name=study"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    study = tmp_path / "study"
+    results = yaml.safe_load((study / "optimization_results.yaml").read_text())
+    finals = {}
+    for point in sorted(p.parent for p in study.glob("*/metrics.jsonl")):
+        evals = [json.loads(x)["eval/loss"] for x in (point / "metrics.jsonl").read_text()
+                 .splitlines() if "eval/loss" in x]
+        finals[point.name] = evals[-1]
+    assert len(finals) == 3
+    best = min(finals, key=finals.get)
+    assert results["best_value"] == pytest.approx(finals[best])
+    assert results["best_params"]["optimizer.lr"] == pytest.approx(float(best.split("=")[1]))
+    assert summarize(study)[0]["point"] == best
+    assert f"best: {best}" in (study / "report.html").read_text()
 
 
 @pytest.mark.slow
@@ -154,3 +189,19 @@ def test_summary_tabulates_final_and_best_validation_loss(tmp_path, capsys):
                               "best_val_step"]
     assert out[1].split()[:5] == ["lr=2", "3", "3.7000", "1.7000", "1.5000"]
     assert summary_main([str(tmp_path / "lr=3" / "none")]) == 1
+
+
+def test_objective_is_the_final_validation_loss_else_the_final_training_loss(tmp_path):
+    from launcher.launch.sweep import objective_of
+
+    lines = [{"step": 1, "loss": 5.0}, {"step": 1, "eval/loss": 5.5},
+             {"step": 2, "loss": 4.0}, {"step": 2, "eval/loss": 4.5}, {"step": 3, "loss": 3.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines)
+                                            + '{"step": 4, "lo')  # cut by a crash
+    assert objective_of(tmp_path) == 4.5
+    assert objective_of(tmp_path, "val_loss") == 4.5
+    assert objective_of(tmp_path, "train_loss") == 3.0
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0}) + "\n")
+    assert objective_of(tmp_path) == 5.0
+    with pytest.raises(ValueError, match="set trainer.eval_interval"):
+        objective_of(tmp_path, "val_loss")

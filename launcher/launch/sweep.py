@@ -11,7 +11,13 @@ behaves exactly like a single run (exit codes, local process launch, resume).
 Slurm job per point; its resources come from the ``cluster`` group (one task per node that starts
 ``cluster.gpus_per_node`` processes, ``cpus_per_task x gpus_per_node`` CPUs, the time limit,
 partition, account, qos and constraint). A summary of a finished sweep:
-``python -m launcher.sweep_summary <sweep dir>``.
+``python -m launcher.report <sweep dir> [--format text|json|html]``; the sweep writes the HTML
+one into the sweep directory when it ends.
+
+Each point returns its objective (``sweep.objective``: the final validation loss, else the
+final training loss) to Hydra's sweeper, so optimising sweepers work:
+``hydra/sweeper=optuna 'optimizer.lr=interval(1e-4,3e-3)' hydra.sweeper.n_trials=20`` (Hydra's
+Optuna sweeper plugin), as do Nevergrad and Ax, locally and through submitit on Slurm.
 
 Stops follow the contract of single runs (:mod:`launcher.core.stop`). On Slurm, submitit
 sends its warning ``cluster.signal_lead_s`` seconds before the time limit, as
@@ -29,11 +35,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 from launcher.compose import CONF_DIR, compose_or_exit, to_object
 from launcher.core.durations import slurm_time_limit_s
-from launcher.core.exits import REQUEUE_EXIT
+from launcher.core.exits import BAD_DATA_EXIT, REQUEUE_EXIT
 from launcher.core.stop import forward_stop_signals, resolve_signal, restore_handlers
 
 SWEEP_FLAGS = ("-m", "--multirun")
@@ -111,10 +117,38 @@ def train_point(argv: list[str], stop_signal: str) -> int:
         restore_handlers(previous)
 
 
+def objective_of(run_dir: Path, objective: str = "auto") -> float:
+    """What a finished point returns to the sweeper (``sweep.objective``): its final
+    validation loss (``val_loss``), final training loss (``train_loss``) or the first of the
+    two it has (``auto``); ValueError when it has none."""
+    import orjson
+
+    last: dict = {}
+    path = Path(run_dir) / "metrics.jsonl"
+    for line in (path.read_bytes().splitlines() if path.is_file() else []):
+        try:
+            row = orjson.loads(line)
+        except ValueError:
+            continue
+        for key in ("eval/loss", "loss"):
+            if row.get(key) is not None:
+                last[key] = float(row[key])
+    wanted = {"val_loss": ("eval/loss",), "train_loss": ("loss",),
+              "auto": ("eval/loss", "loss")}[str(objective)]
+    for key in wanted:
+        if key in last:
+            return last[key]
+    raise ValueError(f"{path} holds no {' or '.join(wanted)} for sweep.objective={objective}"
+                     + ("; set trainer.eval_interval so that points evaluate"
+                        if "eval/loss" in wanted else ""))
+
+
 def run_point(sweep_dir: str, group: str, stop_signal: str = "SIGUSR1",
-              max_restarts: int = 0) -> None:
-    """Body of one sweep point (in this process or a Slurm job): train; raise on failure, exit 75
-    after a stop (the Slurm job requeues itself first)."""
+              max_restarts: int = 0, objective: str = "auto") -> float:
+    """Body of one sweep point (in this process or a Slurm job): train; return the point's
+    objective (:func:`objective_of`; NaN when it diverged, exit 3, which Optuna records as a
+    failed trial); raise on another failure, exit 75 after a stop (the Slurm job requeues
+    itself first)."""
     from hydra.core.hydra_config import HydraConfig
 
     hydra_cfg = HydraConfig.get()
@@ -133,12 +167,18 @@ def run_point(sweep_dir: str, group: str, stop_signal: str = "SIGUSR1",
         print(f"sweep: point {name!r} saved and stopped; run the same sweep again to resume it",
               flush=True)
         raise SystemExit(REQUEUE_EXIT)
+    if code == BAD_DATA_EXIT:
+        print(f"sweep: point {name!r} diverged or met bad data (exit {code}); its objective "
+              "is NaN (a failed trial)", flush=True)
+        return float("nan")
     if code != 0:
         raise RuntimeError(f"sweep point {name!r} exited with {code}")
+    return objective_of(Path(sweep_dir) / name, objective)
 
 
-def main(argv: Sequence[str]) -> int:
-    """Run the multirun given launcher.train's command line (with -m/--multirun)."""
+def main(argv: Sequence[str], on_end: Optional[Callable[[Path], None]] = None) -> int:
+    """Run the multirun given launcher.train's command line (with -m/--multirun);
+    ``on_end(sweep_dir)`` runs however it ends (the command writes the sweep report)."""
     import hydra
 
     overrides = [a for a in argv if a not in SWEEP_FLAGS]
@@ -160,9 +200,14 @@ def main(argv: Sequence[str]) -> int:
           flush=True)
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
-    def _task(_cfg) -> None:
-        run_point(str(sweep_dir), group, cfg.trainer.stop_signal, cfg.cluster.max_restarts)
+    def _task(_cfg) -> float:
+        return run_point(str(sweep_dir), group, cfg.trainer.stop_signal,
+                         cfg.cluster.max_restarts, str(cfg.sweep.objective))
 
     sys.argv = [sys.argv[0], "--multirun", *hydra_args]
-    _task()
+    try:
+        _task()
+    finally:
+        if on_end is not None and sweep_dir.is_dir():
+            on_end(sweep_dir)
     return 0
