@@ -176,6 +176,8 @@ class LaunchMode(StrEnum):
 class PlanFormat(StrEnum):
     table = "table"
     json = "json"
+    html = "html"
+    """A self-contained HTML page with charts, written to plan.output (its path printed)."""
 
 
 @dataclass
@@ -559,7 +561,10 @@ class RunConfig:
 @dataclass
 class PlanConfig:
     format: PlanFormat = PlanFormat.table
-    """table (readable) or json (one JSON object on stdout)."""
+    """table (readable), json (one JSON object on stdout) or html (a page with charts)."""
+    output: str = ""
+    """plan.format=html (and search.format=html): the file written; empty = plan.html
+    (search.html) in the current directory."""
     mfu: float = 0.0
     """0 = step time from the step-time model (launcher/plan/step_time.py: compute, TP/CP/EP/DP
     communication, pipeline bubble, optimizer, per layout). A value in (0, 1] = the old flat
@@ -575,7 +580,8 @@ class SearchConfig:
     top_k: int = 10
     """Candidates printed, best predicted step time first."""
     format: PlanFormat = PlanFormat.table
-    """table (readable) or json (one JSON object on stdout)."""
+    """table (readable), json (one JSON object on stdout) or html (every candidate plotted,
+    written to plan.output)."""
     engines: List[str] = field(default_factory=list)
     """Engines to try (megatron, deepspeed); empty = every registered engine."""
     max_micro_batch_size: int = 8

@@ -225,3 +225,50 @@ def test_report_refuses_a_directory_that_is_neither(tmp_path):
                            "html"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 2 and "not a run directory" in proc.stderr
     assert "not a sweep directory either" in proc.stderr
+
+
+def test_the_plan_page_stacks_each_stages_memory_against_the_gpu(tmp_path, browser):
+    """plan.format=html for the 16,384-GPU experiment: the memory chart's bars are the plan's
+    own numbers for the first, middle and last stage (the most loaded one is plan.json's)."""
+    out = tmp_path / "plan.html"
+    proc = subprocess.run([sys.executable, "-m", "launcher.plan", "experiment=llama3_70b_16k_h100",
+                           "plan.format=html", f"plan.output={out}"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(out)
+    plan = json.loads(subprocess.run(
+        [sys.executable, "-m", "launcher.plan", "experiment=llama3_70b_16k_h100",
+         "plan.format=json"], cwd=REPO, capture_output=True, text=True, check=True).stdout)
+    check = open_report(browser, out)
+    assert_self_contained(check)
+    assert "trainwright plan: llama3_70b on 16,384 H100" in check.text
+    bars = {t["name"]: t for t in check.data["chart1"]}
+    assert set(bars) == {"weights", "grads", "optimizer", "activations"}
+    assert bars["weights"]["x"] == ["first stage", "middle stage", "last stage"]
+    stage = ["first", "middle", "last"].index(plan["memory_per_gpu"]["stage"])
+    total = sum(bars[p]["y"][stage] for p in bars) * 2 ** 30
+    assert total == pytest.approx(plan["memory_per_gpu"]["total"], rel=1e-9)
+    parts = {t["name"]: t for t in check.data["chart2"]}
+    assert sum(next(iter(parts.values()))["x"]) == pytest.approx(
+        sum(v for v in plan["step_time_parts"].values() if v > 0))
+
+
+def test_the_search_page_plots_every_candidate_and_greys_what_does_not_fit(tmp_path, browser):
+    out = tmp_path / "search.html"
+    proc = subprocess.run([sys.executable, "-m", "launcher.search", "experiment=llama3_8b_1x8_h100",
+                           "search.format=html", f"plan.output={out}"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    listed = json.loads(subprocess.run(
+        [sys.executable, "-m", "launcher.search", "experiment=llama3_8b_1x8_h100",
+         "search.format=json"], cwd=REPO, capture_output=True, text=True, check=True).stdout)
+    check = open_report(browser, out)
+    assert_self_contained(check)
+    traces = {t["name"].split(" (")[0]: t for t in check.data["chart1"]}
+    fitting = sum(len(t["x"]) for name, t in traces.items()
+                  if name not in ("excluded: memory", "best 10"))
+    assert fitting == listed["valid"]
+    grey = traces["excluded: memory"]
+    assert grey["x"] and all(x < 0.1 for x in grey["x"])  # less headroom than search.headroom
+    assert all("GiB per GPU, over the" in text for text in grey["hovertext"])
+    assert f"{listed['searched']:,} layouts searched" in check.text

@@ -1,7 +1,9 @@
 """``python -m launcher.plan [overrides]``: print the pre-flight plan of the composed config.
 
 The plan (:mod:`launcher.plan.plan`): parallel layout, parameters, memory per GPU, FLOPs and time
-estimates, as a table or, with ``plan.format=json``, one JSON object. Exit codes: 0 the plan fits,
+estimates, as a table, with ``plan.format=json`` one JSON object, with ``plan.format=html`` a
+page with charts (memory per stage against the GPU, the step-time model) written to
+``plan.output`` (default plan.html) and its path printed. Exit codes: 0 the plan fits,
 2 config error or plan problem (each printed on stderr with a fix).
 """
 
@@ -28,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.plan.format.value == "json":
         if plan is not None:
             print(json.dumps(plan.to_dict()))
+    elif cfg.plan.format.value == "html":
+        if plan is not None:
+            from launcher.plan.html_report import plan_page, write_plan_page
+
+            print(write_plan_page(plan_page(plan, cfg), cfg.plan.output, "plan.html"))
     elif plan is not None:
         render_plan(plan)
     if plan is not None:

@@ -224,7 +224,14 @@ def _stage_views(dims: ParallelDims, num_layers: int) -> list[tuple[str, int, in
 
 def _memory(cfg: TrainwrightConfig, dims: ParallelDims, batch: Batch, flash: bool,
             gpu_kernels: bool) -> MemoryPerGPU:
-    """Memory per GPU; ``gpu_kernels``: the target is a GPU, where the model uses fused kernels."""
+    """Memory per GPU of the most loaded stage; ``gpu_kernels``: the target is a GPU, where the
+    model uses fused kernels."""
+    return max(stage_memory(cfg, dims, batch, flash, gpu_kernels), key=lambda m: m.total)
+
+
+def stage_memory(cfg: TrainwrightConfig, dims: ParallelDims, batch: Batch, flash: bool,
+                 gpu_kernels: bool) -> list[MemoryPerGPU]:
+    """Memory per GPU of each stage that can be the most loaded (:func:`_stage_views`)."""
     m, p, e = cfg.model, cfg.parallelism, cfg.engine
     d = ResolvedModel.of(m, dims.tp)
     state = dict(precision=cfg.trainer.precision, engine=e.name, zero_stage=p.zero_stage,
@@ -242,7 +249,7 @@ def _memory(cfg: TrainwrightConfig, dims: ParallelDims, batch: Batch, flash: boo
         # a GPU target is planned with TE; a process without it replans (runnable_attention)
         logits_fp32=loss_kernel(cfg.trainer.cross_entropy_fusion, precision=cfg.trainer.precision,
                                 gpu=gpu_kernels, te=True) != "te")
-    best = None
+    stages = []
     fp8_layers = fp8.stage_fp8_layers(cfg, dims.stage_layers(m.num_layers))
     for name, index, layers in _stage_views(dims, m.num_layers):
         first, last = index == 0, index == dims.pp - 1
@@ -256,11 +263,10 @@ def _memory(cfg: TrainwrightConfig, dims: ParallelDims, batch: Batch, flash: boo
             in_flight=in_flight_microbatches(dims, batch.grad_accum_steps, index),
             first=first, last=last)
         total = part["weights"] + part["grads"] + part["optimizer"] + activations
-        candidate = MemoryPerGPU(int(part["weights"]), int(part["grads"]), int(part["optimizer"]),
-                                 int(activations), int(total), int(part["cpu"]), name)
-        if best is None or candidate.total > best.total:
-            best = candidate
-    return best
+        stages.append(MemoryPerGPU(int(part["weights"]), int(part["grads"]),
+                                   int(part["optimizer"]), int(activations), int(total),
+                                   int(part["cpu"]), name))
+    return stages
 
 
 def _state_totals(cfg: TrainwrightConfig, counts: ParamCounts, mem: MemoryPerGPU,

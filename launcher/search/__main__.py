@@ -4,7 +4,9 @@ and global batch.
 Enumerates TP, PP (with uneven first/last stages where the layer count needs them), VPP, CP, EP,
 ZeRO stage, engine, activation recompute and micro-batch size; drops what the plan refuses and
 what does not fit GPU memory less ``search.headroom``; ranks the rest by the plan's step-time
-model and prints the best ``search.top_k`` (``search.format=json``: one JSON object).
+model and prints the best ``search.top_k`` (``search.format=json``: one JSON object;
+``search.format=html``: every candidate plotted, predicted MFU against memory headroom, the
+excluded ones grey with their reason, written to ``plan.output`` or search.html).
 ``search.measure=K`` then trains the best K for ``search.measure_steps`` steps each through
 launcher.train and re-ranks them by measured step time. Exit codes: 0 done, 2 config error or no
 layout fits.
@@ -32,11 +34,25 @@ def _print_measured(results: list) -> None:
               f"{' '.join(r['overrides'])}")
 
 
+def _write_html(cfg, result) -> str:
+    from launcher.html.page import write_page
+    from launcher.plan.hardware import resolve_device
+    from launcher.search.html_report import search_page
+
+    device = resolve_device(cfg.cluster.gpu, cfg.cluster.device_memory_gb, cfg.cluster.peak_tflops)
+    title = (f"trainwright layout search: {cfg.model.name} on {cfg.cluster.nodes:,} x "
+             f"{cfg.cluster.gpus_per_node} {device.name}")
+    page = search_page(result, title=title, capacity=device.memory_bytes / cfg.cluster.ranks_per_gpu,
+                       top_k=cfg.search.top_k)
+    return str(write_page(page, cfg.plan.output or "search.html"))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = handle_flags(sys.argv[1:] if argv is None else argv, "launcher.search", __doc__)
     cfg = to_object(compose_or_exit(argv))
+    html = cfg.search.format.value == "html"
     try:
-        result = search(cfg)
+        result = search(cfg, explain=html)
     except PlanError as exc:
         print_problems(exc)
         return CONFIG_ERROR_EXIT
@@ -53,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
                            cfg.run.output_root)
     if cfg.search.format.value == "json":
         print(to_json(result, top, measured))
+        return 0
+    if html:
+        print(_write_html(cfg, result))
         return 0
     render(result, top)
     if measured is not None:

@@ -1,4 +1,4 @@
-"""Score one candidate layout: the plan's checks, its memory against the GPU less the
+"""Assess one candidate layout: the plan's checks, its memory against the GPU less the
 headroom, and the step-time model (:func:`launcher.plan.plan.estimate_layout`)."""
 
 from __future__ import annotations
@@ -61,17 +61,40 @@ def configure(cfg: TrainwrightConfig, c: Candidate, global_batch: int,
     return dataclasses.replace(cfg, parallelism=p, trainer=t, engine=e)
 
 
-def score(cfg: TrainwrightConfig, c: Candidate, *, world: int, global_batch: int,
-          device: Device, flash: bool, budget: float, engines: dict | None = None
-          ) -> Scored | None:
-    """The scored candidate, or None when the plan refuses it or it needs more than
-    ``budget`` bytes per GPU (all ranks sharing a GPU together)."""
+@dataclass(frozen=True)
+class Excluded:
+    """A candidate the search drops, and why (for the HTML report's grey points)."""
+
+    candidate: Candidate
+    reason: str
+    memory_bytes: int = 0
+    """Per GPU (all ranks on it), when the plan could estimate it (0: refused earlier)."""
+    mfu: float = 0.0
+    """Predicted, when the memory was the only reason."""
+
+
+def assess(cfg: TrainwrightConfig, c: Candidate, *, world: int, global_batch: int,
+           device: Device, flash: bool, budget: float, engines: dict | None = None,
+           explain: bool = True) -> Scored | Excluded | None:
+    """The scored candidate; one the plan refuses or that needs more than ``budget`` bytes per
+    GPU (all ranks sharing a GPU together) is Excluded with its reason (``explain``), else
+    None."""
     run = configure(cfg, c, global_batch, engines)
     est, problems = estimate_layout(run, world, device, flash)
     if est is None:
-        return None
-    if budget and est.memory.total * cfg.cluster.ranks_per_gpu > budget:
-        return None
+        return Excluded(c, "; ".join(str(p) for p in problems) or "refused") if explain else None
+    memory = est.memory.total * cfg.cluster.ranks_per_gpu
+    if budget and memory > budget:
+        if not explain:
+            return None
+        return Excluded(c, f"needs {memory / 2**30:.1f} GiB per GPU, over the "
+                        f"{budget / 2**30:.1f} GiB the headroom leaves", memory,
+                        _scored(cfg, run, c, est, world, global_batch, device, flash).mfu)
+    return _scored(cfg, run, c, est, world, global_batch, device, flash)
+
+
+def _scored(cfg, run, c: Candidate, est: LayoutEstimate, world: int, global_batch: int,
+            device: Device, flash: bool) -> Scored:
     step = estimate_step(run, est, device, flash)
     gpus = world / cfg.cluster.ranks_per_gpu
     peak = (device.peak_tflops_fp32 if cfg.trainer.precision.value == "fp32"

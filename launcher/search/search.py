@@ -9,7 +9,7 @@ from launcher.config import TrainwrightConfig
 from launcher.plan.hardware import resolve_device
 from launcher.plan.plan import PlanError, uses_flash
 from launcher.plan.validate import Problem, check_positive, check_values
-from launcher.search.evaluate import Scored, engine_presets, score
+from launcher.search.evaluate import Scored, assess, engine_presets
 from launcher.search.space import candidates, engine_names
 from launcher.shape.dims import cluster_world_size
 
@@ -24,6 +24,10 @@ class SearchResult:
     """Every valid layout (Scored), best predicted step time first."""
     global_batch: int
     """Sequences per step every candidate trains (the composed config's global batch)."""
+    excluded: tuple = ()
+    """With ``explain``: every dropped layout (Excluded), with its reason."""
+    budget_bytes: float = 0.0
+    """GPU memory a candidate may use (the GPU's, less search.headroom)."""
 
 
 def global_batch_of(cfg: TrainwrightConfig, world: int) -> int:
@@ -50,8 +54,10 @@ def _base_problems(cfg: TrainwrightConfig) -> list[Problem]:
     return problems
 
 
-def search(cfg: TrainwrightConfig, world: int | None = None) -> SearchResult:
-    """Every layout, ranked by predicted step time; PlanError when the config itself is wrong."""
+def search(cfg: TrainwrightConfig, world: int | None = None,
+           explain: bool = False) -> SearchResult:
+    """Every layout, ranked by predicted step time; PlanError when the config itself is wrong.
+    ``explain``: also keep every dropped layout with its reason (the HTML report's)."""
     problems = _base_problems(cfg)
     try:
         device = resolve_device(cfg.cluster.gpu, cfg.cluster.device_memory_gb,
@@ -65,15 +71,17 @@ def search(cfg: TrainwrightConfig, world: int | None = None) -> SearchResult:
     flash = uses_flash(cfg, device)
     budget = device.memory_bytes * (1 - cfg.search.headroom)
     engines = engine_presets(cfg, engine_names(cfg))
-    searched, ranked = 0, []
+    searched, ranked, excluded = 0, [], []
     for candidate in candidates(cfg, world, batch):
         searched += 1
-        scored = score(cfg, candidate, world=world, global_batch=batch, device=device,
-                       flash=flash, budget=budget, engines=engines)
-        if scored is not None:
-            ranked.append(scored)
+        result = assess(cfg, candidate, world=world, global_batch=batch, device=device,
+                        flash=flash, budget=budget, engines=engines, explain=explain)
+        if isinstance(result, Scored):
+            ranked.append(result)
+        elif result is not None:
+            excluded.append(result)
     ranked.sort(key=_rank_key)
-    return SearchResult(searched, len(ranked), ranked, batch)
+    return SearchResult(searched, len(ranked), ranked, batch, tuple(excluded), budget)
 
 
 def _rank_key(s: Scored) -> tuple:

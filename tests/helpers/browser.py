@@ -63,7 +63,7 @@ class PageCheck:
     """Plotly charts with their SVG drawn."""
     text: str
     data: dict
-    """Chart id -> its traces (name, x, y)."""
+    """Chart id -> its traces (name, x, y, hovertext)."""
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,8 @@ def browser(tmp_path_factory):
 _TRACES = """
 return Array.from(document.querySelectorAll('.js-plotly-plot')).map(el => [el.id,
   (el.data || []).map(t => ({name: t.name === undefined ? null : t.name,
-    x: t.x ? Array.from(t.x) : [], y: t.y ? Array.from(t.y) : []}))]);
+    x: t.x ? Array.from(t.x) : [], y: t.y ? Array.from(t.y) : [],
+    hovertext: t.hovertext ? Array.from(t.hovertext) : []}))]);
 """
 
 
