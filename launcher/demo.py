@@ -88,6 +88,8 @@ def main() -> int:
     console.rule("[bold]done[/]")
     console.print(f"loss fell from {first:.2f} (first logged step) to {last:.2f} (last three), "
                   f"{step} steps; run directory: {run_dir.resolve()}")
+    console.print(f"report (open it in a browser): {(run_dir / 'report.html').resolve()}",
+                  markup=False, highlight=False, soft_wrap=True)
     if not last < first - 1.0:
         console.print("[red]demo: the loss did not fall clearly[/]")
         return 1

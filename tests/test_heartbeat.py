@@ -43,5 +43,9 @@ def test_floor_fixed_and_off(tmp_path):
     hb = _beat(tmp_path, auto_timeout_floor_s=60.0)
     hb._longest = {"forward": 0.01}
     assert hb.timeout_for("forward") == 60.0
-    assert _beat(tmp_path, hang_timeout_s=12.0).timeout_for("forward") == 12.0
+    fixed = _beat(tmp_path, hang_timeout_s=12.0, first_phase_timeout_s=600.0)
+    assert fixed.timeout_for("forward") == 600.0  # not finished once yet: a first step's warm-up
+    fixed.phase("forward")
+    fixed.phase("backward")
+    assert fixed.timeout_for("forward") == 12.0
     assert _beat(tmp_path, hang_timeout_s=-1.0).timeout_for("forward") < 0

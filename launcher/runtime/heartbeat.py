@@ -10,8 +10,11 @@ watchdog (:mod:`launcher.launch.watchdog`) reads the records; it does not share 
 
 The timeout of a phase (``resilience.hang_timeout_s``; 0 = automatic): a fixed value, or
 ``auto_timeout_factor`` x the longest phase this rank has seen (steps, saves and evaluations
-alike), never below ``auto_timeout_floor_s`` nor above ``first_phase_timeout_s``, which is
-also the timeout of start-up and of any phase not seen yet. Ranks agree on the longest step at
+alike), never below ``auto_timeout_floor_s`` nor above ``first_phase_timeout_s``. Start-up and
+a phase this process has not finished yet (the first step of an attempt, with its data-loader
+start and warm-up; the first save) get ``first_phase_timeout_s`` in both modes: a fixed
+timeout sized for steady steps tripped on the first step of a restarted attempt on a loaded
+machine. Ranks agree on the longest step at
 every straggler check (the step times all ranks gather there anyway: :meth:`Heartbeat.agree`).
 
 Records are written under a sequence lock (odd while being written), so the reader never takes
@@ -99,12 +102,10 @@ class Heartbeat:
         r = self._r
         if r.hang_timeout_s < 0:
             return -1.0
-        if name == STARTUP:
+        if name == STARTUP or name not in self._longest:
             return r.first_phase_timeout_s
         if r.hang_timeout_s > 0:
             return r.hang_timeout_s
-        if name not in self._longest:
-            return r.first_phase_timeout_s
         learned = r.auto_timeout_factor * max(self._longest.values())
         return min(r.first_phase_timeout_s, max(r.auto_timeout_floor_s, learned))
 
