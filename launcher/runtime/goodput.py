@@ -21,7 +21,6 @@ The parts add up to the wall time by construction.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -41,14 +40,17 @@ class AttemptSpan:
 
 
 def _jsonl(path: Path) -> list:
+    import orjson  # about 3x json's speed: a 1,000,000-step metrics.jsonl is 435 MB
+
     if not path.is_file():
         return []
     rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut by a crash
+    with path.open("rb") as handle:
+        for line in handle:
+            try:
+                rows.append(orjson.loads(line))
+            except ValueError:
+                continue  # a line cut by a crash
     return rows
 
 
