@@ -164,9 +164,10 @@ def test_each_way_a_run_ends_renders_and_says_so(ended, browser, name, code, sho
     if name == "failed":
         assert "rank 1 died (SIGKILL)" in check.text
     if name == "restarted":
-        assert "2 (1 restart(s))" in check.text
+        assert "2: 1 launch(es), 1 in-job restart(s)" in check.text
         timeline = check.data["chart7"]  # attempts on the timeline
         assert [t["name"] for t in timeline][0].startswith("rank 1 died")
+        assert [t["y"] for t in timeline] == [["launch 1"], ["launch 1, restart 1"]]
         kinds = {t["name"] for t in check.data["chart8"]}
         assert {"restart", "attempt_end", "checkpoint"} <= kinds
 

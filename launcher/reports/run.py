@@ -44,7 +44,8 @@ def header(page: Page, run: RunData) -> None:
     """The run's facts, its outcome, how to reproduce it, config and plan collapsed."""
     end = outcome(run)
     gp = run.goodput
-    attempts = len(gp.get("attempts", []))
+    attempts = gp.get("attempts", [])
+    launches = sum(1 for a in attempts if a["attempt"] == 0) or 1
     page.raw(f'<p class="outcome-{end.kind}"><b>{end.kind}</b>: '
              f'{esc(end.text)}</p>')
     train_steps = run.plan.get("train_steps")
@@ -52,8 +53,8 @@ def header(page: Page, run: RunData) -> None:
             ("tokens", f"{run.last_step * run.tokens_per_step:,}"),
             ("wall time", _hms(gp.get("wall_s", 0.0))),
             ("goodput", f"{gp.get('goodput', 0.0):.1%}"),
-            ("attempts", f"{attempts}" + (f" ({attempts - 1} restart(s))" if attempts > 1
-                                          else "")),
+            ("attempts", f"{len(attempts)}: {launches} launch(es), "
+                         f"{len(attempts) - launches} in-job restart(s)"),
             ("command", run.command() or "\u2013"),
             ("commit", run.env.get("git_sha") or "\u2013"),
             ("started", run.env.get("started_at") or "\u2013"),
@@ -178,13 +179,25 @@ def goodput_figures(run: RunData) -> list:
                         "time by cause (s)", xaxis_title="seconds")
     attempts = gp.get("attempts", [])
     t0 = min((a["start"] for a in attempts), default=0.0)
-    timeline = go.Figure([go.Bar(y=[f"attempt {a['attempt']}"], x=[a["seconds"]],
+    timeline = go.Figure([go.Bar(y=[label], x=[a["seconds"]],
                                  base=[a["start"] - t0], orientation="h", name=a["cause"],
                                  marker_color=COLORS[0] if a["cause"] in ("finished", "running")
-                                 else COLORS[1], hovertext=a["cause"]) for a in attempts])
-    timeline.update_layout(title="attempts (first launch, in-job restarts, requeues)",
+                                 else COLORS[1], hovertext=a["cause"])
+                          for a, label in zip(attempts, attempt_labels(attempts))])
+    timeline.update_layout(title="attempts: each launch (first start, resumes, requeues) and "
+                           "its in-job restarts", yaxis=dict(autorange="reversed"),
                            xaxis_title="seconds since the first start", showlegend=False)
     return [split, timeline]
+
+
+def attempt_labels(attempts: list) -> list:
+    """``launch 1``, ``launch 1, restart 1``, ``launch 2`` ...: each attempt by the launch
+    (first start, resume, requeue) it belongs to and its in-job restart number."""
+    labels, launch = [], 0
+    for a in attempts:
+        launch += a["attempt"] == 0 or not labels
+        labels.append(f"launch {launch}" + (f", restart {a['attempt']}" if a["attempt"] else ""))
+    return labels
 
 
 def events_figure(run: RunData):
