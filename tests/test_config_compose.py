@@ -51,7 +51,7 @@ def test_expected_presets_exist():
             "mixtral_8x7b"} <= set(_options("model"))
     assert {"local_cpu", "local_gpu", "slurm_h100", "slurm_h200"} <= set(_options("cluster"))
     assert set(_options("engine")) == {"deepspeed", "megatron"}
-    assert set(_options("logger")) == {"none", "wandb"}
+    assert set(_options("logger")) == {"none", "wandb", "tensorboard"}
     assert "llama3_70b_16k_h100" in _options("experiment")
 
 
