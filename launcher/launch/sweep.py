@@ -121,15 +121,11 @@ def objective_of(run_dir: Path, objective: str = "auto") -> float:
     """What a finished point returns to the sweeper (``sweep.objective``): its final
     validation loss (``val_loss``), final training loss (``train_loss``) or the first of the
     two it has (``auto``); ValueError when it has none."""
-    import orjson
+    from launcher.core.jsonl import read_jsonl
 
     last: dict = {}
     path = Path(run_dir) / "metrics.jsonl"
-    for line in (path.read_bytes().splitlines() if path.is_file() else []):
-        try:
-            row = orjson.loads(line)
-        except ValueError:
-            continue
+    for row in read_jsonl(path):
         for key in ("eval/loss", "loss"):
             if row.get(key) is not None:
                 last[key] = float(row[key])

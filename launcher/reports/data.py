@@ -16,26 +16,11 @@ from pathlib import Path
 from typing import Optional
 
 from launcher.core.exits import REQUEUE_EXIT
+from launcher.core.jsonl import read_jsonl
 from launcher.runtime.goodput import account
 
 RUN_END = "run_end"
 """The event the launching process writes when a run ends (its exit code and outcome)."""
-
-
-def read_jsonl(path: Path) -> list:
-    """The records of a JSON-lines file ([] when missing; cut lines skipped)."""
-    if not path.is_file():
-        return []
-    import orjson
-
-    rows = []
-    with path.open("rb") as handle:
-        for line in handle:
-            try:
-                rows.append(orjson.loads(line))
-            except ValueError:  # orjson.JSONDecodeError is one
-                continue
-    return rows
 
 
 @dataclass(frozen=True)

@@ -89,30 +89,32 @@ def loss_figure(run: RunData):
     return fig
 
 
-def optimizer_figure(run: RunData):
-    """Learning rate, gradient norm and loss scale against step."""
-    keys = [k for k in ("lr", "grad_norm", "loss_scale") if has(run.steps, k)]
+def series_figure(run: RunData, keys: tuple, title: str):
+    """One chart per key of ``keys`` the step lines have, stacked, against step."""
+    keys = [k for k in keys if has(run.steps, k)]
     fig = subplots(len(keys), keys)
     steps = column(run.steps, "step")
     for i, key in enumerate(keys):
         fig.add_trace(line(steps, column(run.steps, key), key, color=COLORS[i]), row=i + 1, col=1)
-    fig.update_layout(title="optimizer", showlegend=False)
-    return fig
+    fig.update_layout(title=title, showlegend=False)
+    return fig, keys
+
+
+def optimizer_figure(run: RunData):
+    """Learning rate, gradient norm and loss scale against step."""
+    return series_figure(run, ("lr", "grad_norm", "loss_scale"), "optimizer")[0]
 
 
 def throughput_figure(run: RunData):
     """Tokens/s, MFU and step time against step; the plan's predicted step time as a line."""
-    keys = [k for k in ("tokens_per_s", "mfu", "step_time") if has(run.steps, k)]
-    fig = subplots(len(keys), keys)
+    fig, keys = series_figure(run, ("tokens_per_s", "mfu", "step_time"), "throughput")
     steps = column(run.steps, "step")
-    for i, key in enumerate(keys):
-        fig.add_trace(line(steps, column(run.steps, key), key, color=COLORS[i]), row=i + 1, col=1)
     predicted = run.plan.get("step_time_s")
     if predicted and "step_time" in keys and steps:
         fig.add_trace(line([min(steps), max(steps)], [predicted, predicted], "plan: step time",
                            color=COLORS[5]), row=keys.index("step_time") + 1, col=1)
         fig.update_traces(line_dash="dash", selector=dict(name="plan: step time"))
-    fig.update_layout(title="throughput", showlegend=True)
+        fig.update_layout(showlegend=True)
     return fig
 
 
