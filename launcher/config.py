@@ -481,16 +481,17 @@ class ResilienceConfig:
     """Seconds without progress (no rank entering a new phase of a step, save or evaluation)
     after which the job is declared hung: stacks are written, the ranks are killed and the
     job is restarted. 0 = automatic (auto_timeout_factor x the longest phase seen so far on
-    any rank, saves and evaluations included, never below auto_timeout_floor_s, and
-    first_phase_timeout_s for a phase not seen yet: start-up, the first step, the first save).
-    A negative value turns hang detection off."""
+    any rank, saves and evaluations included, never below auto_timeout_floor_s). In both
+    modes start-up and a phase not seen yet (the first step, the first save) get
+    first_phase_timeout_s. A negative value turns hang detection off."""
     auto_timeout_factor: float = 5.0
     """hang_timeout_s=0: the timeout is this multiple of the longest phase seen so far."""
     auto_timeout_floor_s: float = 60.0
     """hang_timeout_s=0: the automatic timeout never goes below this (seconds)."""
     first_phase_timeout_s: float = 1800.0
-    """Seconds allowed for start-up (import, build, checkpoint load) and, with hang_timeout_s=0,
-    for each kind of phase the first time it runs (a slow first step, the first save)."""
+    """Seconds allowed for start-up (import, build, checkpoint load) and for each kind of phase
+    the first time an attempt runs it (a slow first step, the first save), whether
+    hang_timeout_s is fixed or automatic."""
     restarts_in_job: int = 3
     """Times the launcher restarts every rank inside the same allocation (from the latest
     complete checkpoint) after a rank dies, hangs or exits with an error; 0 = never. Config
