@@ -170,6 +170,10 @@ def test_each_way_a_run_ends_renders_and_says_so(ended, browser, name, code, sho
         assert [t["y"] for t in timeline] == [["launch 1"], ["launch 1, restart 1"]]
         kinds = {t["name"] for t in check.data["chart8"]}
         assert {"restart", "attempt_end", "checkpoint"} <= kinds
+        loss = {t["name"]: t for t in check.data["chart1"]}
+        assert loss["train loss"]["x"] == list(range(1, 15))  # each step once, as kept
+        redone = loss["thrown away by a restart"]["x"]  # steps after the step-5 checkpoint
+        assert redone and all(5 < step <= 8 for step in redone), redone
 
 
 def sweep_dir(root: Path) -> Path:

@@ -37,7 +37,10 @@ class RunData:
 
     run_dir: Path
     steps: list = field(default_factory=list)
-    """metrics.jsonl step lines (those with ``loss``), in file order."""
+    """metrics.jsonl step lines (those with ``loss``) by step, the last line of each step (a
+    step recomputed after a restart counts as the later attempt logged it)."""
+    discarded: list = field(default_factory=list)
+    """Step lines a later attempt logged again (work thrown away by a restart), in file order."""
     evals: list = field(default_factory=list)
     """metrics.jsonl evaluation lines (``eval/loss``)."""
     events: list = field(default_factory=list)
@@ -71,12 +74,15 @@ class RunData:
 def load_run(run_dir: Path) -> RunData:
     """Read ``run_dir`` (a run directory: metrics.jsonl and/or events.jsonl)."""
     run_dir = Path(run_dir)
-    data = RunData(run_dir)
+    data, by_step = RunData(run_dir), {}
     for row in read_jsonl(run_dir / "metrics.jsonl"):
         if "loss" in row and "step" in row:
-            data.steps.append(row)
+            if row["step"] in by_step:
+                data.discarded.append(by_step[row["step"]])
+            by_step[row["step"]] = row
         elif "eval/loss" in row:
             data.evals.append(row)
+    data.steps = [by_step[step] for step in sorted(by_step)]
     data.events = read_jsonl(run_dir / "events.jsonl")
     for name, attr in (("plan.json", "plan"), ("env.json", "env")):
         try:

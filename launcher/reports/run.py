@@ -76,6 +76,9 @@ def loss_figure(run: RunData):
     if run.evals:
         fig.add_trace(line(column(run.evals, "step"), column(run.evals, "eval/loss"),
                            "validation loss", mode="lines+markers", color=COLORS[1]))
+    if run.discarded:
+        fig.add_trace(line(column(run.discarded, "step"), column(run.discarded, "loss"),
+                           "thrown away by a restart", mode="markers", color=COLORS[5]))
     if steps and run.tokens_per_step:
         lo, hi = min(steps), max(steps)
         fig.add_trace(go.Scatter(x=[lo * run.tokens_per_step, hi * run.tokens_per_step],
