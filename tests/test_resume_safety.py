@@ -340,7 +340,9 @@ def test_resume_with_other_heads_exits_2_and_keeps_the_last_good_config(base_run
     good, tried = attempts(run_dir)
     assert yaml.safe_load(good.read_text())["model"]["num_attention_heads"] == 8
     assert yaml.safe_load(tried.read_text())["model"]["num_attention_heads"] == 16
-    assert _events(run_dir)[-1]["kind"] == "abort"
+    *rank_events, end = _events(run_dir)
+    assert rank_events[-1]["kind"] == "abort"
+    assert (end["kind"], end["outcome"], end["exit_code"]) == ("run_end", "failed", 2)
 
 
 @pytest.mark.slow
@@ -361,7 +363,9 @@ def test_batch_change_is_reported_and_reached_train_steps_exits_0(base_run, tmp_
     lines = (run_dir / "metrics.jsonl").read_text()
     proc = train(tmp, "run", *HEADS_8, "trainer.global_batch_size=8", "trainer.train_steps=3")
     assert "nothing to train: checkpoint" in proc.stdout and "step 3" in proc.stdout
-    assert _events(run_dir)[-1]["kind"] == "already_trained"
+    *rank_events, end = _events(run_dir)
+    assert rank_events[-1]["kind"] == "already_trained"
+    assert (end["kind"], end["outcome"]) == ("run_end", "finished")
     assert (run_dir / "metrics.jsonl").read_text() == lines
 
 
