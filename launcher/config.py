@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import List
+from typing import Dict, List
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -414,12 +414,68 @@ class TrainerConfig:
     """Early-warning signal (besides SIGTERM) that makes every rank save and exit for requeue."""
 
 
+class KubernetesApi(StrEnum):
+    """Which Kubernetes API a ``cluster.launcher=kubernetes`` job is rendered for."""
+
+    trainjob = "trainjob"
+    """Kubeflow Trainer v2 (``trainer.kubeflow.org/v1alpha1``): a TrainJob and the
+    TrainingRuntime it runs on (a JobSet template carrying the stop contract)."""
+    jobset = "jobset"
+    """A JobSet (``jobset.x-k8s.io/v1alpha2``) alone, for clusters without the Trainer; the
+    rendezvous variables are set in the pod template."""
+    pytorchjob = "pytorchjob"
+    """training-operator v1 (``kubeflow.org/v1``) PyTorchJob, restartPolicy ExitCode; it cannot
+    express the whole stop contract (docs/launching.md says where)."""
+
+
+@dataclass
+class VolumeConfig:
+    """A PersistentVolumeClaim mounted into every pod of a Kubernetes job."""
+
+    name: str = MISSING
+    """Volume name in the pod spec (a DNS label: lower case, digits, '-')."""
+    claim: str = MISSING
+    """Name of the PersistentVolumeClaim (it must exist in cluster.namespace)."""
+    mount_path: str = MISSING
+    """Absolute path inside the container."""
+    read_only: bool = False
+    """Mount read-only (data); the run directory must be on a writable volume."""
+
+
+@dataclass
+class TolerationConfig:
+    """A pod toleration (Kubernetes' own fields)."""
+
+    key: str = ""
+    """Taint key; empty with operator=Exists = every taint."""
+    operator: str = "Exists"
+    """Exists or Equal."""
+    value: str = ""
+    """Taint value (operator=Equal only)."""
+    effect: str = ""
+    """NoSchedule, PreferNoSchedule or NoExecute; empty = every effect."""
+
+
+@dataclass
+class SecretEnvConfig:
+    """An environment variable of the pods read from a Kubernetes Secret (only the reference
+    is ever written, never the value)."""
+
+    name: str = MISSING
+    """Variable name in the container, e.g. WANDB_API_KEY."""
+    secret: str = MISSING
+    """Secret name in cluster.namespace."""
+    key: str = MISSING
+    """Key inside the Secret."""
+
+
 @dataclass
 class ClusterConfig:
     name: str = MISSING
     """Cluster preset name."""
     launcher: str = "local"
-    """How processes start: local (this machine) or slurm."""
+    """How processes start: local (this machine), slurm (launcher.submit renders an sbatch
+    script) or kubernetes (launcher.submit renders cluster.kubernetes_api's manifests)."""
     nodes: int = 1
     """Machines in the job."""
     gpus_per_node: int = 1
@@ -454,7 +510,8 @@ class ClusterConfig:
     constraint: str = ""
     """Slurm node features the nodes must have (``--constraint``); empty = any."""
     container_image: str = ""
-    """Container image for every srun task (pyxis ``--container-image``); empty = no container."""
+    """Container image: for Slurm, of every srun task (pyxis ``--container-image``; empty = no
+    container); for Kubernetes, of every pod (required), with trainwright installed."""
     container_mounts: str = ""
     """pyxis ``--container-mounts`` (``src:dst[,src:dst]``); only with container_image."""
     signal_lead_s: int = 120
@@ -471,6 +528,49 @@ class ClusterConfig:
     checkpoint_gbps_per_node: float = 1.0
     """Rate at which each node writes (and reads) its share of a checkpoint, GB/s (1e9 bytes);
     the plan's save and load times assume every node writes in parallel at this rate."""
+    kubernetes_api: KubernetesApi = KubernetesApi.trainjob
+    """launcher=kubernetes: which API launcher.submit renders (see KubernetesApi)."""
+    namespace: str = "default"
+    """launcher=kubernetes: namespace of the job, its PVCs and Secrets."""
+    gpu_resource: str = "nvidia.com/gpu"
+    """launcher=kubernetes: extended resource name of the accelerators; each pod asks for
+    gpus_per_node of it (nothing on CPU clusters)."""
+    pod_memory: str = ""
+    """launcher=kubernetes: memory request and limit of each pod, a Kubernetes quantity
+    (e.g. 1600Gi); empty = none set. The CPU request is cpus_per_task x gpus_per_node."""
+    shm_size: str = "64Gi"
+    """launcher=kubernetes: size of the in-memory /dev/shm of each pod (Kubernetes' default
+    64 MB breaks NCCL and DataLoader workers), a Kubernetes quantity."""
+    working_dir: str = ""
+    """launcher=kubernetes: working directory of the container, absolute; a relative
+    run.output_root (and data path) resolves against it. Empty = the image's own."""
+    volumes: List[VolumeConfig] = field(default_factory=list)
+    """launcher=kubernetes: PersistentVolumeClaims mounted into every pod. The run directory
+    must lie on a writable one: the container's own disk is lost with the pod."""
+    node_selector: Dict[str, str] = field(default_factory=dict)
+    """launcher=kubernetes: node labels the pods must match; empty = any node."""
+    tolerations: List[TolerationConfig] = field(default_factory=list)
+    """launcher=kubernetes: taints the pods tolerate (e.g. nvidia.com/gpu:NoSchedule)."""
+    priority_class: str = ""
+    """launcher=kubernetes: PriorityClass of the pods; empty = the cluster's default."""
+    queue: str = ""
+    """launcher=kubernetes: Kueue LocalQueue; set = the job is labelled for it and created
+    suspended, for Kueue to admit. Empty = no Kueue."""
+    service_account: str = ""
+    """launcher=kubernetes: ServiceAccount of the pods; empty = the namespace's default."""
+    image_pull_secrets: List[str] = field(default_factory=list)
+    """launcher=kubernetes: Secrets holding registry credentials for container_image."""
+    env: Dict[str, str] = field(default_factory=dict)
+    """launcher=kubernetes: plain environment variables of the containers (NCCL settings,
+    cache paths). Never secrets: a name that looks like one is refused (use secret_env)."""
+    secret_env: List[SecretEnvConfig] = field(default_factory=list)
+    """launcher=kubernetes: variables read from Secrets (secretKeyRef), e.g. WANDB_API_KEY."""
+    env_from_secrets: List[str] = field(default_factory=list)
+    """launcher=kubernetes: Secrets whose every key becomes a variable (envFrom)."""
+    termination_grace_s: int = 0
+    """launcher=kubernetes: seconds between the SIGTERM of a preemption or drain and the
+    SIGKILL (terminationGracePeriodSeconds): the stop must finish its step and save in it.
+    0 = from the plan: 2 x (a step + a save) + 60 s."""
 
 
 @dataclass

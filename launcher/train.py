@@ -15,6 +15,7 @@ from typing import Sequence
 
 from launcher.core.errors import CheckpointError, TrainingAborted
 from launcher.core.exits import CONFIG_ERROR_EXIT
+from launcher.launch.agent import scheduler_exit
 from launcher.launch.bootstrap import Rank, run_ranks
 from launcher.launch.job import prepare
 from launcher.runtime.goodput import print_summary
@@ -142,4 +143,4 @@ def resume_build_train(rank: Rank, metrics: Metrics) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main())
+    sys.exit(scheduler_exit(main))

@@ -13,6 +13,11 @@ Two differences from torchrun, both for requeueing: a stop signal (SIGTERM, SIGI
 the early-warning signal) sent to the agent is forwarded to its training processes, which save
 and exit 75, instead of killing them; and the agent exits with the failing rank's own exit code
 (torchrun exits 1), so 75 reaches the job script.
+
+In a Kubernetes pod the counts and the endpoint come, as torchrun's do, from the PET_* variables
+that Kubeflow's Trainer (or the rendered JobSet) sets: ``--nnodes`` from PET_NNODES,
+``--nproc-per-node`` from PET_NPROC_PER_NODE, ``--rdzv-endpoint`` from PET_MASTER_ADDR and
+PET_MASTER_PORT.
 """
 
 from __future__ import annotations
@@ -20,28 +25,71 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Sequence
+from typing import Callable, Sequence
 
+from launcher.core.exits import REQUEUE_EXIT
 from launcher.launch.local import Rendezvous
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+PET_DEFAULTS = {"nnodes": "PET_NNODES", "nproc_per_node": "PET_NPROC_PER_NODE"}
+"""Flags that, as under torchrun, default to the variables Kubeflow's Trainer and the
+training-operator inject into each pod (``--rdzv-endpoint`` from PET_MASTER_ADDR and
+PET_MASTER_PORT)."""
+
+
+def pet_endpoint(env) -> str | None:
+    """``PET_MASTER_ADDR:PET_MASTER_PORT`` when both are set."""
+    if env.get("PET_MASTER_ADDR") and env.get("PET_MASTER_PORT"):
+        return f"{env['PET_MASTER_ADDR']}:{env['PET_MASTER_PORT']}"
+    return None
+
+
+def parse_args(argv: Sequence[str], env=os.environ) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m launcher.launch.agent", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nnodes", type=int, required=True, help="agents (nodes) in the world")
-    parser.add_argument("--nproc-per-node", type=int, required=True,
+    parser.add_argument("--nnodes", type=int, default=env.get("PET_NNODES"),
+                        help="agents (nodes) in the world (default: $PET_NNODES)")
+    parser.add_argument("--nproc-per-node", type=int, default=env.get("PET_NPROC_PER_NODE"),
                         help="training processes this agent starts (the config's "
-                             "cluster.gpus_per_node x cluster.ranks_per_gpu)")
-    parser.add_argument("--rdzv-endpoint", required=True, help="host:port of the rendezvous")
+                             "cluster.gpus_per_node x cluster.ranks_per_gpu; default: "
+                             "$PET_NPROC_PER_NODE)")
+    parser.add_argument("--rdzv-endpoint", default=pet_endpoint(env),
+                        help="host:port of the rendezvous (default: "
+                             "$PET_MASTER_ADDR:$PET_MASTER_PORT)")
     parser.add_argument("--rdzv-id", required=True, help="same on every agent (the job id)")
     parser.add_argument("--local-addr", default=None,
                         help="address the other agents reach this one at (default: hostname)")
+    parser.add_argument("--requeue-exit", type=int, default=None, choices=range(1, 256),
+                        metavar="CODE", help=f"exit with CODE instead of {REQUEUE_EXIT} after a "
+                        "stop for requeue (for schedulers that retry only some codes)")
     parser.add_argument("overrides", nargs="*", help="launcher.train overrides (after --)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for flag in ("nnodes", "nproc_per_node", "rdzv_endpoint"):
+        if getattr(args, flag) in (None, ""):
+            parser.error(f"--{flag.replace('_', '-')} is required (or set "
+                         f"{PET_DEFAULTS.get(flag, 'PET_MASTER_ADDR and PET_MASTER_PORT')})")
+    return args
+
+
+REQUEUE_EXIT_ENV = "TRAINWRIGHT_REQUEUE_EXIT"
+"""Set by ``--requeue-exit``: the code a stop for requeue (75) leaves the process with."""
+
+
+def scheduler_exit(main: Callable[[], int]) -> int:
+    """``main()``'s exit code, with 75 replaced by $TRAINWRIGHT_REQUEUE_EXIT when set (a
+    scheduler that reads "retry" in other codes: PyTorchJob's ExitCode policy)."""
+    try:
+        code = main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    replacement = os.environ.get(REQUEUE_EXIT_ENV)
+    return int(replacement) if code == REQUEUE_EXIT and replacement else code
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.requeue_exit is not None:
+        os.environ[REQUEUE_EXIT_ENV] = str(args.requeue_exit)
     rendezvous = Rendezvous(args.nnodes, args.rdzv_endpoint, args.rdzv_id, args.local_addr,
                             args.nproc_per_node)
     os.environ.update(rendezvous.to_env())

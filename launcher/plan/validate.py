@@ -14,6 +14,7 @@ from launcher.config import ModelConfig, TrainwrightConfig, compute_precision
 from launcher.core.problems import Problem, divisors, fmt_values
 from launcher.core.stop import resolve_signal
 from launcher.engines import spec
+from launcher.plan.kubernetes import kubernetes_problems
 from launcher.shape.dims import ParallelDims
 from launcher.shape.stages import KEYS as SPLIT_KEYS, StageSplit, split_problems
 
@@ -233,17 +234,26 @@ def check_engine(cfg: TrainwrightConfig) -> list[Problem]:
                        for e in spec(cfg.engine.name).problems(cfg)]
 
 
+LAUNCHERS = ("local", "slurm", "kubernetes")
+
+
 def check_cluster(cfg: TrainwrightConfig) -> list[Problem]:
-    """Several ranks per GPU is a development feature of the local launcher."""
+    """A known launcher; several ranks per GPU only on the local launcher; a Kubernetes
+    cluster's own checks (launcher.plan.kubernetes)."""
     c = cfg.cluster
-    if c.ranks_per_gpu > 1 and c.launcher == "slurm":
-        return [Problem(
+    if c.launcher not in LAUNCHERS:
+        return [Problem(("cluster.launcher",), (
+            f"cluster.launcher={c.launcher!r} is not a launcher; use one of "
+            f"{', '.join(LAUNCHERS)}"))]
+    problems = kubernetes_problems(c, cfg.run)
+    if c.ranks_per_gpu > 1 and c.launcher != "local":
+        problems.append(Problem(
             ("cluster.ranks_per_gpu", "cluster.launcher"),
-            f"cluster.ranks_per_gpu={c.ranks_per_gpu} with cluster.launcher=slurm: several "
+            f"cluster.ranks_per_gpu={c.ranks_per_gpu} with cluster.launcher={c.launcher}: several "
             "training processes per GPU is a development feature of the local launcher "
-            "(python -m launcher.train on one machine); set cluster.ranks_per_gpu=1 for a Slurm "
-            "job, or run locally (e.g. cluster=local_gpu)")]
-    return []
+            "(python -m launcher.train on one machine); set cluster.ranks_per_gpu=1 for a "
+            f"{c.launcher} job, or run locally (e.g. cluster=local_gpu)"))
+    return problems
 
 
 def check_static(cfg: TrainwrightConfig, dims: ParallelDims) -> list[Problem]:

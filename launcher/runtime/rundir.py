@@ -35,6 +35,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from launcher.core.secrets import ALWAYS_SECRET_ENV, SECRET_ENV_NAME_RE
 from launcher.config import RunConfig
 from launcher.core.atomic import atomic_write_json, atomic_write_text
 from launcher.plan.validate import names_a_run_dir
@@ -51,19 +52,12 @@ SECRET_KEY_RE = re.compile(
 Keys such as ``train_tokens`` or ``tokenizer_path`` do not match, and numbers, booleans and null
 under a matching key (``eod_token_id: 0``) are kept, since they cannot be credentials."""
 
-SECRET_ENV_NAME_RE = re.compile(
-    r"api_?key|token|secret|password|passwd|credential|(?:key|pass)$", re.IGNORECASE)
-"""An environment variable whose value is a secret wherever it appears: a name containing
-``api_key``, ``token``, ``secret``, ``password``, ``credential`` or ending in ``KEY`` or ``PASS``
-(WANDB_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY, OPENAI_KEY, DB_PASS, ...)."""
-
 TOKEN_FORMAT_RE = re.compile(
     r"\bhf_[A-Za-z0-9]{30,}|\bsk-[A-Za-z0-9_\-]{20,}|\bgh[pousr]_[A-Za-z0-9]{30,}"
     r"|\bxox[abprs]-[A-Za-z0-9\-]{10,}|\bAKIA[0-9A-Z]{16}\b|\bglpat-[A-Za-z0-9_\-]{20,}")
 """Values that look like known access tokens (Hugging Face, OpenAI, GitHub, Slack, AWS access
 key ids, GitLab), redacted wherever they appear, whatever variable or key holds them."""
 
-ALWAYS_SECRET_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 MIN_SECRET_LEN = 8
 """Shorter environment values (``1``, ``false``) are too common to be treated as secrets."""
 
