@@ -570,7 +570,7 @@ class ClusterConfig:
     termination_grace_s: int = 0
     """launcher=kubernetes: seconds between the SIGTERM of a preemption or drain and the
     SIGKILL (terminationGracePeriodSeconds): the stop must finish its step and save in it.
-    0 = from the plan: 2 x (a step + a save) + 60 s."""
+    0 = twice the plan's step plus its save, and 60 s more."""
 
 
 @dataclass

@@ -32,7 +32,7 @@ GROUPS = ("model", "parallelism", "data", "optimizer", "trainer", "cluster", "en
           "experiment")
 DESCRIPTION = {"launcher.train": "train the configured model",
                "launcher.plan": "print the pre-flight plan",
-               "launcher.submit": "submit a training run as one Slurm batch job",
+               "launcher.submit": "submit a training run to a Slurm or Kubernetes cluster",
                "launcher.search": "the fastest layouts for the composed model"}
 
 
@@ -240,4 +240,7 @@ def test_train_help_in_a_subprocess():
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr
     assert "train the configured model" in proc.stdout
-    assert "model: gpt2_124m" in proc.stdout and "cluster: local_cpu" in proc.stdout
+    groups = dict(line.split(": ", 1) for line in proc.stdout.splitlines()
+                  if line.startswith(("model: ", "cluster: ")))
+    assert "gpt2_124m" in groups["model"].split(", ")
+    assert {"local_cpu", "slurm_h100", "k8s_h100"} <= set(groups["cluster"].split(", "))

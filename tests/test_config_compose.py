@@ -1,5 +1,6 @@
 """Every YAML option of conf/ composes into the typed schema and becomes a dataclass object."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -36,8 +37,17 @@ def test_group_option_composes_to_object(group, option):
     assert isinstance(node, SCHEMA_OF_GROUP[group])
     raw = OmegaConf.load(CONF_DIR / group / f"{option}.yaml")
     for key, value in raw.items():  # every value in the file reached the object
-        got = getattr(node, key)
-        assert (got.value if hasattr(got, "value") else got) == value, key
+        assert _reached(getattr(node, key), OmegaConf.to_container(value)
+                        if OmegaConf.is_config(value) else value), key
+
+
+def _reached(got, value) -> bool:
+    """``got`` (enum, dataclass, list of dataclasses) holds every value the YAML gave."""
+    if dataclasses.is_dataclass(got):
+        return all(_reached(getattr(got, k), v) for k, v in value.items())
+    if isinstance(got, list):
+        return len(got) == len(value) and all(_reached(g, v) for g, v in zip(got, value))
+    return (got.value if hasattr(got, "value") else got) == value
 
 
 @pytest.mark.parametrize("experiment", _options("experiment"))

@@ -252,7 +252,7 @@ def check_cluster(cfg: TrainwrightConfig) -> list[Problem]:
             f"cluster.ranks_per_gpu={c.ranks_per_gpu} with cluster.launcher={c.launcher}: several "
             "training processes per GPU is a development feature of the local launcher "
             "(python -m launcher.train on one machine); set cluster.ranks_per_gpu=1 for a "
-            f"{c.launcher} job, or run locally (e.g. cluster=local_gpu)"))
+            f"{c.launcher.capitalize()} job, or run locally (e.g. cluster=local_gpu)"))
     return problems
 
 

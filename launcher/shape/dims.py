@@ -124,8 +124,24 @@ class ParallelDims:
         world = describe_world(cluster, self.world)
         problems = [self._model_parallel_problem(world, world_keys(cluster)),
                     self._expert_problem(world) if moe else None,
-                    self._sequence_parallel_problem(), self._virtual_pipeline_problem()]
+                    self._sequence_parallel_problem(), self._virtual_pipeline_problem(),
+                    self._tensor_parallel_node_problem(cluster)]
         return [p for p in problems if p is not None]
+
+    def _tensor_parallel_node_problem(self, cluster: ClusterConfig) -> Problem | None:
+        """On GPUs a tensor-parallel group fills whole nodes or divides one: TP=8 on nodes of 3
+        GPUs would straddle nodes unevenly. (TP=16 on 8-GPU nodes is allowed; the plan prices
+        its all-reduces over the network.) CPU clusters (tests of multi-node layouts) are
+        exempt."""
+        per_node = cluster.gpus_per_node * cluster.ranks_per_gpu
+        if cluster.gpu.lower() == "cpu" or per_node % self.tp == 0 or self.tp % per_node == 0:
+            return None
+        return Problem(
+            ("parallelism.tensor_parallel_size", "cluster.gpus_per_node"),
+            f"tensor_parallel_size={self.tp} and cluster.gpus_per_node={per_node} do not divide "
+            "one another: tensor-parallel groups would straddle nodes unevenly; use "
+            f"tensor_parallel_size from {fmt_values(divisors(per_node))} (or a multiple of "
+            f"{per_node}), or nodes of a multiple of {self.tp} GPUs")
 
     def _model_parallel_problem(self, world: str, keys: tuple[str, ...]) -> Problem | None:
         mp = self.model_parallel
