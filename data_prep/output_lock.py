@@ -31,7 +31,7 @@ import time
 from typing import Optional, Tuple
 
 from data_prep.errors import OutputLockedError
-from launcher.core.locks import Holder, slurm_identity
+from launcher.core.locks import Holder, job_identity
 
 LOCK_PREFIX = ".data_prep"
 UNREADABLE_STALE_S = 60.0
@@ -93,7 +93,7 @@ class OutputLock:
                                 "moment; run only one of them")
 
     def _create(self) -> bool:
-        job, restart = slurm_identity()
+        job, restart = job_identity()
         data = (json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
                             "job": job, "restart": restart}) + "\n").encode("utf-8")
         try:

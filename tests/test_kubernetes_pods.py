@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from launcher.core.exits import REQUEUE_EXIT
+from launcher.launch.kubernetes.pod import JOBSET_ATTEMPT_LABEL, JOBSET_UID_LABEL
 from launcher.parallel.distributed import free_port
 from tests.helpers.pods import start_pod
 from tests.helpers.training import REPO, TINY, steps_of, train
@@ -50,9 +51,9 @@ def trainer_pet(trainjob: dict, port: int) -> dict:
             "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": port}
 
 
-def run_pods(tmp: Path, runtime: dict, trainjob: dict, attempt: str, *, stop_after: int = 0):
-    """Start every pod; with ``stop_after``, SIGTERM pod 1's main process once that many steps
-    are logged. Returns the exit codes and the logs."""
+def run_pods(tmp: Path, runtime: dict, trainjob: dict, attempt: int, *, stop_after: int = 0):
+    """Start every pod of JobSet restart ``attempt``; with ``stop_after``, SIGTERM pod 1's main
+    process once that many steps are logged. Returns the exit codes and the logs."""
     job = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
     template = job["template"]
     volumes = {m["mountPath"]: tmp / m["name"] for m in template["spec"]["containers"][0]
@@ -62,9 +63,10 @@ def run_pods(tmp: Path, runtime: dict, trainjob: dict, attempt: str, *, stop_aft
     pet, logs = trainer_pet(trainjob, free_port()), []
     pods = []
     for index in range(job["parallelism"]):
-        logs.append(tmp / f"{attempt}_pod{index}.log")
+        logs.append(tmp / f"attempt{attempt}_pod{index}.log")
+        labels = {JOBSET_UID_LABEL: "5f1c-uid", JOBSET_ATTEMPT_LABEL: str(attempt)}
         pods.append(start_pod(template, index=index, pet=pet, volumes=volumes, secrets={},
-                              log=logs[-1]))
+                              log=logs[-1], labels=labels))
     metrics = tmp / "runs" / "outputs" / "k8s" / "metrics.jsonl"
     deadline = time.monotonic() + 240
     while stop_after and time.monotonic() < deadline:
@@ -89,14 +91,14 @@ def test_rendered_pods_train_stop_on_sigterm_with_75_and_resume_bitwise(tmp_path
     assert [runtime["kind"], trainjob["kind"]] == ["TrainingRuntime", "TrainJob"]
     assert trainjob["spec"]["trainer"] == {"numNodes": 2, "numProcPerNode": 1}
 
-    codes, logs = run_pods(tmp_path, runtime, trainjob, "first", stop_after=3)
+    codes, logs = run_pods(tmp_path, runtime, trainjob, 0, stop_after=3)
     assert codes == [REQUEUE_EXIT, REQUEUE_EXIT], logs
     run_dir = tmp_path / "runs" / "outputs" / "k8s"
     saved = (run_dir / "checkpoints" / "latest").read_text().strip()
     stopped_at = int(saved.split("_")[1])
     assert 3 <= stopped_at < STEPS and max(steps_of(run_dir)) == stopped_at
 
-    codes, logs = run_pods(tmp_path, runtime, trainjob, "second")
+    codes, logs = run_pods(tmp_path, runtime, trainjob, 1)
     assert codes == [0, 0], logs
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["world_size"] == 2 and plan["nodes"] == 2

@@ -80,6 +80,13 @@ def test_8b_experiment_renders_valid_documents_for_each_api(tmp_path, api):
     assert {"name": "dshm", "mountPath": "/dev/shm"} in main["volumeMounts"]
     assert main["workingDir"] == "/runs" and \
         {"name": "runs", "mountPath": "/runs"} in main["volumeMounts"]
+    # the run directory's lock knows a restarted JobSet's pods from a second launch
+    fields = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+              for e in main["env"]}
+    if api != "pytorchjob":
+        assert fields["TRAINWRIGHT_JOB_ID"] == "metadata.labels['jobset.sigs.k8s.io/jobset-uid']"
+        assert fields["TRAINWRIGHT_JOB_ATTEMPT"] == \
+            "metadata.labels['jobset.sigs.k8s.io/restart-attempt']"
     assert not (tmp_path / "outputs").exists()  # a dry run writes nothing
 
 

@@ -77,6 +77,29 @@ def test_a_requeued_slurm_job_takes_over_its_predecessors_lock(tmp_path, monkeyp
     locks.release(tmp_path)
 
 
+def test_a_restarted_jobset_takes_over_the_lock_its_killed_attempt_left(tmp_path, monkeypatch):
+    """A JobSet restart recreates every pod: rank 0 may land on another pod (another host name)
+    and the killed attempt's lock stays behind. Its pods carry the JobSet's uid and restart
+    attempt (TRAINWRIGHT_JOB_ID/ATTEMPT, from labels): a later attempt of the same JobSet takes
+    the lock over; the same attempt, or another JobSet, is refused. Before the fix, every
+    restart after a crash was refused with exit 2, which fails a JobSet for good."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    (tmp_path / locks.LOCK_NAME).write_text(json.dumps(
+        {"host": "tw-run-node-0-1", "pid": 31, "started": 0, "job": "5f1c-uid", "restart": 0}))
+    monkeypatch.setenv(locks.JOB_ID_ENV, "5f1c-uid")
+    monkeypatch.setenv(locks.JOB_ATTEMPT_ENV, "0")
+    with pytest.raises(locks.RunLocked):
+        locks.acquire(tmp_path)
+    monkeypatch.setenv(locks.JOB_ID_ENV, "another-jobset")
+    monkeypatch.setenv(locks.JOB_ATTEMPT_ENV, "1")
+    with pytest.raises(locks.RunLocked):
+        locks.acquire(tmp_path)
+    monkeypatch.setenv(locks.JOB_ID_ENV, "5f1c-uid")
+    assert locks.acquire(tmp_path).host == "tw-run-node-0-1"
+    assert (locks.holder(tmp_path).job, locks.holder(tmp_path).restart) == ("5f1c-uid", 1)
+    locks.release(tmp_path)
+
+
 @pytest.mark.slow
 def test_second_launch_of_a_live_run_exits_2_and_the_first_is_unharmed(tmp_path):
     run_dir, log = tmp_path / "busy", tmp_path / "first.log"

@@ -9,9 +9,12 @@ The lock is a file created with ``O_CREAT | O_EXCL`` (atomic on local disks and 
 holder's host, pid and start time as JSON. A lock left by a dead process (same host, pid gone:
 ``kill -9``, a node that rebooted into the same name) is taken over, and the run says so. A lock
 held from another host cannot be checked from here; it is respected, and the message says how to
-remove it if that run is known to be gone. Except under Slurm: a lock records the job id and
-restart count, and a requeued incarnation of the same job (a higher ``SLURM_RESTART_COUNT``, on
-whichever node) takes over what its killed predecessor left.
+remove it if that run is known to be gone. Except for a restarted job: a lock records the
+scheduler's job id and restart count (:func:`job_identity`), and a later incarnation of the same
+job (a higher count, on whichever node) takes over what its killed predecessor left. Slurm gives
+``SLURM_JOB_ID`` and ``SLURM_RESTART_COUNT``; a Kubernetes JobSet (or TrainJob) pod gets
+``TRAINWRIGHT_JOB_ID`` and ``TRAINWRIGHT_JOB_ATTEMPT`` from its JobSet's uid and restart-attempt
+labels (the pod's host name, and which pod holds rank 0, change between attempts).
 """
 
 from __future__ import annotations
@@ -44,9 +47,9 @@ class Holder:
     def alive(self) -> Optional[bool]:
         """True/False for a holder on this host or an earlier incarnation of this Slurm job;
         None when it is on another host."""
-        job, restart = slurm_identity()
+        job, restart = job_identity()
         if job and self.job == job and self.restart < restart:
-            return False  # this job was requeued: the holder was its killed predecessor
+            return False  # this job was restarted: the holder was its killed predecessor
         if self.host != socket.gethostname():
             return None
         import psutil
@@ -67,9 +70,18 @@ class Holder:
         return f"pid {self.pid} on {self.host} (started {since})"
 
 
-def slurm_identity() -> tuple:
-    """(SLURM_JOB_ID or "", SLURM_RESTART_COUNT or 0) of this process."""
-    return os.environ.get("SLURM_JOB_ID", ""), int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+JOB_ID_ENV = "TRAINWRIGHT_JOB_ID"
+JOB_ATTEMPT_ENV = "TRAINWRIGHT_JOB_ATTEMPT"
+"""Set in Kubernetes pods by the rendered manifests (launcher.launch.kubernetes.pod)."""
+
+
+def job_identity() -> tuple:
+    """(job id or "", restart count) of this process: Slurm's SLURM_JOB_ID and
+    SLURM_RESTART_COUNT, else TRAINWRIGHT_JOB_ID and TRAINWRIGHT_JOB_ATTEMPT."""
+    if os.environ.get("SLURM_JOB_ID"):
+        return os.environ["SLURM_JOB_ID"], int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    attempt = os.environ.get(JOB_ATTEMPT_ENV, "")
+    return os.environ.get(JOB_ID_ENV, ""), int(attempt) if attempt.isdigit() else 0
 
 
 def holder(run_dir: Path) -> Optional[Holder]:
@@ -107,7 +119,7 @@ def acquire(run_dir: Path) -> Optional[Holder]:
     stale = check_free(run_dir)
     if stale is not None:
         path.unlink(missing_ok=True)
-    job, restart = slurm_identity()
+    job, restart = job_identity()
     mine = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
             "job": job, "restart": restart}
     try:

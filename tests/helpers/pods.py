@@ -2,8 +2,8 @@
 template's command and environment, as the kubelet would start it.
 
 What the kubelet and the Trainer would do, done here: the Trainer's PET_* variables are added
-(``pet``); ``valueFrom`` is resolved (POD_IP -> 127.0.0.1, the Job's completion index, Secret
-references from ``secrets``); ``$(VAR)`` in command and args expands against the container's
+(``pet``); ``valueFrom`` is resolved (POD_IP -> 127.0.0.1, the Job's completion index, the pod's
+labels, Secret references from ``secrets``); ``$(VAR)`` in command and args expands against the container's
 environment and ``$$`` becomes ``$``; every volume mount path is mapped to a local folder
 (``volumes``: mount path -> folder), in the working directory and in every argument and value.
 The image's ``python`` is this interpreter, with this checkout importable.
@@ -21,6 +21,7 @@ from tests.helpers.training import REPO
 
 VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+LABEL_FIELD = re.compile(r"metadata\.labels\['([^']+)'\]")
 
 
 def expand(text: str, env: dict) -> str:
@@ -39,7 +40,7 @@ def map_paths(text: str, volumes: dict) -> str:
 
 
 def container_env(container: dict, *, index: int, pet: dict, secrets: dict,
-                  volumes: dict) -> dict:
+                  volumes: dict, labels: dict) -> dict:
     """The container's environment in the order Kubernetes builds it (envFrom, then env)."""
     env = {}
     for source in container.get("envFrom", []):
@@ -55,6 +56,9 @@ def container_env(container: dict, *, index: int, pet: dict, secrets: dict,
             env[var["name"]] = "127.0.0.1"
         elif ref["fieldRef"]["fieldPath"] == INDEX_FIELD:
             env[var["name"]] = str(index)
+        elif LABEL_FIELD.fullmatch(ref["fieldRef"]["fieldPath"]):  # a missing label reads ""
+            env[var["name"]] = labels.get(LABEL_FIELD.fullmatch(
+                ref["fieldRef"]["fieldPath"]).group(1), "")
         else:
             raise AssertionError(f"no emulation for {ref}")
     return env
@@ -65,12 +69,16 @@ def pet_list(pet: dict) -> list:
 
 
 def start_pod(template: dict, *, index: int, pet: dict, volumes: dict, secrets: dict,
-              log: Path) -> subprocess.Popen:
-    """Start pod ``index`` of ``template`` in its own process group; stdout+stderr to ``log``."""
+              log: Path, labels: dict | None = None) -> subprocess.Popen:
+    """Start pod ``index`` of ``template`` in its own process group; stdout+stderr to ``log``.
+    ``labels``: the pod's labels beyond the template's (what JobSet adds: its uid, the restart
+    attempt)."""
     spec = template["spec"]
     assert len(spec["containers"]) == 1 and not spec.get("initContainers")
     container = spec["containers"][0]
-    env = container_env(container, index=index, pet=pet, secrets=secrets, volumes=volumes)
+    labels = {**template.get("metadata", {}).get("labels", {}), **(labels or {})}
+    env = container_env(container, index=index, pet=pet, secrets=secrets, volumes=volumes,
+                        labels=labels)
     argv = [map_paths(expand(a, env), volumes) for a in container["command"] + container["args"]]
     assert argv[0] == "python", argv
     argv[0] = sys.executable

@@ -34,7 +34,8 @@ def metadata(cfg, name: str, kind_labels: dict | None = None) -> dict:
 def pod_template(cfg, plan, overrides: Sequence[str], name: str, *, container_name: str,
                  extra_env: Sequence[dict] = (), extra_args: Sequence[str] = ()) -> dict:
     """A PodTemplateSpec with the agent container."""
-    main = container(cfg, plan, overrides, container_name, rdzv_id=name, extra_env=extra_env)
+    main = container(cfg, plan, overrides, container_name, rdzv_id=name, extra_env=extra_env,
+                     jobset=container_name == NODE_CONTAINER)
     if extra_args:
         split = main["args"].index("--")
         main["args"][split:split] = list(extra_args)

@@ -15,10 +15,15 @@ import math
 import re
 from typing import Sequence
 
+from launcher.core.locks import JOB_ATTEMPT_ENV, JOB_ID_ENV
+
 NODE_CONTAINER = "node"
 """The container's name: the Trainer injects PET_* only into the container named ``node``."""
 SHM_VOLUME = "dshm"
 RDZV_PORT_NAME = "c10d"
+JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
+JOBSET_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+"""Labels JobSet puts on every pod: the JobSet's uid, and how many times it was restarted."""
 MAX_JOB_NAME = 40
 """Job names are kept short enough for every derived name (JobSet's
 ``<name>-node-0-0`` pods, the TrainJob's 63-character limit, the headless Service)."""
@@ -50,14 +55,14 @@ def grace_seconds(cluster, step_time_s: float, save_s: float) -> int:
 
 
 def container(cfg, plan, overrides: Sequence[str], name: str, rdzv_id: str,
-              extra_env: Sequence[dict] = ()) -> dict:
+              extra_env: Sequence[dict] = (), jobset: bool = True) -> dict:
     """The training container: the agent, its environment, resources and mounts."""
     c = cfg.cluster
     spec = {"name": name, "image": c.container_image, "imagePullPolicy": "IfNotPresent",
             "command": ["python", "-u", "-m", "launcher.launch.agent"],
             "args": [f"--rdzv-id={rdzv_id}", "--local-addr=$(POD_IP)", "--",
                      *(kubelet_escape(o) for o in overrides)],
-            "env": [*extra_env, *environment(c)],
+            "env": [*extra_env, *environment(c, jobset)],
             "ports": [{"name": RDZV_PORT_NAME, "containerPort": cfg.launch.rdzv_port}],
             "resources": resources(c, plan),
             "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}] + [
@@ -71,10 +76,17 @@ def container(cfg, plan, overrides: Sequence[str], name: str, rdzv_id: str,
     return spec
 
 
-def environment(c) -> list[dict]:
-    """POD_IP (downward API), unbuffered Python, cluster.env, then the Secret references."""
+def environment(c, jobset: bool) -> list[dict]:
+    """POD_IP (downward API), unbuffered Python, the job's identity (JobSet's uid and restart
+    attempt, for the run directory's lock: launcher.core.locks), cluster.env, then the Secret
+    references."""
     env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
            {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    if jobset:
+        env += [{"name": JOB_ID_ENV, "valueFrom": {"fieldRef": {
+                    "fieldPath": f"metadata.labels['{JOBSET_UID_LABEL}']"}}},
+                {"name": JOB_ATTEMPT_ENV, "valueFrom": {"fieldRef": {
+                    "fieldPath": f"metadata.labels['{JOBSET_ATTEMPT_LABEL}']"}}}]
     env += [{"name": k, "value": str(v)} for k, v in c.env.items()]
     env += [{"name": s.name, "valueFrom": {"secretKeyRef": {"name": s.secret, "key": s.key}}}
             for s in c.secret_env]
