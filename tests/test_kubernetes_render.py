@@ -303,3 +303,11 @@ def test_readme_shows_the_8b_trainjob_as_rendered_today(tmp_path):
     for marker, text in (("k8s-trainjob", trainjob), ("k8s-runtime", runtime)):
         block = readme.split(f"<!-- {marker}:begin -->\n```yaml\n")[1].split("```")[0]
         assert block == text, f"README's {marker} block is stale: re-render it"
+
+
+def test_wandb_without_a_key_secret_is_a_plan_warning():
+    cfg = to_object(compose_config([*EIGHT_B, "logger=wandb"]))
+    assert any("WANDB_API_KEY" in w for w in plan_or_exit(cfg).warnings)
+    cfg = to_object(compose_config([*EIGHT_B, "logger=wandb", "+cluster.secret_env=[{name: "
+                                    "WANDB_API_KEY, secret: wandb, key: api-key}]"]))
+    assert not any("WANDB_API_KEY" in w for w in plan_or_exit(cfg).warnings)

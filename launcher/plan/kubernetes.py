@@ -7,7 +7,7 @@ from __future__ import annotations
 import posixpath
 import re
 
-from launcher.config import ClusterConfig, RunConfig
+from launcher.config import ClusterConfig, LoggerConfig, RunConfig
 from launcher.core.problems import Problem
 from launcher.core.secrets import is_secret_env_name
 
@@ -42,6 +42,18 @@ def kubernetes_problems(cluster: ClusterConfig, run: RunConfig) -> list[Problem]
         return []
     return (_image_and_names(cluster) + _volume_problems(cluster) + _run_dir_problems(cluster, run)
             + _env_problems(cluster) + _scheduling_problems(cluster))
+
+
+def kubernetes_warnings(cluster: ClusterConfig, logger: LoggerConfig) -> list[str]:
+    """Worth a word: logger=wandb in pods that get no WANDB_API_KEY from a Secret (it may come
+    from the image or an envFrom Secret, so this is not a refusal)."""
+    if cluster.launcher != "kubernetes" or logger.name != "wandb" or cluster.env_from_secrets \
+            or any(s.name == "WANDB_API_KEY" for s in cluster.secret_env):
+        return []
+    return ["logger=wandb, but no Secret gives the pods WANDB_API_KEY: add cluster.secret_env="
+            "[{name: WANDB_API_KEY, secret: <Secret name>, key: <key>}] (or "
+            "cluster.env_from_secrets), or set logger.mode=offline: wandb cannot log in "
+            "from the pods without it"]
 
 
 def _image_and_names(c: ClusterConfig) -> list[Problem]:

@@ -20,6 +20,7 @@ from launcher.plan import fp8
 from launcher.plan.engine_choice import engine_notes
 from launcher.plan.flops import train_flops_per_token
 from launcher.plan.goodput import GoodputPlan, plan_goodput
+from launcher.plan.kubernetes import kubernetes_warnings
 from launcher.plan.hardware import Device, resolve_device
 from launcher.plan.memory import (ActivationSettings, in_flight_microbatches,
                                   stage_activation_bytes, state_bytes_per_param)
@@ -351,7 +352,8 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: B
         warnings=tuple(schedule_warnings(cfg, batch.train_steps)
                        + [str(x) for x in check_interleaving(dims, batch.grad_accum_steps)]
                        + resilience_warnings(cfg, step_time_s=compute.step_time_s,
-                                             goodput=goodput)),
+                                             goodput=goodput)
+                       + kubernetes_warnings(cfg.cluster, cfg.logger)),
         goodput=goodput)
     problems = _fit_problems(plan) + resilience_problems(
         cfg, step_time_s=compute.step_time_s, eval_s=eval_s, goodput=goodput)
