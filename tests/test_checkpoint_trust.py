@@ -12,6 +12,9 @@ import torch
 from launcher.engines.unpickle import UnsafeCheckpointFile
 from launcher.runtime.checkpoint import _rng_state, _set_rng_state, load_rng_file
 
+# the module's trained runs are made once: every test of the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("checkpoint_trust")
+
 
 class RunsCode:
     def __reduce__(self):
@@ -49,6 +52,29 @@ def _plant(path, marker):
     path.write_bytes(pickle.dumps(Touch(), protocol=2))
 
 
+COMMON = ("trainer.precision=bf16", "trainer.save_interval=2")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """engine -> a 2-step run of that engine with its step-2 checkpoint, trained once for the
+    module; each test plants its file in a copy (``_copy_of``)."""
+    from tests.helpers.training import train
+
+    root = tmp_path_factory.mktemp("trained")
+    for engine in ("deepspeed", "megatron"):
+        train(root / engine, "run", f"engine={engine}", *COMMON, "trainer.train_steps=2")
+    return root
+
+
+def _copy_of(trained, engine: str, tmp_path):
+    """A copy of ``engine``'s trained run as ``<tmp_path>/run``; its step-2 checkpoint."""
+    import shutil
+
+    shutil.copytree(trained / engine / "run", tmp_path / "run", symlinks=True)
+    return tmp_path / "run" / "checkpoints" / "step_000002"
+
+
 @pytest.mark.parametrize("engine,victim", [
     ("deepspeed", "mp_rank_00_model_states.pt"),
     ("deepspeed", "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"),
@@ -56,33 +82,30 @@ def _plant(path, marker):
     ("megatron", "megatron/common.pt"),
     ("megatron", "rng/rank_1.pt"),
 ])
-def test_a_planted_checkpoint_file_is_refused_before_it_runs(tmp_path, engine, victim):
+def test_a_planted_checkpoint_file_is_refused_before_it_runs(tmp_path, trained, engine, victim):
     """A checkpoint file replaced by a pickle that runs a shell command: the resume exits 2
     naming the file, and the command never runs (on either engine, any of its file kinds)."""
     from tests.helpers.training import train
 
     marker = tmp_path / "PWNED"
-    common = (f"engine={engine}", "trainer.precision=bf16", "trainer.save_interval=2")
-    train(tmp_path, "run", *common, "trainer.train_steps=2")
-    step = tmp_path / "run" / "checkpoints" / "step_000002"
+    step = _copy_of(trained, engine, tmp_path)
     _plant(step / victim, marker)
-    proc = train(tmp_path, "run", *common, "trainer.train_steps=4", expect=2)
+    proc = train(tmp_path, "run", f"engine={engine}", *COMMON, "trainer.train_steps=4", expect=2)
     assert not marker.exists(), "the planted pickle ran"
     assert f"refused to load checkpoint file {step / victim}" in proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("engine,victim", [("deepspeed", "mp_rank_00_model_states.pt"),
                                            ("megatron", "megatron/.metadata")])
-def test_export_and_generate_refuse_a_planted_checkpoint(tmp_path, engine, victim):
+def test_export_and_generate_refuse_a_planted_checkpoint(tmp_path, trained, engine, victim):
     """The readers of generate and export are the same: exit 2 naming the file, nothing run."""
     import subprocess
     import sys
 
-    from tests.helpers.training import REPO, train
+    from tests.helpers.training import REPO
 
     marker = tmp_path / "PWNED"
-    train(tmp_path, "run", f"engine={engine}", "trainer.precision=bf16", "trainer.train_steps=2")
-    step = tmp_path / "run" / "checkpoints" / "step_000002"
+    step = _copy_of(trained, engine, tmp_path)
     _plant(step / victim, marker)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     commands = [["-m", "launcher.convert", "to_hf", f"checkpoint={tmp_path / 'run'}",

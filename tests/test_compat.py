@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -127,3 +128,33 @@ def test_jit_build_locks_of_killed_ranks_go_and_a_live_builds_lock_stays(tmp_pat
         holder.kill()
         holder.wait()
     assert release_jit_build_locks(since=time.time() - 60) == [str(live)]
+
+
+def test_an_agent_outlives_the_rendezvous_store_it_polls():
+    """The first node's agent hosts the c10d store and may exit (its ranks stopped for requeue)
+    before another node's rank has finished the same stop. That agent's poll of the store must
+    then answer "no new node", not raise: before the fix it exited 1 and a clean requeue (75)
+    read as a crash. A real c10d rendezvous handler, on a store this test hosts and closes."""
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    from launcher.engines.compat import store_loss_tolerant
+    from launcher.parallel.distributed import free_port
+
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    params = RendezvousParameters(backend="c10d", endpoint=f"127.0.0.1:{port}", run_id="lost",
+                                  min_nodes=2, max_nodes=2, local_addr="127.0.0.2",
+                                  read_timeout=2, is_host=False)
+    handler = get_rendezvous_handler(params)
+    assert handler.num_nodes_waiting() == 0
+    del store  # the first node's agent exits
+    time.sleep(1.2)  # past the handler's one-second cache of the store's state
+    with pytest.raises(RendezvousConnectionError):
+        handler.num_nodes_waiting()
+    store_loss_tolerant(handler)
+    assert handler.num_nodes_waiting() == 0
+    store_loss_tolerant(handler)  # once is enough; a second call wraps nothing
+    assert handler.num_nodes_waiting.store_loss_tolerant

@@ -311,3 +311,33 @@ def test_wandb_without_a_key_secret_is_a_plan_warning():
     cfg = to_object(compose_config([*EIGHT_B, "logger=wandb", "+cluster.secret_env=[{name: "
                                     "WANDB_API_KEY, secret: wandb, key: api-key}]"]))
     assert not any("WANDB_API_KEY" in w for w in plan_or_exit(cfg).warnings)
+
+
+KUBECTL = """#!/bin/sh
+# kubectl's stand-in (no API server here): records its arguments and the file it was given
+echo "$@" > "$KUBECTL_LOG"
+[ -n "$KUBECTL_FAIL" ] && { echo 'Error from server (AlreadyExists): trainjobs "x" already exists' >&2; exit 1; }
+echo "trainingruntime.trainer.kubeflow.org/tw-k created"
+echo "trainjob.trainer.kubeflow.org/tw-k created"
+"""
+
+
+def test_submit_writes_the_manifests_then_creates_them_with_kubectl(tmp_path):
+    kubectl, log = tmp_path / "kubectl", tmp_path / "kubectl.args"
+    kubectl.write_text(KUBECTL)
+    kubectl.chmod(0o755)
+    env = {"TRAINWRIGHT_KUBECTL": str(kubectl), "KUBECTL_LOG": str(log)}
+    proc = submit(tmp_path, *EIGHT_B, "run.name=k", "cluster.namespace=team-a", env=env,
+                  dry_run=False)
+    assert proc.returncode == 0, proc.stderr
+    manifest = tmp_path / "outputs" / "k" / "kubernetes.yaml"
+    assert proc.stdout == "tw-k\n"
+    assert log.read_text().split() == ["create", "-n", "team-a", "-f", str(manifest)]
+    docs = list(yaml.safe_load_all(manifest.read_text()))
+    assert [d["kind"] for d in docs] == ["TrainingRuntime", "TrainJob"]
+    assert "kubectl -n team-a get trainjob tw-k -w" in proc.stderr
+    assert "logs -f -l trainwright/run=tw-k" in proc.stderr
+    proc = submit(tmp_path, *EIGHT_B, "run.name=k", env={**env, "KUBECTL_FAIL": "1"},
+                  dry_run=False)
+    assert proc.returncode == 1 and "AlreadyExists" in proc.stderr
+    assert f"kubectl delete -f {manifest}" in proc.stderr

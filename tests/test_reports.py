@@ -23,6 +23,9 @@ from tests.helpers.browser import assert_self_contained, browser, open_report  #
 from tests.helpers.signals import wait_for
 from tests.helpers.training import REPO, TINY, train
 
+# its module-scoped runs are made once: every test of the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("reports")
+
 RUN = ["run.report=true", "trainer.train_steps=12", "trainer.global_batch_size=8",
        "trainer.eval_interval=4", "trainer.save_interval=4"]
 LONG = ["run.report=true", "trainer.train_steps=200", "trainer.global_batch_size=8",

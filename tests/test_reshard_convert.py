@@ -17,6 +17,9 @@ import pytest
 
 from tests.helpers.training import REPO, train
 
+# its module-scoped runs are made once: every test of the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("reshard_convert")
+
 MEGATRON = ["engine=megatron", "parallelism.zero_stage=1", "trainer.global_batch_size=8",
             "trainer.save_interval=2", "trainer.keep_last=0", "trainer.eval_interval=0",
             "trainer.train_steps=4"]

@@ -17,6 +17,9 @@ import pytest
 
 from tests.helpers.training import train
 
+# its module-scoped runs are made once: every test of the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("tensorboard")
+
 OFFLINE = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 RUN = ["logger=[wandb,tensorboard]", "trainer.train_steps=6", "trainer.save_interval=3",
        "trainer.eval_interval=3", "trainer.global_batch_size=8"]

@@ -33,6 +33,9 @@ COMMON = ["trainer.train_steps=9", "trainer.global_batch_size=8", "trainer.save_
 HANG_IN = "step_000006.tmp"
 HOOK = '''
 import os, tempfile, time
+
+# its module-scoped runs are made once: every test of the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("train_crash")
 _hang_in, _marker = os.environ.get("TW_TEST_HANG_IN"), os.environ.get("TW_TEST_HANG_MARKER")
 if _hang_in and _marker:
     _mkstemp = tempfile.mkstemp

@@ -16,6 +16,9 @@ import pytest
 from launcher.core.phases import PHASES
 from tests.helpers.training import train
 
+# its module-scoped runs are made once: every test of the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("train_megatron_e2e")
+
 MEGATRON = ["engine=megatron", "trainer.global_batch_size=8"]
 PP2 = MEGATRON + ["parallelism=pp2", "trainer.save_interval=3", "trainer.eval_interval=3"]
 MOE_EP2 = MEGATRON + ["model.num_experts=4", "model.moe_router_topk=2",

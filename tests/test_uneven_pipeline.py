@@ -18,6 +18,9 @@ from launcher.plan.params import stage_params
 from launcher.shape.dims import ParallelDims
 from launcher.shape.stages import StageSplit, split_problems, stage_layers
 
+# its module-scoped runs are made once: every test of the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("uneven_pipeline")
+
 L405 = ["model=llama3_405b", "cluster=slurm_h100", "cluster.nodes=2048", "engine=megatron",
         "parallelism.tensor_parallel_size=8", "parallelism.pipeline_parallel_size=16",
         "parallelism.sequence_parallel=true", "trainer.micro_batch_size=1",

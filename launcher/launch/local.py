@@ -120,7 +120,7 @@ def launch_world(entrypoint: Callable, args: tuple, nprocs: int, rendezvous: Ren
         monitor_interval=0.1, start_method="spawn", local_addr=r.local_addr, logs_specs=logs,
         signals_to_handle=elastic_signals(stop_signal))
     previous = forward_stop_signals(stop_signal, child_ranks)
-    monitoring = monitored_elastic_agent(watch) if watch else contextlib.nullcontext()
+    monitoring = monitored_elastic_agent(watch)
     try:
         with monitoring, heartbeats_for(watch):
             elastic_launch(config, entrypoint)(*args)
