@@ -28,14 +28,15 @@ import pytest
 
 from tests.helpers.training import REPO, TINY, steps_of
 
+# its module-scoped runs are made once: every test of the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("train_crash")
+
 COMMON = ["trainer.train_steps=9", "trainer.global_batch_size=8", "trainer.save_interval=3",
           "trainer.keep_last=0", "trainer.eval_interval=0", "trainer.straggler_interval=0"]
 HANG_IN = "step_000006.tmp"
 HOOK = '''
 import os, tempfile, time
 
-# its module-scoped runs are made once: every test of the module on one xdist worker
-pytestmark = pytest.mark.xdist_group("train_crash")
 _hang_in, _marker = os.environ.get("TW_TEST_HANG_IN"), os.environ.get("TW_TEST_HANG_MARKER")
 if _hang_in and _marker:
     _mkstemp = tempfile.mkstemp
