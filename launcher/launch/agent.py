@@ -47,9 +47,10 @@ def pet_endpoint(env) -> str | None:
 def parse_args(argv: Sequence[str], env=os.environ) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m launcher.launch.agent", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nnodes", type=int, default=env.get("PET_NNODES"),
+    parser.add_argument("--nnodes", type=int, default=env.get(PET_DEFAULTS["nnodes"]),
                         help="agents (nodes) in the world (default: $PET_NNODES)")
-    parser.add_argument("--nproc-per-node", type=int, default=env.get("PET_NPROC_PER_NODE"),
+    parser.add_argument("--nproc-per-node", type=int,
+                        default=env.get(PET_DEFAULTS["nproc_per_node"]),
                         help="training processes this agent starts (the config's "
                              "cluster.gpus_per_node x cluster.ranks_per_gpu; default: "
                              "$PET_NPROC_PER_NODE)")

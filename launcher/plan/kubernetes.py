@@ -18,6 +18,9 @@ QUANTITY = re.compile(r"(\d+(\.\d+)?|\.\d+)([KMGTPE]i|[kMGTPE]|m|e\d+)?")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 TOLERATION_OPERATORS = ("Exists", "Equal")
 TOLERATION_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
+SHM_VOLUME = "dshm"
+"""The in-memory /dev/shm volume every pod gets (launcher.launch.kubernetes.pod); no
+cluster.volumes entry may take its name."""
 
 
 def pod_run_root(cluster: ClusterConfig, run: RunConfig) -> str | None:
@@ -62,7 +65,7 @@ def _image_and_names(c: ClusterConfig) -> list[Problem]:
         problems.append(Problem(("cluster.container_image",), (
             f"cluster.container_image={c.container_image!r}: a Kubernetes pod needs an image "
             "with this project installed; set cluster.container_image=<registry>/<image>:<tag>")))
-    names = [("cluster.namespace", c.namespace), ("cluster.service_account", c.service_account),
+    names = [("cluster.service_account", c.service_account),
              ("cluster.priority_class", c.priority_class)]
     names += [("cluster.image_pull_secrets", s) for s in c.image_pull_secrets]
     names += [("cluster.env_from_secrets", s) for s in c.env_from_secrets]
@@ -90,10 +93,10 @@ def _volume_problems(c: ClusterConfig) -> list[Problem]:
     problems, seen_names, seen_paths = [], set(), set()
     for i, v in enumerate(c.volumes):
         key = f"cluster.volumes[{i}]"
-        if not _dns_label(v.name) or v.name in ("dshm",):
+        if not _dns_label(v.name) or v.name == SHM_VOLUME:
             problems.append(Problem((f"{key}.name",), (
                 f"{key}.name={v.name!r} must be a DNS label (lower case letters, digits, '-') "
-                "other than 'dshm' (the renderer's /dev/shm volume)")))
+                f"other than {SHM_VOLUME!r} (the renderer's /dev/shm volume)")))
         if not _dns_name(v.claim):
             problems.append(Problem((f"{key}.claim",), (
                 f"{key}.claim={v.claim!r} is not a PersistentVolumeClaim name")))

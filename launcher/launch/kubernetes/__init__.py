@@ -19,9 +19,8 @@ from launcher.launch.kubernetes.pod import job_name
 def render(cfg, plan, overrides: Sequence[str], run_name: str) -> list[dict]:
     """The manifests, in the order to apply them. The pods get the overrides as given, less
     the ``submit.*`` ones (they are this command's)."""
-    api = getattr(cfg.cluster.kubernetes_api, "value", cfg.cluster.kubernetes_api)
     training = [o for o in overrides if not o.lstrip("+~").startswith("submit.")]
-    return RENDERERS[api](cfg, plan, training, job_name(run_name))
+    return RENDERERS[cfg.cluster.kubernetes_api](cfg, plan, training, job_name(run_name))
 
 
 def to_yaml(documents: Sequence[dict]) -> str:

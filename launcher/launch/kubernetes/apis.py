@@ -22,11 +22,12 @@ ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 REPLICATED_JOB = "node"
 
 
-def metadata(cfg, name: str, kind_labels: dict | None = None) -> dict:
-    """Name, namespace and labels (the run's, and Kueue's queue when cluster.queue is set)."""
+def metadata(cfg, name: str, kind_labels: dict | None = None, queued: bool = True) -> dict:
+    """Name, namespace and labels (the run's, and Kueue's queue when cluster.queue is set and
+    the document is the one Kueue admits)."""
     labels = {"app.kubernetes.io/name": "trainwright", "trainwright/run": name,
               **(kind_labels or {})}
-    if cfg.cluster.queue:
+    if cfg.cluster.queue and queued:
         labels[KUEUE_QUEUE_LABEL] = cfg.cluster.queue
     return {"name": name, "namespace": cfg.cluster.namespace, "labels": labels}
 
@@ -56,10 +57,10 @@ def trainjob(cfg, plan, overrides: Sequence[str], name: str) -> list[dict]:
     """The TrainingRuntime and the TrainJob."""
     template = pod_template(cfg, plan, overrides, name, container_name=NODE_CONTAINER)
     runtime = {"apiVersion": TRAINER_API, "kind": "TrainingRuntime",
-               "metadata": metadata(cfg, name, {"trainer.kubeflow.org/framework": "torch"}),
+               "metadata": metadata(cfg, name, {"trainer.kubeflow.org/framework": "torch"},
+                                    queued=False),  # Kueue admits the TrainJob
                "spec": {"mlPolicy": {"numNodes": plan.machines.nodes, "torch": {}},
                         "template": {"spec": jobset_spec(cfg, plan, template)}}}
-    runtime["metadata"]["labels"].pop(KUEUE_QUEUE_LABEL, None)  # Kueue admits the TrainJob
     spec = {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime",
                            "name": name},
             "trainer": {"numNodes": plan.machines.nodes,

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 from launcher.core.exits import PERMANENT_EXITS, REQUEUE_EXIT
 
-NEVER_RETRY = PERMANENT_EXITS
 PYTORCHJOB_REQUEUE_EXIT = 138
 """What the agent exits with instead of 75 under a PyTorchJob: in the training-operator's
 ExitCode policy every code from 128 up is retryable (138 is the one its docs leave to users)."""
 
 RULES = (
     # (name, podFailurePolicy rule, JobSet action)
-    ("NeverRetry", {"onExitCodes": {"operator": "In", "values": list(NEVER_RETRY)}},
+    ("NeverRetry", {"onExitCodes": {"operator": "In", "values": list(PERMANENT_EXITS)}},
      "FailJobSet"),
     ("StoppedForRequeue", {"onExitCodes": {"operator": "In", "values": [REQUEUE_EXIT]}},
      "RestartJobSetAndIgnoreMaxRestarts"),

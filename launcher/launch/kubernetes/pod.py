@@ -16,10 +16,10 @@ import re
 from typing import Sequence
 
 from launcher.core.locks import JOB_ATTEMPT_ENV, JOB_ID_ENV
+from launcher.plan.kubernetes import SHM_VOLUME
 
 NODE_CONTAINER = "node"
 """The container's name: the Trainer injects PET_* only into the container named ``node``."""
-SHM_VOLUME = "dshm"
 RDZV_PORT_NAME = "c10d"
 JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
 JOBSET_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
