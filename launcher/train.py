@@ -9,10 +9,12 @@ done, 2 config error, 3 non-finite loss/gradient, 75 stopped for requeue, 1 othe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Sequence
 
+from launcher.core.diskspace import free_space_text
 from launcher.core.errors import CheckpointError, TrainingAborted
 from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.launch.agent import scheduler_exit
@@ -72,7 +74,9 @@ def finish_run(run_dir, code: int | None, *, report: bool) -> None:
         if report:
             print(f"[report] {write_run_report(run_dir)}", file=sys.stderr, flush=True)
     except Exception as exc:  # e.g. a full disk: never worth hiding how the run ended
-        print(f"[report] not written: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        print(f"[report] the run's end, goodput line and report not written: "
+              f"{type(exc).__name__}: {exc} ({free_space_text(run_dir)} under {run_dir})",
+              file=sys.stderr, flush=True)
 
 
 def train(rank: Rank) -> int:
@@ -94,10 +98,13 @@ def train(rank: Rank) -> int:
 
 
 def aborted(rank: Rank, metrics: Metrics, exc: TrainingAborted | CheckpointError) -> int:
-    """An event and one console line for a run that cannot go on; its exit code."""
-    metrics.log_event("abort", str(exc))
+    """One console line and an event for a run that cannot go on; its exit code, decided
+    before anything is written (the event may not be: its disk may be the one that is full)."""
+    code = rank.decide(exc.exit_code)
     rank.console.error(f"train: rank {rank.rank}: {exc}")
-    return exc.exit_code
+    with contextlib.suppress(OSError):
+        metrics.log_event("abort", str(exc), echo=False)
+    return code
 
 
 def resume_build_train(rank: Rank, metrics: Metrics) -> int:

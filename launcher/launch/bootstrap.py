@@ -42,7 +42,8 @@ from launcher.launch.watchdog import JobWatch
 from launcher.parallel.distributed import in_distributed_launch, launch_rank
 from launcher.plan.resilience import collective_timeout_s
 from launcher.runtime.heartbeat import STARTUP, Heartbeat
-from launcher.runtime.console import Console, library_logs_to, report_crash, route_output
+from launcher.runtime.console import (Console, library_logs_to, one_line, report_crash,
+                                      route_output)
 
 STOPPED_EXIT_BASE = 128
 """A command that trains nothing and is stopped by signal N exits 128 + N (the shell's code)."""
@@ -63,6 +64,19 @@ class Rank:
     """Where the command's own lines go (the terminal, while library output goes to the log)."""
     heartbeat: Optional[Heartbeat] = None
     """This rank's progress for its launcher's hang watchdog (None: not watched)."""
+    decided: Optional[int] = None
+    """The exit code of the first cause this rank decided to end on (None: none yet): a
+    failure while reporting it (a log on the same full disk) never changes it."""
+
+    def decide(self, code: int) -> int:
+        """This rank ends with ``code``, unless it has decided already; the code it ends with.
+        The launcher's watch reads it from the heartbeat, so that a final cause on any rank
+        (exit 2, 3, 75) is never restarted, whichever rank's exit it sees first."""
+        if self.decided is None:
+            self.decided = code
+            if self.heartbeat is not None:
+                self.heartbeat.exiting(code)
+        return self.decided
 
     def stopped_exit(self) -> int:
         """The exit code of a command that trains nothing and stopped on a signal."""
@@ -98,8 +112,11 @@ def end_child_processes() -> None:
     signals, so the interpreter's exit, which terminates and then joins them, would wait
     forever after a failure left their iterator open) and library helper processes."""
     import multiprocessing
+    import signal
 
     children = multiprocessing.active_children()
+    if children:  # torch's SIGCHLD handler would raise "DataLoader worker ... is killed"
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for child in children:
         child.kill()
     for child in children:
@@ -158,6 +175,7 @@ def _spawned_rank(job: Job, body: RankBody, command: str) -> None:
     rank dies with its launcher (a launcher killed outright cannot stop its ranks itself)."""
     die_with_parent()
     code = on_this_rank(job, body, command)
+
     if code:
         raise SystemExit(code)
 
@@ -165,18 +183,39 @@ def _spawned_rank(job: Job, body: RankBody, command: str) -> None:
 def on_this_rank(job: Job, body: RankBody, command: str) -> int:
     """Start this process as a rank of ``job``, run ``body``, close; the body's exit code. A
     checkpoint that cannot be used ends the rank with its message and exit code; any other
-    crash is reported on the console with its traceback (library output is in the rank log)."""
+    crash is one console line, its traceback in the rank log. Once the rank has decided its
+    exit code (:meth:`Rank.decide`), a failure while reporting or closing adds at most one line
+    and keeps that code."""
     rank = start_rank(job)
     try:
-        return body(rank)
+        return rank.decide(body(rank))
     except CheckpointError as exc:  # says what is wrong and what to do: no traceback
+        code = rank.decide(exc.exit_code)
         rank.console.error(f"{command}: rank {rank.rank}: {exc}")
-        return exc.exit_code
+        return code
     except Exception as exc:
-        report_crash(rank.console, rank.rank, exc, command)
-        raise
+        if rank.decided is None:
+            report_crash(rank.console, rank.rank, exc, command)
+            raise
+        rank.console.error(f"{command}: rank {rank.rank}: then, while reporting it: "
+                           f"{one_line(exc)}")
+        return rank.decided
     finally:
+        closing(rank, command)
+
+
+def closing(rank: Rank, command: str) -> None:
+    """Close the rank; once it has decided its exit code, a failure here is one line. Its
+    streams are flushed (diverted when the log cannot take them), so that the interpreter's exit
+    does not change the code."""
+    try:
         rank.close()
+    except Exception as exc:
+        if rank.decided is None:
+            raise
+        rank.console.error(f"{command}: rank {rank.rank}: then, while closing: {one_line(exc)}")
+    finally:
+        rank.console.settle()
 
 
 def start_rank(job: Job) -> Rank:

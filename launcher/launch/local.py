@@ -126,10 +126,12 @@ def launch_world(entrypoint: Callable, args: tuple, nprocs: int, rendezvous: Ren
             elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as exc:
         rank, code, message = failure_exit_code(exc)
-        if watch is not None and watch.exit_code() is not None and watch.exit_code() != code:
-            first = watch.attempts[-1].failure[0]
-            code, message = watch.exit_code(), f"rank {first} failed with exit code " \
-                f"{watch.exit_code()} (the watch stopped the others)"
+        verdict = watch.verdict() if watch is not None else None
+        if verdict is not None and verdict != (rank, code):
+            rank, code = verdict
+            message = f"rank {rank} failed with exit code {code} (the watch stopped the others)"
+        if watch is not None and watch.attempts and watch.attempts[-1].final:
+            message = f"{message}; not restarting: {watch.attempts[-1].final}"
         if watch is not None and len(watch.attempts) > 1:
             message = f"{message}; {len(watch.attempts)} attempts: {watch.summary()}"
         print(f"launcher: {message}; exiting with {code}", file=sys.stderr, flush=True)

@@ -39,7 +39,7 @@ from launcher.config import ResilienceConfig
 from launcher.core.atomic import atomic_write_text
 from launcher.core.exits import BAD_DATA_EXIT, CONFIG_ERROR_EXIT, REQUEUE_EXIT
 from launcher.engines.compat import release_jit_build_locks
-from launcher.runtime.heartbeat import STARTUP, Beat, read_beat, record_path
+from launcher.runtime.heartbeat import STARTUP, Beat, decided_exit, read_beat, record_path
 from launcher.runtime.metrics import append_event
 
 FINAL_EXITS = {CONFIG_ERROR_EXIT: "a config error or a full disk",
@@ -68,6 +68,21 @@ class Attempt:
     failure: Optional[tuple] = None
     """(rank, exit code) of the first rank seen failing (128 + N for a signal N), before the
     watch killed the others (which the agent then also reports as failed)."""
+    decided: dict = field(default_factory=dict)
+    """Global rank -> the exit code it announced before exiting (its heartbeat): a rank that
+    failed while reporting a full disk, or that the watch killed, still tells its cause."""
+    final: str = ""
+    """Why this attempt's failure is not restarted ('' when it may be, or while it runs)."""
+
+    def verdict(self) -> Optional[tuple]:
+        """(rank, exit code) the job ends with: the first rank that decided a final exit (a
+        config error or full disk, non-finite numbers, a stop for requeue; in that order), else
+        the first failure seen; None when none was seen."""
+        for code in FINAL_EXITS:
+            ranks = sorted(r for r, c in self.decided.items() if c == code)
+            if ranks:
+                return ranks[0], code
+        return self.failure
 
 
 @dataclass
@@ -124,6 +139,7 @@ class JobWatch:
         if attempt.failure is None:
             status = dead[broken[0]]
             attempt.failure = (broken[0], 128 + (status & 0x7F) if status & 0x7F else status >> 8)
+        self._read_decisions()
         for rank, pid in attempt.pids.items():
             if rank not in dead:
                 _kill_tree(pid)
@@ -135,6 +151,13 @@ class JobWatch:
         self._hang = ""
         self._event("attempt_start", f"attempt {number}: {len(pids)} rank(s) started",
                     attempt=number)
+
+    def _read_decisions(self) -> None:
+        """Note the exit codes the current attempt's ranks have announced so far."""
+        for rank, beat in self._beats().items():
+            code = decided_exit(beat)
+            if code is not None:
+                self.attempts[-1].decided.setdefault(rank, code)
 
     def _beats(self) -> dict:
         """Global rank -> its current attempt's last beat (None before the first)."""
@@ -204,11 +227,13 @@ class JobWatch:
         attempt = self.attempts[-1]
         if attempt.cause:
             return
-        attempt.cause = self._hang or _failure_cause(result.failures, attempt.failure)
+        self._read_decisions()
+        attempt.cause = self._hang or _failure_cause(result.failures, attempt.verdict())
         final = _final_reason(result.failures, attempt)
         left = getattr(agent, "_remaining_restarts", 0)
         if final:
             agent._remaining_restarts = 0
+            attempt.final = final
         if not any(f.exitcode == REQUEUE_EXIT for f in result.failures.values()):
             for pid in attempt.pids.values():  # nothing to save: the checkpoint on disk is
                 _kill_tree(pid)                # what the next attempt resumes from
@@ -216,19 +241,17 @@ class JobWatch:
         self._event("attempt_end", f"attempt {attempt.number}: {attempt.cause}",
                     attempt=attempt.number, step=attempt.last_step,
                     restart=bool(left and not final))
-        if final and left:
-            self.say(f"launcher: {attempt.cause}; not restarting: {final}")
-        elif left:
+        if left and not final:
             total = self.resilience.restarts_in_job
             self.say(f"launcher: {attempt.cause}; restarting every rank from the latest "
                      f"checkpoint (restart {total - left + 1} of {total})")
             self._event("restart", f"restart {total - left + 1} of {total} after: "
                         f"{attempt.cause}", attempt=attempt.number + 1)
 
-    def exit_code(self) -> Optional[int]:
-        """The first failing rank's own code in the last attempt (None: the agent's report)."""
-        failure = self.attempts[-1].failure if self.attempts else None
-        return failure[1] if failure else None
+    def verdict(self) -> Optional[tuple]:
+        """(rank, exit code) of the last attempt's failure (:meth:`Attempt.verdict`); None: the
+        agent's report decides."""
+        return self.attempts[-1].verdict() if self.attempts else None
 
     def summary(self) -> str:
         """Every attempt and how it ended (printed when the job fails for good)."""
@@ -237,14 +260,19 @@ class JobWatch:
                          for a in self.attempts)
 
     def _event(self, kind: str, message: str, **fields) -> None:
+        """An event in the run's events.jsonl; a run directory that cannot take it (a full
+        disk) loses the event, and the run's end says the account could not be written."""
         if self.run_dir is not None:
-            append_event(self.run_dir, kind, message, **fields)
+            try:
+                append_event(self.run_dir, kind, message, **fields)
+            except OSError:
+                pass
 
 
 def _final_reason(failures: dict, attempt: Attempt) -> str:
     """Why this failure must not be restarted ('' when it may)."""
-    codes = {f.exitcode for f in failures.values()} | {attempt.failure[1] if attempt.failure
-                                                       else 0}
+    codes = {f.exitcode for f in failures.values()} | set(attempt.decided.values()) | \
+        {attempt.failure[1] if attempt.failure else 0}
     for code, what in FINAL_EXITS.items():
         if code in codes:
             return f"exit {code} is {what}, which a restart would not change"

@@ -23,6 +23,7 @@ both shapes of a mismatch), not just the first line of the error.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import random
 import re
@@ -31,7 +32,7 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -153,22 +154,29 @@ class CheckpointManager:
 
     def _write(self, tmp: Path, step: int, meta: dict, background: bool) -> bool:
         """This rank's files of ``tmp``: the engine's, its RNG states, and (rank 0) the metadata.
-        A write that fails raises CheckpointError naming ``tmp``, its free space and whether
-        the disk is full; rank 0 removes the partial directory (``latest`` is untouched)."""
+        A write that fails raises CheckpointError (:meth:`_write_failures`)."""
         rank = collectives.rank()
-        try:
+        with self._write_failures(tmp, step):
             deferred = self.io.write(tmp, background=background)
             (tmp / "rng").mkdir(parents=True, exist_ok=True)
             torch.save(_rng_state(), tmp / "rng" / f"rank_{rank}.pt")
             if rank == 0:
                 atomic_write_json(tmp / META, meta)
             return deferred
+
+    @contextlib.contextmanager
+    def _write_failures(self, tmp: Path, step: int) -> Iterator[None]:
+        """A write failure inside (an OSError, torch's zip writer) becomes a CheckpointError
+        naming ``tmp``, its free space and whether the disk is full (DiskFull, exit 2); rank 0
+        removes the partial directory (``latest`` is untouched)."""
+        try:
+            yield
         except (OSError, RuntimeError) as exc:
             if not diskspace.is_write_failure(exc):
                 raise
             error = diskspace.write_error(exc, tmp, step=step, latest=read_pointer(
                 self.dir / LATEST))
-            if rank == 0:
+            if collectives.rank() == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
             raise error from exc
 
@@ -181,8 +189,11 @@ class CheckpointManager:
         return self._finish(blocking=True)
 
     def _finish(self, blocking: bool) -> Optional[Path]:
-        if self._pending is None or not self.io.finish_background(blocking):
+        if self._pending is None:
             return None
+        with self._write_failures(self._pending.tmp, self._pending.step):
+            if not self.io.finish_background(blocking):
+                return None
         return self._complete()
 
     def _complete(self) -> Path:

@@ -37,6 +37,8 @@ HEARTBEAT_DIR_ENV = "TRAINWRIGHT_HEARTBEAT_DIR"
 """Set by the launcher for its ranks: where each rank's record lives (unset: no heartbeat)."""
 STARTUP = "startup"
 """The phase of a rank from its start to its first step (import, build, checkpoint load)."""
+EXITING = "exiting"
+"""The phase of a rank that has decided its exit code: ``exiting <code>`` (:meth:`Heartbeat.exiting`)."""
 RECORD = struct.Struct("<QqddQ24s")
 """seq, step, beat time (epoch seconds), timeout (s), pid, phase (ascii, NUL-padded)."""
 
@@ -90,6 +92,11 @@ class Heartbeat:
         self._phase, self._since = name, now
         self._write(now, self.timeout_for(name))
 
+    def exiting(self, code: int) -> None:
+        """This rank has decided to exit with ``code``: its launcher's watch reads the cause from
+        here even when another rank's exit reaches it first (:func:`decided_exit`)."""
+        self.phase(f"{EXITING} {int(code)}")
+
     def agree(self, step_times: Iterable[float]) -> None:
         """Fold every rank's step time (gathered for the straggler check) into the history, so
         the automatic timeouts of all ranks learn from the slowest."""
@@ -119,6 +126,16 @@ class Heartbeat:
 
     def close(self) -> None:
         self._map.close()
+
+
+def decided_exit(beat: Optional[Beat]) -> Optional[int]:
+    """The exit code a rank announced with :meth:`Heartbeat.exiting` (None: none)."""
+    if beat is None or not beat.phase.startswith(EXITING + " "):
+        return None
+    try:
+        return int(beat.phase[len(EXITING) + 1:])
+    except ValueError:
+        return None
 
 
 def read_beat(path: Path) -> Optional[Beat]:

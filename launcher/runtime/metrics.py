@@ -122,7 +122,7 @@ class NullMetricsLogger:
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Do nothing."""
 
-    def log_event(self, kind: str, message: str, **fields: Any) -> None:
+    def log_event(self, kind: str, message: str, echo: bool = True, **fields: Any) -> None:
         """Do nothing."""
 
     def write_json(self, name: str, content: Any) -> None:
@@ -147,8 +147,10 @@ class MetricsLogger(NullMetricsLogger):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._secrets = secret_env_values()
         self._console = console or sys.stdout
-        self._metrics = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
-        self._events = open(self.run_dir / "events.jsonl", "a", encoding="utf-8")
+        # unbuffered: each line is one write, so a write that fails (a full disk) leaves
+        # nothing behind for a later flush or close to fail on again
+        self._metrics = open(self.run_dir / "metrics.jsonl", "ab", buffering=0)
+        self._events = open(self.run_dir / "events.jsonl", "ab", buffering=0)
         self.wandb_run = None
         self.tensorboard = TensorBoardLog(self.run_dir) if logger.tensorboard else None
         if logger.name not in ("none", "wandb"):
@@ -169,8 +171,7 @@ class MetricsLogger(NullMetricsLogger):
         record = {"step": int(step), "time": round(time.time(), 3)}
         record.update(_with_all_phases({str(k): _scalar(v) for k, v in metrics.items()
                                         if k not in ("step", "time")}))
-        self._metrics.write(json.dumps(record) + "\n")
-        self._metrics.flush()
+        self._metrics.write((json.dumps(record) + "\n").encode())
         print(progress_line(int(step), record), file=self._console, flush=True)
         logged = {k: v for k, v in record.items() if k not in ("step", "time") and v is not None}
         if self.wandb_run is not None:
@@ -178,12 +179,13 @@ class MetricsLogger(NullMetricsLogger):
         if self.tensorboard is not None:
             self.tensorboard.log(int(step), logged)
 
-    def log_event(self, kind: str, message: str, **fields: Any) -> None:
+    def log_event(self, kind: str, message: str, echo: bool = True, **fields: Any) -> None:
         """A warning-level event (``loss_spike``, ``straggler``, ``nan_skip``, ``stop``, ...):
-        one line in events.jsonl and on the console, secrets redacted."""
+        one line in events.jsonl and (``echo``) on the console, secrets redacted."""
         record = event_record(kind, message, self._secrets, **fields)
-        self._events.write(json.dumps(record, default=str) + "\n")
-        self._events.flush()
+        self._events.write((json.dumps(record, default=str) + "\n").encode())
+        if not echo:
+            return
         extra = " ".join(f"{k}={v}" for k, v in record.items()
                          if k not in ("time", "kind", "message"))
         print(f"[{kind}] {record['message']}" + (f" ({extra})" if extra else ""),
@@ -210,13 +212,9 @@ class MetricsLogger(NullMetricsLogger):
             if not handle.closed:
                 handle.close()
 
-
     def _goodput_summary(self) -> Dict[str, float]:
         from launcher.runtime.goodput import account
 
-        for handle in (self._metrics, self._events):
-            if not handle.closed:
-                handle.flush()
         acc = account(self.run_dir)
         return {"goodput": acc["goodput"], "goodput/wall_s": acc["wall_s"],
                 **{f"goodput/lost_s/{k}": v for k, v in acc["lost_s"].items()}}

@@ -40,9 +40,11 @@ def run_session(run_dir: Path, *, rank: int, console: Console, logger: LoggerCon
         collectives.barrier()
         yield metrics
     finally:
-        if metrics is not None:
-            metrics.close()
-        locks.release(run_dir)
+        try:
+            if metrics is not None:
+                metrics.close()
+        finally:
+            locks.release(run_dir)
 
 
 def take_run_lock(run_dir: Path, rank: int, console: Console

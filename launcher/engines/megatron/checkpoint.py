@@ -40,8 +40,9 @@ i.e. without Transformer Engine or Apex), each handled here and tested:
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -293,6 +294,27 @@ def _load_or_refuse(state: dict, source: Path, saved: dict) -> dict:
             "trainer.load=<new dir>; or resume with the settings it was saved with.") from exc
 
 
+class CheckpointWriteFailed(OSError):
+    """DCP's ``CheckpointException`` (a BaseException, which ``except Exception`` misses) as the
+    write failure it is: its message holds every rank's failure as the coordinator (rank 0) saw
+    them, e.g. torch's zip writer on a full disk ("unexpected pos 704 vs 598"); the other ranks
+    get none. The checkpoint manager then tells a full disk by its free space."""
+
+
+@contextlib.contextmanager
+def failures_as_errors() -> Iterator[None]:
+    """Inside, a DCP ``CheckpointException`` leaves as :class:`CheckpointWriteFailed`."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as exc:
+        lines = [f"rank {rank}: {type(err).__name__}: {err}" for rank, (err, _) in
+                 sorted(exc.failures.items())]
+        raise CheckpointWriteFailed("; ".join(lines) or "the checkpoint write failed on another "
+                                    "rank (rank 0's error names it)") from exc
+
+
 class MegatronCheckpointIO:
     """Save/load a Megatron engine's chunks and optimizer with ``dist_checkpointing``.
 
@@ -340,10 +362,12 @@ class MegatronCheckpointIO:
         self._warmed()
         target, state, metadata = self._prepare(step_dir)
         if not background:
-            dist_checkpointing.save(state, str(target), content_metadata=metadata)
+            with failures_as_errors():
+                dist_checkpointing.save(state, str(target), content_metadata=metadata)
             return False
-        request = dist_checkpointing.save(state, str(target), content_metadata=metadata,
-                                          async_sharded_save=True)
+        with failures_as_errors():
+            request = dist_checkpointing.save(state, str(target), content_metadata=metadata,
+                                              async_sharded_save=True)
         if self._queue is None:
             self._queue = AsyncCallsQueue(persistent=False)
         self._queue.schedule_async_request(request)
@@ -354,7 +378,8 @@ class MegatronCheckpointIO:
         all); True when none is left (collective)."""
         if self._queue is None:
             return True
-        self._queue.maybe_finalize_async_calls(blocking=blocking)
+        with failures_as_errors():
+            self._queue.maybe_finalize_async_calls(blocking=blocking)
         return self._queue.get_num_unfinalized_calls() == 0
 
     @torch.no_grad()  # fp32 runs: the dp_reshardable load copies into the leaf parameters
