@@ -55,6 +55,10 @@ class Recompute(StrEnum):
 
 
 class Precision(StrEnum):
+    auto = "auto"
+    """bf16 where the device computes it fast (GPUs with bf16 tensor cores; CPUs with AMX or
+    AVX512-BF16, confirmed by timing a short matmul), fp32 elsewhere; the plan says which and
+    why (launcher/plan/precision.py). Resolved once per job, before anything is built."""
     bf16 = "bf16"
     fp16 = "fp16"
     fp32 = "fp32"
@@ -70,7 +74,11 @@ def is_fp8(precision: Precision | str) -> bool:
 
 
 def compute_precision(precision: Precision | str) -> Precision:
-    """The dtype of weights and activations outside FP8 GEMMs: bf16 for fp8, else ``precision``."""
+    """The dtype of weights and activations outside FP8 GEMMs: bf16 for fp8, else ``precision``.
+    ``auto`` has no dtype: the plan resolves it for the job before anything is built."""
+    if precision == Precision.auto:
+        raise ValueError("trainer.precision=auto reached a builder unresolved; the job's plan "
+                         "resolves it (launcher.plan.precision.resolve_precision)")
     return Precision.bf16 if is_fp8(precision) else Precision(precision)
 
 
@@ -357,9 +365,10 @@ class TrainerConfig:
     """Token budget; 0 = derived from train_steps. Set exactly one of the two."""
     train_steps: int = 0
     """Optimizer steps; 0 = derived from train_tokens. Set exactly one of the two."""
-    precision: Precision = Precision.bf16
+    precision: Precision = Precision.auto
     """Compute dtype of weights and activations (fp32 master weights under bf16/fp16/fp8);
-    fp8: bf16 with FP8 matrix multiplications in the transformer layers (see Precision)."""
+    auto: bf16 where the device computes it fast, else fp32; fp8: bf16 with FP8 matrix
+    multiplications in the transformer layers (see Precision)."""
     fp8: Fp8Config = field(default_factory=Fp8Config)
     """FP8 recipe and scaling settings (used with precision=fp8 only)."""
     activation_recompute: Recompute = Recompute.none
@@ -670,6 +679,9 @@ class PlanConfig:
     """0 = step time from the step-time model (launcher/plan/step_time.py: compute, TP/CP/EP/DP
     communication, pipeline bubble, optimizer, per layout). A value in (0, 1] = the old flat
     assumption instead: model FLOPs utilisation while computing, the pipeline bubble on top."""
+    profile_dir: str = ""
+    """Directory of stored machine profiles (launcher/plan/profile.py); empty =
+    $TRAINWRIGHT_PROFILE_DIR, else ~/.cache/trainwright/profiles."""
 
 
 @dataclass

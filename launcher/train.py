@@ -141,6 +141,7 @@ def resume_build_train(rank: Rank, metrics: Metrics) -> int:
     next_batch, eval_batches = build_data(cfg, plan, job.run_dir, state.consumed_samples)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else None
     beat = rank.heartbeat.phase if rank.heartbeat is not None else None
+    rank.started()
     return TrainLoop(engine=engine, plan=plan, trainer=cfg.trainer, optimizer=cfg.optimizer,
                      next_batch=next_batch, eval_batches=eval_batches, metrics=metrics,
                      timer=PhaseTimer(sync=sync, on_phase=beat), stop=rank.stop,

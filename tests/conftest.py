@@ -10,6 +10,7 @@ a collective that would hand a host tensor to NCCL on a GPU machine fails on CPU
 
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,9 @@ pytest.register_assert_rewrite("tests.helpers")
 from tests.helpers.slurm import slurm  # noqa: E402, F401  (the Slurm tests' fixture)
 
 os.environ.setdefault("TRAINWRIGHT_STRICT_DEVICES", "1")
+# Machine profiles (launcher/plan/profile.py) of this test session only: a developer's stored
+# profile never changes what a test plans, and the tests never write into ~/.cache.
+os.environ.setdefault("TRAINWRIGHT_PROFILE_DIR", tempfile.mkdtemp(prefix="trainwright-profiles-"))
 
 
 @pytest.fixture

@@ -158,3 +158,47 @@ def test_an_agent_outlives_the_rendezvous_store_it_polls():
     assert handler.num_nodes_waiting() == 0
     store_loss_tolerant(handler)  # once is enough; a second call wraps nothing
     assert handler.num_nodes_waiting.store_loss_tolerant
+
+
+def test_a_stale_build_lock_beside_its_built_op_is_taken_over(tmp_path, monkeypatch):
+    """take_over_stale_build_locks (every rank's start): a lock nobody holds beside a built .so
+    (a process killed after its build) goes; a lock held open by a live build stays, and so does
+    a lock with no product yet (a build in progress we may not see)."""
+    import subprocess
+    import sys
+
+    from launcher.engines.compat import take_over_stale_build_locks
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    built, live, building = (tmp_path / name for name in ("built", "live", "building"))
+    for folder in (built, live, building):
+        folder.mkdir()
+        (folder / "lock").touch()
+    for folder in (built, live):
+        (folder / f"{folder.name}.so").write_bytes(b"\x7fELF")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import os, time\n"
+         f"fd = os.open({str(live / 'lock')!r}, os.O_RDONLY)\nprint('held', flush=True)\n"
+         "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert take_over_stale_build_locks() == [str(built / "lock")]
+        assert (live / "lock").exists() and (building / "lock").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_cpu_ranks_build_no_deepspeed_shm_op(monkeypatch):
+    """DeepSpeed's TorchBackend asks build_shm_op() for its inference-only shm op; on a CPU
+    process skip_cpu_shm_build makes that a no-op returning None (no JIT build, no lock)."""
+    import importlib
+
+    from launcher.engines.compat import skip_cpu_shm_build
+
+    ds_torch = importlib.import_module("deepspeed.comm.torch")
+
+    monkeypatch.setattr(ds_torch, "build_shm_op", ds_torch.build_shm_op)
+    skip_cpu_shm_build()
+    assert ds_torch.build_shm_op() is None
+    assert getattr(ds_torch.build_shm_op, "_trainwright", False)

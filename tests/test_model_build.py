@@ -178,7 +178,8 @@ def test_transformer_config_translation():
     par = ParallelismConfig(
         tensor_parallel_size=2, pipeline_parallel_size=2, sequence_parallel=True
     )
-    cfg = transformer_config(model, par, TrainerConfig(activation_recompute=Recompute.full))
+    cfg = transformer_config(model, par, TrainerConfig(precision=Precision.bf16,
+                                                       activation_recompute=Recompute.full))
     assert cfg.params_dtype == torch.bfloat16 and cfg.bf16 and not cfg.fp16
     assert (cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size) == (2, 2)
     assert cfg.sequence_parallel and cfg.pipeline_dtype == torch.bfloat16
@@ -256,8 +257,12 @@ def _plan_of(*overrides):
     from launcher.compose import compose_config, to_object
     from launcher.plan import compute_plan
 
+    from launcher.config import Precision
+    from launcher.plan.precision import with_precision
+
     cfg = to_object(compose_config(["model=llama3_1b", "cluster=local_gpu", *overrides]))
-    return cfg, compute_plan(cfg)
+    plan = compute_plan(cfg)
+    return with_precision(cfg, Precision(plan.precision)), plan  # as the job resolves it
 
 
 def test_gpu_without_transformer_engine_replans_with_unfused_attention():

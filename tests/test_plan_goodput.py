@@ -9,7 +9,8 @@ import pytest
 
 from launcher.compose import compose_config, to_object
 from launcher.plan import PlanError, compute_plan
-from launcher.plan.goodput import STARTUP_S, expected_goodput, plan_goodput
+from launcher.plan.goodput import (EXIT_S, STARTUP_S, LaunchCost, expected_goodput,
+                                   plan_goodput, run_goodput)
 from launcher.plan.resilience import collective_timeout_s
 
 EXP_70B = "experiment=llama3_70b_16k_h100"
@@ -28,8 +29,9 @@ def test_best_interval_maximises_the_expected_goodput_near_young_daly():
     assert abs(g.best_save_interval - young) / young < 0.02
     mtbf_s = 36_000.0
 
-    def at(k):
-        return expected_goodput(k * 2.0, 10.0, STARTUP_S + 10.0, mtbf_s)
+    def at(k):  # the run of 100,000 steps also pays one launch (start-up, exit, final save)
+        return run_goodput(expected_goodput(k * 2.0, 10.0, STARTUP_S + 10.0, mtbf_s),
+                           100_000 * 2.0, STARTUP_S + EXIT_S)
 
     assert g.expected_at_best == pytest.approx(at(g.best_save_interval))
     assert all(at(k) <= g.expected_at_best for k in (1, 10, 50, 200, 400, 1000, 5000))
@@ -114,3 +116,28 @@ def test_srun_mode_says_it_has_no_watchdog():
     assert not any("launch.mode=srun" in w
                    for w in plan_of("cluster=slurm_cpu", "launch.mode=torchrun").warnings)
     assert not any("launch.mode=srun" in w for w in plan_of("cluster=local_cpu").warnings)
+
+
+def test_a_short_run_pays_its_start_up_exit_and_evaluations():
+    """100 steps of 0.4 s: 40 s of training against 10 s of start-up, 2 s of exit plus the
+    final save and 5 s of evaluations. The interruption model alone says ~100%."""
+    kw = dict(checkpoint_bytes=int(1e9), bytes_per_gpu=int(1e8), nodes=1, gbps_per_node=1.0,
+              node_mtbf_hours=10_000.0, async_save=False, step_time_s=0.4, save_interval=0,
+              train_steps=100)
+    g = plan_goodput(launch=LaunchCost(10.0, 2.0, "measured: here"), eval_s=5.0, **kw)
+    assert (g.startup_s, g.shutdown_s, g.eval_s) == (10.0, 3.0, 5.0)
+    assert g.launch_source == "measured: here"
+    # the final save (1 s) is the one save of the interval model; counted once
+    assert g.expected == pytest.approx(40.0 / (40.0 + 1.0 + 10.0 + 2.0 + 5.0), rel=1e-3)
+    free = plan_goodput(launch=LaunchCost(0.0, 0.0), **kw)
+    assert free.expected > 0.97 and g.expected < 0.7
+
+
+def test_the_cpu_plan_counts_its_launch():
+    p = plan_of("cluster=local_cpu", "trainer.train_steps=100", "trainer.eval_interval=40",
+                "trainer.precision=fp32")
+    g = p.goodput
+    assert g.startup_s == 10.0 and g.launch_source == "assumed"
+    assert g.eval_s == pytest.approx(2 * p.compute.step_time_s * 10 / 3)  # 2 passes of 10 iters
+    train_s = 100 * p.compute.step_time_s
+    assert g.expected < train_s / (train_s + g.startup_s + g.shutdown_s + g.eval_s) + 1e-9

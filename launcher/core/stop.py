@@ -160,3 +160,56 @@ class StopRequest:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         self._previous.clear()
+
+
+class StartupStop:
+    """While a rank starts up (imports, process groups, the build, the data, the load), a stop
+    signal ends it within a fraction of a second, whatever the main thread is doing: there is
+    nothing to save yet (the checkpoint on disk is what a requeue resumes from), and a rank
+    blocked in a C call (a JIT build's file lock, a rendezvous) would never reach a step boundary
+    to agree on stopping.
+
+    Python runs signal handlers only in the main thread, between bytecodes, so the
+    :class:`StopRequest` flag alone cannot help a blocked rank. Here the C-level handler also
+    writes the signal number into a pipe (``signal.set_wakeup_fd``); a daemon thread reading it
+    calls ``on_stop(signum)`` (which says so on the console) and ends the process with
+    ``os._exit(code)``. :meth:`finish` (the loop's first step is about to run) hands stops back to
+    the step-boundary contract. Create it in the main thread, after the StopRequest."""
+
+    def __init__(self, stop_signal: str, code: int,
+                 on_stop: Optional[Callable[[int], None]] = None):
+        import threading
+
+        self._sigs = {int(s) for s in stop_signals(stop_signal)}
+        self._code, self._on_stop, self.active = code, on_stop, True
+        self._read, write = os.pipe()
+        os.set_blocking(write, False)
+        self._write = write
+        self._previous_fd = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, name="startup-stop", daemon=True).start()
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                data = os.read(self._read, 64)
+            except OSError:
+                return
+            if not data or not self.active:
+                os.close(self._read)
+                return
+            signum = next((b for b in data if b in self._sigs), None)
+            if signum is None:
+                continue
+            try:
+                if self._on_stop is not None:
+                    self._on_stop(signum)
+            finally:
+                os._exit(self._code)
+
+    def finish(self) -> None:
+        """Start-up is over: stops wait for the next step boundary again (main thread)."""
+        if not self.active:
+            return
+        self.active = False
+        signal.set_wakeup_fd(self._previous_fd)
+        os.close(self._write)  # the thread's read returns empty and it ends

@@ -528,11 +528,8 @@ def release_jit_build_locks(since: float) -> list:
     The baton's holder keeps the file open until it releases it, so a lock that some process
     still has open belongs to a live build (another job's on the same machine, sharing the
     cache): it is left alone (removing it made that build fail with FileNotFoundError)."""
-    from torch.utils.cpp_extension import get_default_build_root
-
-    roots = {os.environ.get("TORCH_EXTENSIONS_DIR") or "", get_default_build_root()} - {""}
     candidates = []
-    for root in roots:
+    for root in _build_roots():
         for depth in ("*/lock", "*/*/lock"):
             for lock in Path(root).glob(depth):
                 try:
@@ -551,6 +548,61 @@ def release_jit_build_locks(since: float) -> list:
         except OSError:
             pass
     return removed
+
+
+def _build_roots() -> set:
+    """Where torch's cpp_extension JIT-builds ops: $TORCH_EXTENSIONS_DIR and its default root."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return {os.environ.get("TORCH_EXTENSIONS_DIR") or "", get_default_build_root()} - {""}
+
+
+def take_over_stale_build_locks() -> list:
+    """Remove every JIT-build lock that nobody holds and whose product (a built ``.so``) is
+    already there; the paths removed. Such a lock was left by a process killed after its build
+    finished (a test killed during DeepSpeed's shm op build left one): torch 2.13's
+    ``cpp_extension._jit_compile`` sees the lock and waits in ``FileBaton.wait`` for it to go,
+    forever, in every later process on the machine. A lock some process has open is a live build
+    (another job's): left alone. A lock without a product may be a build in progress by a
+    process this user cannot inspect: left alone too (the watch's
+    :func:`release_jit_build_locks` clears those of ranks it killed)."""
+    candidates = []
+    for root in _build_roots():
+        for depth in ("*/lock", "*/*/lock"):
+            for lock in Path(root).glob(depth):
+                if any(lock.parent.glob("*.so")):
+                    candidates.append(lock)
+    held = _open_files({str(c.resolve()) for c in candidates})
+    removed = []
+    for lock in candidates:
+        if str(lock.resolve()) in held:
+            continue
+        try:
+            lock.unlink()
+            removed.append(str(lock))
+        except OSError:
+            pass
+    return removed
+
+
+def skip_cpu_shm_build() -> None:
+    """DeepSpeed's ``TorchBackend`` JIT-builds (and every rank loads) its shared-memory comm op
+    on a CPU accelerator (``deepspeed.comm.torch.build_shm_op``, DeepSpeed 0.19.8); it serves
+    ``inference_all_reduce`` only, which training never calls. Building it cost seconds of
+    every CPU start-up and, when a build was killed, left the lock that hung every later run.
+    Called by the DeepSpeed engine before ``deepspeed.init_distributed`` on CPU-only
+    processes."""
+    import importlib
+
+    ds_torch = importlib.import_module("deepspeed.comm.torch")  # deepspeed.comm.torch is torch
+    if torch.cuda.is_available() or getattr(ds_torch.build_shm_op, "_trainwright", False):
+        return
+
+    def no_shm_op():
+        return None
+
+    no_shm_op._trainwright = True
+    ds_torch.build_shm_op = no_shm_op
 
 
 def _open_files(paths: set) -> set:
@@ -582,6 +634,16 @@ def _probe_jit_baton() -> bool:
     from torch.utils import cpp_extension
 
     return "baton.wait()" in inspect.getsource(cpp_extension._jit_compile)
+
+
+def _probe_shm_build() -> bool:
+    import importlib
+    import inspect
+
+    ds_torch = importlib.import_module("deepspeed.comm.torch")
+
+    return ("builder.load()" in inspect.getsource(ds_torch.build_shm_op)
+            and "build_shm_op()" in inspect.getsource(ds_torch.TorchBackend.__init__))
 
 
 def _probe_elastic_monitor() -> bool:
@@ -645,6 +707,12 @@ SHIMS = (
     Shim("JIT-build locks of killed ranks", "torch", "2.13.0", _applied_by_caller, None,
          _probe_jit_baton, "release_jit_build_locks, after the watchdog kills an attempt's "
          "ranks: cpp_extension._jit_compile waits forever on a FileBaton its killed owner left"),
+    Shim("stale JIT-build locks", "torch", "2.13.0", _applied_by_caller, None, _probe_jit_baton,
+         "take_over_stale_build_locks, at every rank's start: a lock nobody holds beside a "
+         "built op makes every later build of that op wait forever"),
+    Shim("no shared-memory comm op on CPU", "deepspeed", "0.19.8", _applied_by_caller, None,
+         _probe_shm_build, "skip_cpu_shm_build, before deepspeed.init_distributed: TorchBackend "
+         "JIT-builds deepspeed_shm_comm (inference all-reduce only) in every CPU rank"),
 )
 """Every patch of a library internal (see the module docstring)."""
 

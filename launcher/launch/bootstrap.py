@@ -34,8 +34,8 @@ from typing import Callable, Optional
 
 from launcher.core.atomic import atomic_write_text
 from launcher.core.errors import CheckpointError
-from launcher.core.exits import CONFIG_ERROR_EXIT
-from launcher.core.stop import StopRequest
+from launcher.core.exits import CONFIG_ERROR_EXIT, REQUEUE_EXIT
+from launcher.core.stop import StartupStop, StopRequest
 from launcher.launch.job import Job
 from launcher.launch.local import Rendezvous, launch_world
 from launcher.launch.watchdog import JobWatch
@@ -64,6 +64,9 @@ class Rank:
     """Where the command's own lines go (the terminal, while library output goes to the log)."""
     heartbeat: Optional[Heartbeat] = None
     """This rank's progress for its launcher's hang watchdog (None: not watched)."""
+    startup: Optional[StartupStop] = None
+    """While the rank starts up, a stop signal ends it at once (None: stops wait for a safe
+    point; commands other than train); :meth:`started` hands stops to the step contract."""
     decided: Optional[int] = None
     """The exit code of the first cause this rank decided to end on (None: none yet): a
     failure while reporting it (a log on the same full disk) never changes it."""
@@ -74,9 +77,15 @@ class Rank:
         (exit 2, 3, 75) is never restarted, whichever rank's exit it sees first."""
         if self.decided is None:
             self.decided = code
+            self.started()  # a stop signal now must not replace the decided code
             if self.heartbeat is not None:
                 self.heartbeat.exiting(code)
         return self.decided
+
+    def started(self) -> None:
+        """Start-up is over (the first step is next): a stop now saves at a step boundary."""
+        if self.startup is not None:
+            self.startup.finish()
 
     def stopped_exit(self) -> int:
         """The exit code of a command that trains nothing and stopped on a signal."""
@@ -87,6 +96,7 @@ class Rank:
         stop (a stopping rank ignores further stop signals until it has exited)."""
         from launcher.parallel.distributed import destroy_distributed
 
+        self.started()
         if not self.stop.decided:
             self.stop.restore()
         if self.heartbeat is not None:
@@ -132,8 +142,9 @@ def run_ranks(job: Job, body: RankBody, *, command: str, resilient: bool = False
     ``resilient`` (training) the ranks this process starts are watched for hangs and restarted
     after a failure (:mod:`launcher.launch.watchdog`, the ``resilience`` group)."""
     nodes, agent = job.cfg.cluster.nodes, Rendezvous.from_env()
+    startup_exit = REQUEUE_EXIT if resilient else None
     if in_distributed_launch() or (nodes == 1 and job.local_ranks == 1 and agent is None):
-        return on_this_rank(job, body, command)
+        return on_this_rank(job, body, command, startup_exit)
     problem = _launch_problem(job, agent)
     if problem:
         print(f"{command}: {problem}", file=sys.stderr)
@@ -142,7 +153,7 @@ def run_ranks(job: Job, body: RankBody, *, command: str, resilient: bool = False
         else job.run_dir / "logs" / "launcher.log"
     watch = job_watch(job) if resilient else None
     with library_logs_to(log):
-        launch_world(_spawned_rank, (job, body, command), job.local_ranks,
+        launch_world(_spawned_rank, (job, body, command, startup_exit), job.local_ranks,
                      agent or Rendezvous.local(), stop_signal=job.cfg.trainer.stop_signal,
                      watch=watch)
     return 0
@@ -170,23 +181,26 @@ def _launch_problem(job: Job, agent: Optional[Rendezvous]) -> str:
     return ""
 
 
-def _spawned_rank(job: Job, body: RankBody, command: str) -> None:
+def _spawned_rank(job: Job, body: RankBody, command: str,
+                  startup_exit: Optional[int] = None) -> None:
     """Entry of a spawned rank (module level, so it pickles): exit with the body's code. The
     rank dies with its launcher (a launcher killed outright cannot stop its ranks itself)."""
     die_with_parent()
-    code = on_this_rank(job, body, command)
+    code = on_this_rank(job, body, command, startup_exit)
 
     if code:
         raise SystemExit(code)
 
 
-def on_this_rank(job: Job, body: RankBody, command: str) -> int:
+def on_this_rank(job: Job, body: RankBody, command: str,
+                 startup_exit: Optional[int] = None) -> int:
     """Start this process as a rank of ``job``, run ``body``, close; the body's exit code. A
     checkpoint that cannot be used ends the rank with its message and exit code; any other
     crash is one console line, its traceback in the rank log. Once the rank has decided its
     exit code (:meth:`Rank.decide`), a failure while reporting or closing adds at most one line
-    and keeps that code."""
-    rank = start_rank(job)
+    and keeps that code. With ``startup_exit``, a stop signal before the body calls
+    :meth:`Rank.started` ends the rank at once with that code (:class:`StartupStop`)."""
+    rank = start_rank(job, command, startup_exit)
     try:
         return rank.decide(body(rank))
     except CheckpointError as exc:  # says what is wrong and what to do: no traceback
@@ -218,8 +232,9 @@ def closing(rank: Rank, command: str) -> None:
         rank.console.settle()
 
 
-def start_rank(job: Job) -> Rank:
-    """Output routing, the stop contract, library patches, process group and parallel state."""
+def start_rank(job: Job, command: str = "", startup_exit: Optional[int] = None) -> Rank:
+    """Output routing, the stop contract (with ``startup_exit``, a stop during start-up ends
+    the rank at once with that code), library patches, process group and parallel state."""
     from launcher.engines import compat
     from launcher.engines.model import init_parallel_state
     from launcher.parallel import collectives
@@ -230,11 +245,15 @@ def start_rank(job: Job) -> Rank:
     console = route_output(job.run_dir, launch_rank(), cfg.run.verbose) \
         if job.run_dir is not None else Console(sys.stdout, sys.stderr)
     stop = StopRequest(cfg.trainer.stop_signal, any_rank=collectives.any_rank)
-    compat.install()
-    strict_devices.install_if_requested()
     heartbeat = Heartbeat.from_env(launch_rank(), cfg.resilience)
     if heartbeat is not None:
         heartbeat.phase(STARTUP)
+    startup = None if startup_exit is None else StartupStop(
+        cfg.trainer.stop_signal, startup_exit,
+        on_stop=_stopped_in_startup(console, command, startup_exit, heartbeat))
+    compat.take_over_stale_build_locks()
+    compat.install()
+    strict_devices.install_if_requested()
     rank, _, world = init_distributed(timeout_s=collective_timeout_s(cfg.resilience),
                                       ranks_per_gpu=cfg.cluster.ranks_per_gpu)
     if job.plan is not None and world != job.plan.dims.world:
@@ -243,7 +262,25 @@ def start_rank(job: Job) -> Rank:
     init_parallel_state(cfg.parallelism, seed=cfg.trainer.seed)
     if job.run_dir is not None:
         write_pid_file(job.run_dir, rank)
-    return Rank(job, rank, world, stop, console, heartbeat)
+    return Rank(job, rank, world, stop, console, heartbeat, startup)
+
+
+def _stopped_in_startup(console: Console, command: str, code: int,
+                        heartbeat: Optional[Heartbeat]) -> Callable[[int], None]:
+    """What a rank stopped during start-up does before it exits: announce its code to the
+    watch, one console line (the first rank to say it), flush its streams."""
+    import signal
+
+    def say(signum: int) -> None:
+        if heartbeat is not None:
+            heartbeat.exiting(code)
+        if launch_rank() == 0:
+            console.error(f"{command}: stopped by {signal.Signals(signum).name} during start-up "
+                          f"(nothing to save: the run resumes from its latest checkpoint); "
+                          f"exiting {code}")
+        console.settle()
+
+    return say
 
 
 def write_pid_file(run_dir: Path, rank: int) -> None:

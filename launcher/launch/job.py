@@ -20,12 +20,13 @@ from typing import Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.compose import compose_or_exit, config_errors, exit_on_config_error, to_object
-from launcher.config import TrainwrightConfig
+from launcher.config import Precision, TrainwrightConfig
 from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.launch.model_source import adopt_model
 from launcher.parallel.distributed import in_distributed_launch
 from launcher.plan import Plan, PlanError, compute_plan, plan_or_exit, print_problems
 from launcher.plan.data_check import check_data_or_exit
+from launcher.plan.precision import resolve_precision, with_precision
 from launcher.runtime.rundir import run_dir_path, to_plain
 from launcher.shape import cluster_world_size
 
@@ -80,7 +81,7 @@ def prepare(argv: Sequence[str], *, weights_key: str = "", plan: bool = True,
     data; ``run_dir`` replaces the config's run directory (None: the config's, when planned)."""
     argv, raw = compose(argv, weights_key)
     if not plan:
-        return Job(tuple(argv), to_plain(raw), to_object(raw), None, run_dir)
+        return Job(tuple(argv), to_plain(raw), resolve_precision(to_object(raw)), None, run_dir)
     return planned_job(argv, raw, run_dir=run_dir)
 
 
@@ -90,11 +91,17 @@ def planned_job(argv: Sequence[str], raw: DictConfig, *, run_dir: Optional[Path]
     plan problem) and, with ``check_data``, checked against its data shards."""
     cfg = to_object(raw)
     world = launched_world(cfg)
-    cfg, planned, notes = plan_for_this_machine(cfg, plan_or_exit(cfg, world), world)
+    plan = plan_or_exit(cfg, world)
+    cfg = with_precision(cfg, Precision(plan.precision))  # trainer.precision=auto, resolved
+    cfg, planned, notes = plan_for_this_machine(cfg, plan, world)
     if check_data:
         check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size, cfg.data.split)
     run_dir = run_dir or run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name)
-    return Job(tuple(argv), to_plain(raw), cfg, planned, run_dir, notes)
+    config = to_plain(raw)
+    config["trainer"]["precision"] = plan.precision  # what config.yaml records: the one trained
+    notes = (f"precision {plan.precision}: {plan.precision_reason}",) + notes \
+        if raw.trainer.precision == "auto" else notes
+    return Job(tuple(argv), config, cfg, planned, run_dir, notes)
 
 
 TRAINING_GROUPS = ("model", "parallelism", "data", "optimizer", "trainer", "engine")

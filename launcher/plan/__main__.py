@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = handle_flags(sys.argv[1:] if argv is None else argv, "launcher.plan", __doc__)
     cfg = to_object(compose_or_exit(argv))
     try:
-        plan, error = compute_plan(cfg), None
+        plan, error = compute_plan(cfg, measure_precision=True), None
     except PlanError as exc:
         plan, error = exc.plan, exc
     if cfg.plan.format.value == "json":

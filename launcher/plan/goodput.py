@@ -9,6 +9,18 @@ seconds; each interruption throws away on average half an interval of work plus 
 
 whose best interval is about ``sqrt(2 x delta x M)``. Intervals are reported in optimizer steps.
 
+Every launch also pays its start-up ``S`` (launch to the first step: imports, process groups,
+the build, the data, the load, the first step's warm-up) and its tear-down ``E`` (the last step
+to exit: the final save and the processes' exit), and the run pays its evaluations ``V``; none
+of them trains. For ``T`` seconds of training the expected goodput of the run is
+
+    goodput = T / (T / goodput(tau) + S + E + V)
+
+which is the formula above for a run of weeks and what a short run (a demo, a CPU test) really
+gets. ``S`` and ``E`` are the machine profile's when a run measured them (``launcher.probe
+--from-run``), else the assumptions :data:`STARTUP_S` / :data:`CPU_STARTUP_S` and
+:data:`EXIT_S`; :attr:`GoodputPlan.launch_source` says which.
+
 The planned save time assumes every node writes its share of the checkpoint (weights and
 optimizer state, one copy across the data-parallel replicas) in parallel at
 ``cluster.checkpoint_gbps_per_node``; loading reads it back at the same rate. An asynchronous
@@ -24,6 +36,12 @@ from dataclasses import dataclass
 STARTUP_S = 60.0
 """Seconds a restart spends before the checkpoint load: process start, imports, rendezvous,
 building the model (an assumption of the model; the run's own figure is in its report)."""
+CPU_STARTUP_S = 10.0
+"""The same on a CPU machine (no CUDA context, no NCCL; the tiny models of development): an
+assumption; a run's measured start-up replaces it (launcher.probe --from-run)."""
+EXIT_S = 2.0
+"""Seconds from the final save to the processes' exit (process groups, data-loader workers,
+the run's summary): an assumption unless a run measured it."""
 HOST_COPY_GBPS = 25.0
 """GPU-to-host copy rate of an asynchronous save's stall (PCIe Gen5 in practice), GB/s."""
 
@@ -52,13 +70,23 @@ class GoodputPlan:
     """The interval (steps) that maximises the expected goodput."""
     expected_at_best: float
     """Expected goodput at best_save_interval."""
+    startup_s: float = 0.0
+    """Planned launch to first step of one launch."""
+    shutdown_s: float = 0.0
+    """Planned last step to exit of one launch: the final save's stall and the exit."""
+    eval_s: float = 0.0
+    """Planned seconds of all the run's evaluations."""
+    launch_source: str = "assumed"
+    """Where startup_s and shutdown_s come from: "measured: <profile>" or "assumed"."""
 
     def to_dict(self) -> dict:
         return {"mtbf_hours": self.mtbf_hours, "save_s": self.save_s, "stall_s": self.stall_s,
                 "load_s": self.load_s, "restart_s": self.restart_s,
                 "checkpoint_bytes": self.checkpoint_bytes, "save_interval": self.save_interval,
                 "expected": self.expected, "best_save_interval": self.best_save_interval,
-                "expected_at_best": self.expected_at_best}
+                "expected_at_best": self.expected_at_best, "startup_s": self.startup_s,
+                "shutdown_s": self.shutdown_s, "eval_s": self.eval_s,
+                "launch_source": self.launch_source}
 
 
 def expected_goodput(interval_s: float, stall_s: float, restart_s: float, mtbf_s: float) -> float:
@@ -68,22 +96,49 @@ def expected_goodput(interval_s: float, stall_s: float, restart_s: float, mtbf_s
     return min(1.0, max(0.0, value))
 
 
+def run_goodput(interval_goodput: float, train_s: float, fixed_s: float) -> float:
+    """The run's expected goodput: ``train_s`` seconds of training at ``interval_goodput``
+    (:func:`expected_goodput`) plus ``fixed_s`` seconds that never train (start-up, tear-down,
+    evaluations)."""
+    if interval_goodput <= 0 or train_s <= 0:
+        return 0.0
+    return train_s / (train_s / interval_goodput + fixed_s)
+
+
+@dataclass(frozen=True)
+class LaunchCost:
+    """What one launch costs besides its steps (seconds), and where the figures come from."""
+
+    startup_s: float
+    exit_s: float
+    source: str = "assumed"
+
+
 def plan_goodput(*, checkpoint_bytes: int, bytes_per_gpu: int, nodes: int,
                  gbps_per_node: float, node_mtbf_hours: float, async_save: bool,
-                 step_time_s: float, save_interval: int, train_steps: int) -> GoodputPlan:
-    """The expected goodput of a configured save interval, and the best interval."""
+                 step_time_s: float, save_interval: int, train_steps: int,
+                 launch: LaunchCost = LaunchCost(STARTUP_S, EXIT_S),
+                 eval_s: float = 0.0) -> GoodputPlan:
+    """The expected goodput of a configured save interval, and the best interval; ``launch``:
+    one launch's start-up and exit, ``eval_s``: the run's evaluations in all."""
     save_s = checkpoint_bytes / nodes / (gbps_per_node * 1e9)
     stall_s = min(save_s, bytes_per_gpu / (HOST_COPY_GBPS * 1e9)) if async_save else save_s
-    restart_s = STARTUP_S + save_s
+    restart_s = launch.startup_s + save_s
     mtbf_s = node_mtbf_hours * 3600.0 / nodes
     interval = save_interval or train_steps
+    train_s = train_steps * step_time_s
+    shutdown_s = save_s + launch.exit_s  # the final save always waits
+    fixed_s = launch.startup_s + launch.exit_s + eval_s  # the final save ends the last interval
 
     def at(steps: int) -> float:
-        return expected_goodput(steps * step_time_s, stall_s, restart_s, mtbf_s)
+        return run_goodput(expected_goodput(steps * step_time_s, stall_s, restart_s, mtbf_s),
+                           train_s, fixed_s)
 
     best = max(1, round(math.sqrt(2.0 * stall_s * mtbf_s) / step_time_s))
     best = min((best, best + 1, max(1, best - 1)), key=lambda k: -at(k))
     return GoodputPlan(mtbf_hours=mtbf_s / 3600.0, save_s=save_s, stall_s=stall_s,
                        load_s=save_s, restart_s=restart_s, checkpoint_bytes=checkpoint_bytes,
                        save_interval=save_interval, expected=at(interval),
-                       best_save_interval=best, expected_at_best=at(best))
+                       best_save_interval=best, expected_at_best=at(best),
+                       startup_s=launch.startup_s, shutdown_s=shutdown_s, eval_s=eval_s,
+                       launch_source=launch.source)

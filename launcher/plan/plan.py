@@ -19,12 +19,14 @@ from launcher.engines import spec
 from launcher.plan import fp8
 from launcher.plan.engine_choice import engine_notes
 from launcher.plan.flops import train_flops_per_token
-from launcher.plan.goodput import GoodputPlan, plan_goodput
+from launcher.plan.goodput import (CPU_STARTUP_S, EXIT_S, STARTUP_S, GoodputPlan,
+                                   LaunchCost, plan_goodput)
 from launcher.plan.kubernetes import kubernetes_warnings
 from launcher.plan.hardware import Device, resolve_device
 from launcher.plan.memory import (ActivationSettings, in_flight_microbatches,
                                   stage_activation_bytes, state_bytes_per_param)
 from launcher.plan.params import ParamCounts, StageParams, count_parameters, stage_params
+from launcher.plan.precision import PrecisionChoice, precision_choice, with_precision
 from launcher.plan.resilience import planned_eval_s, resilience_problems, resilience_warnings
 from launcher.plan.step_time import StepTime
 from launcher.plan.timing import peak_flops, predict_step
@@ -152,6 +154,11 @@ class Plan:
     """Worth a word, not a refusal (e.g. warmup longer than the run)."""
     goodput: Optional[GoodputPlan] = None
     """What interruptions will cost and the best save interval (launcher.plan.goodput)."""
+    precision: str = ""
+    """The precision the run trains in (trainer.precision=auto resolved: launcher/plan/
+    precision.py)."""
+    precision_reason: str = ""
+    """Why that precision (auto: the device's bf16 speed; else "as set")."""
 
     @property
     def stage_layers(self) -> tuple[int, ...]:
@@ -178,7 +185,8 @@ class Plan:
             "activation_recompute": m.activation_recompute, "flash_attention": m.flash_attention,
             "peak_tflops_per_gpu": h.peak_tflops_per_gpu, **_compute_keys(self.compute),
             "engine_notes": list(self.engine_notes), "warnings": list(self.warnings),
-            "goodput": self.goodput.to_dict() if self.goodput else None}
+            "goodput": self.goodput.to_dict() if self.goodput else None,
+            "precision": self.precision, "precision_reason": self.precision_reason}
 
 
 def _batch_keys(b: Batch) -> dict:
@@ -283,15 +291,24 @@ def _state_totals(cfg: TrainwrightConfig, counts: ParamCounts, mem: MemoryPerGPU
     return one_copy, max(0, held - one_copy)
 
 
-def compute_plan(cfg: TrainwrightConfig, world_size: int | None = None) -> Plan:
-    """Check ``cfg`` and derive the plan; raise PlanError listing every problem."""
+def compute_plan(cfg: TrainwrightConfig, world_size: int | None = None,
+                 measure_precision: bool = False) -> Plan:
+    """Check ``cfg`` and derive the plan; raise PlanError listing every problem. With
+    ``measure_precision`` a cpu run's ``trainer.precision=auto`` (or a slow explicit bf16) may
+    time a short matmul when no stored profile says how fast bf16 is (launcher/plan/
+    precision.py); without, the CPU's flags decide."""
     c = cfg.cluster
-    dims, problems = _layout(cfg, world_size or cluster_world_size(c))
-    device = None
+    device, choice, gpu_problems = None, None, []
     try:
         device = resolve_device(c.gpu, c.device_memory_gb, c.peak_tflops)
     except KeyError as exc:
-        problems.append(Problem(("cluster.gpu",), str(exc.args[0])))
+        gpu_problems.append(Problem(("cluster.gpu",), str(exc.args[0])))
+    if device is not None:
+        choice = precision_choice(cfg, device, ranks=c.gpus_per_node * c.ranks_per_gpu,
+                                  measure=measure_precision)
+        cfg = with_precision(cfg, choice.precision)
+    dims, problems = _layout(cfg, world_size or cluster_world_size(c))
+    problems += gpu_problems
     if dims is not None:
         problems += fp8.problems(cfg, dims, device)
     batch = None
@@ -301,7 +318,7 @@ def compute_plan(cfg: TrainwrightConfig, world_size: int | None = None) -> Plan:
         batch = None if batch_problems else Batch.of(cfg.trainer, cfg.model.seq_length, dims.dp)
     if problems:
         raise PlanError(problems)
-    return _derive(cfg, dims, device, batch)
+    return _derive(cfg, dims, device, batch, choice)
 
 
 def _layout(cfg: TrainwrightConfig, world: int) -> tuple[ParallelDims | None, list[Problem]]:
@@ -329,7 +346,8 @@ def _step(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: Bat
     return model, model.total, model.compute_only_mfu
 
 
-def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: Batch) -> Plan:
+def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: Batch,
+            choice: PrecisionChoice) -> Plan:
     model = ResolvedModel.of(cfg.model, dims.tp)
     flash = _uses_flash(cfg, device)
     per_gpu = _memory(cfg, dims, batch, flash, gpu_kernels=device.name != "cpu")
@@ -339,8 +357,8 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: B
     machines = Machines(cfg.cluster.nodes, cfg.cluster.gpus_per_node, cfg.cluster.ranks_per_gpu,
                         device.name, device.memory_bytes, peak_flops(cfg, device) / 1e12)
     compute = _compute(cfg, dims, device, batch, flash, most, model)
-    goodput = _goodput(cfg, counts, per_gpu, batch, compute)
     eval_s = planned_eval_s(compute.step_time_s, cfg.trainer.eval_iters, batch.grad_accum_steps)
+    goodput = _goodput(cfg, counts, per_gpu, batch, compute, eval_s, launch_cost(device))
     plan = Plan(
         engine=cfg.engine.name.value, zero_stage=cfg.parallelism.zero_stage, machines=machines,
         model=model, dims=dims, batch=batch,
@@ -349,12 +367,13 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: B
                             most.total),
         memory=Memory(per_gpu, one_copy, redundant, cfg.trainer.activation_recompute.value, flash),
         compute=compute, engine_notes=tuple(engine_notes(cfg)),
-        warnings=tuple(schedule_warnings(cfg, batch.train_steps)
+        warnings=tuple([choice.warning] * bool(choice.warning)
+                       + schedule_warnings(cfg, batch.train_steps)
                        + [str(x) for x in check_interleaving(dims, batch.grad_accum_steps)]
                        + resilience_warnings(cfg, step_time_s=compute.step_time_s,
                                              goodput=goodput)
                        + kubernetes_warnings(cfg.cluster, cfg.logger)),
-        goodput=goodput)
+        goodput=goodput, precision=choice.precision.value, precision_reason=choice.reason)
     problems = _fit_problems(plan) + resilience_problems(
         cfg, step_time_s=compute.step_time_s, eval_s=eval_s, goodput=goodput)
     if problems:
@@ -363,8 +382,9 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: B
 
 
 def _goodput(cfg: TrainwrightConfig, counts: ParamCounts, per_gpu: MemoryPerGPU, batch: Batch,
-             compute: Compute) -> GoodputPlan:
-    """Planned save time, expected goodput and the best save interval."""
+             compute: Compute, eval_s: float, launch: LaunchCost) -> GoodputPlan:
+    """Planned save time, expected goodput (start-up, exit and evaluations counted) and the
+    best save interval; ``eval_s``: one validation pass."""
     c, t = cfg.cluster, cfg.trainer
     unsharded = state_bytes_per_param(
         precision=t.precision, engine=cfg.engine.name, zero_stage=0,
@@ -376,7 +396,13 @@ def _goodput(cfg: TrainwrightConfig, counts: ParamCounts, per_gpu: MemoryPerGPU,
         nodes=c.nodes, gbps_per_node=c.checkpoint_gbps_per_node,
         node_mtbf_hours=c.mtbf_hours, async_save=t.async_save,
         step_time_s=compute.step_time_s, save_interval=t.save_interval,
-        train_steps=batch.train_steps)
+        train_steps=batch.train_steps, launch=launch,
+        eval_s=eval_s * (batch.train_steps // t.eval_interval if t.eval_interval else 0))
+
+
+def launch_cost(device: Device) -> LaunchCost:
+    """One launch's start-up and exit: assumed per kind of device (launcher/plan/goodput.py)."""
+    return LaunchCost(CPU_STARTUP_S if device.name == "cpu" else STARTUP_S, EXIT_S)
 
 
 COMPONENTS = ("embedding", "attention", "mlp", "norms", "output_layer")
@@ -468,11 +494,12 @@ def print_warnings(plan: Plan) -> None:
 
 
 def plan_or_exit(cfg: TrainwrightConfig, world_size: int | None = None) -> Plan:
-    """compute_plan for entry points: on problems print them and exit with code 2."""
+    """compute_plan for entry points (the precision measured where it must be): on problems
+    print them and exit with code 2."""
     from launcher.core.exits import CONFIG_ERROR_EXIT
 
     try:
-        plan = compute_plan(cfg, world_size)
+        plan = compute_plan(cfg, world_size, measure_precision=True)
     except PlanError as exc:
         print_problems(exc)
         raise SystemExit(CONFIG_ERROR_EXIT) from None

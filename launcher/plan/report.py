@@ -127,6 +127,7 @@ def _time_rows(p: Plan) -> list[tuple[str, str, str]]:
     how = (f"flat plan.mfu: {c.mfu_while_computing:.0%} MFU while computing" if flat else
            f"step-time model; {c.mfu:.1%} MFU, {c.mfu_while_computing:.1%} while computing")
     rows = [
+        ("precision", p.precision, p.precision_reason),
         ("FLOPs per step", f"{c.flops_per_step:.3e}", f"{c.flops_per_token:.3e} per token"),
         ("MFU", f"{c.mfu:.1%}", f"{c.mfu_causal:.1%} causal (attention counted half, as "
                                 "Megatron-LM and NeMo log it); the first: full attention"),
@@ -158,7 +159,11 @@ def _goodput_rows(p: Plan) -> list[tuple[str, str, str]]:
                                                f"{g.stall_s:,.1f} s), load {g.load_s:,.1f} s"),
         ("interrupted every", f"{g.mtbf_hours:,.1f} h",
          f"cluster.mtbf_hours / {p.machines.nodes:,} nodes; a restart costs {g.restart_s:,.0f} s"),
-        ("expected goodput", f"{g.expected:.1%}", f"saving {every} (trainer.save_interval)"),
+        ("launch", f"{g.startup_s + g.shutdown_s:,.0f} s",
+         f"start-up {g.startup_s:,.1f} s, exit {g.shutdown_s:,.1f} s with the final save "
+         f"({g.launch_source}); evaluations {g.eval_s:,.1f} s in all"),
+        ("expected goodput", f"{g.expected:.1%}", f"saving {every} (trainer.save_interval); "
+                                                  "start-up, exit and evaluations counted"),
         ("best save interval", f"{g.best_save_interval:,}",
          f"steps: {g.expected_at_best:.1%} expected goodput (Young/Daly)"),
     ]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from launcher.config import TrainwrightConfig
 from launcher.plan.hardware import resolve_device
 from launcher.plan.plan import PlanError, uses_flash
+from launcher.plan.precision import precision_choice, with_precision
 from launcher.plan.validate import Problem, check_positive, check_values
 from launcher.search.evaluate import Scored, assess, engine_presets
 from launcher.search.space import candidates, engine_names
@@ -66,6 +67,9 @@ def search(cfg: TrainwrightConfig, world: int | None = None,
         problems.append(Problem(("cluster.gpu",), str(exc.args[0])))
     if problems:
         raise PlanError(problems)
+    c = cfg.cluster  # trainer.precision=auto resolved once for every candidate
+    cfg = with_precision(cfg, precision_choice(cfg, device, ranks=c.gpus_per_node * c.ranks_per_gpu,
+                                               measure=True).precision)
     world = world or cluster_world_size(cfg.cluster)
     batch = global_batch_of(cfg, world)
     flash = uses_flash(cfg, device)

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 import torch
 
 from launcher.config import (EngineConfig, ModelConfig, OptimizerConfig, ParallelismConfig,
-                             Precision, TrainerConfig)
+                             Precision, TrainerConfig, compute_precision)
 from launcher.core.atomic import atomic_write_json
 from launcher.core.errors import CheckpointError, IncompatibleCheckpoint, NonFiniteLoss
 from launcher.engines import compat
@@ -60,7 +60,7 @@ def _zero_section(batch: Batch, parallelism: ParallelismConfig, engine: EngineCo
 def deepspeed_config(batch: Batch, *, parallelism: ParallelismConfig, optimizer: OptimizerConfig,
                      trainer: TrainerConfig, engine: EngineConfig) -> dict:
     """DeepSpeed's config dict for ``batch``."""
-    precision = Precision(trainer.precision)
+    precision = compute_precision(trainer.precision)
     return {
         "train_micro_batch_size_per_gpu": batch.micro_batch_size,
         "gradient_accumulation_steps": batch.grad_accum_steps,
@@ -105,8 +105,10 @@ def build_engine(*, batch: Batch, model: ModelConfig, parallelism: ParallelismCo
     """GPTModel + AdamW + DeepSpeed engine on an initialised parallel state (collective)."""
     import deepspeed
 
+    from launcher.engines.compat import skip_cpu_shm_build
     from launcher.engines.model import build_gpt_model
 
+    skip_cpu_shm_build()
     deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(),
                                auto_mpi_discovery=False)
     gpt = build_gpt_model(model, parallelism, trainer)

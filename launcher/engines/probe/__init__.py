@@ -1,0 +1,6 @@
+"""Kernel timings for the machine probe and the precision check (torch objects are built here,
+in the engines layer; :mod:`launcher.runtime.probe` runs them on the job's ranks)."""
+
+from launcher.engines.probe.kernels import median_seconds, precision_timing
+
+__all__ = ["median_seconds", "precision_timing"]

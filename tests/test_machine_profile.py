@@ -1,0 +1,76 @@
+"""Machine profiles: the schema, reuse on the machine they describe only, a corrupt file refused
+with a line naming it, merged figures written atomically."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launcher.plan.profile import (SCHEMA, MachineProfile, ProfileError, file_name,
+                                   matching_profile, read_profile, save_figures)
+
+VERSIONS = {"torch": "2.13.0", "megatron-core": "0.16.1", "deepspeed": "0.19.8"}
+HERE = MachineProfile(device="cpu", model="AMD EPYC 7B13", ranks=2, threads_per_rank=1,
+                      versions=VERSIONS)
+
+
+def _match(directory, **changes):
+    me = dict(device="cpu", model="AMD EPYC 7B13", ranks=2, versions=VERSIONS) | changes
+    return matching_profile(directory, **me)
+
+
+def test_a_saved_profile_reads_back_with_every_field(tmp_path):
+    path = save_figures(tmp_path, HERE, {"matmul": [{"m": 8, "k": 8, "n": 8, "dtype": "fp32",
+                                                     "seconds": 1e-6}]}, "probe")
+    assert path.name == file_name(HERE) == "cpu-amd-epyc-7b13-2r.json"
+    raw = json.loads(path.read_text())
+    assert raw["schema"] == SCHEMA and raw["source"] == "probe" and raw["created"].endswith("Z")
+    p = read_profile(path)
+    assert (p.device, p.model, p.ranks, p.versions) == ("cpu", "AMD EPYC 7B13", 2, VERSIONS)
+    assert p.figures["matmul"][0]["seconds"] == 1e-6 and p.label.startswith(path.name)
+
+
+def test_figures_merge_by_section(tmp_path):
+    save_figures(tmp_path, HERE, {"precision": {"n": 256}}, "precision check")
+    save_figures(tmp_path, HERE, {"matmul": []}, "probe")
+    p, _ = _match(tmp_path)
+    assert set(p.figures) == {"precision", "matmul"} and p.source == "probe"
+    other = MachineProfile(**{**HERE.to_dict(), "versions": {**VERSIONS, "torch": "2.14.1"}})
+    save_figures(tmp_path, other, {"matmul": []}, "probe")  # new versions start afresh
+    assert set(read_profile(tmp_path / file_name(HERE)).figures) == {"matmul"}
+
+
+@pytest.mark.parametrize("changes,why", [
+    ({"device": "H100"}, None),  # another device's profile is not mentioned at all
+    ({"model": "Intel Xeon 8480+"}, "measured on 'AMD EPYC 7B13', this machine is"),
+    ({"ranks": 8}, "measured with 2 rank(s) per node, the job runs 8"),
+    ({"versions": {**VERSIONS, "torch": "2.14.1"}}, "torch 2.13.0 -> 2.14.1"),
+])
+def test_a_profile_of_another_machine_or_library_version_is_not_reused(tmp_path, changes, why):
+    save_figures(tmp_path, HERE, {}, "probe")
+    found, notes = _match(tmp_path, **changes)
+    assert found is None
+    if why is None:
+        assert notes == []
+    else:
+        assert len(notes) == 1 and why in notes[0] and file_name(HERE) in notes[0]
+    assert _match(tmp_path)[0] is not None
+
+
+@pytest.mark.parametrize("content,says", [
+    ("{not json", "is not a machine profile: Expecting property name"),
+    ("[1, 2]", "a JSON object expected"),
+    (json.dumps({"schema": 1, "device": "cpu"}), "'created' is missing"),
+    (json.dumps({**HERE.to_dict(), "ranks": "two"}), "'ranks' is missing or not an integer"),
+    (json.dumps({**HERE.to_dict(), "schema": 7}), "has profile schema 7"),
+])
+def test_a_corrupt_profile_is_refused_with_a_line_naming_it(tmp_path, content, says):
+    bad = tmp_path / "cpu-amd-epyc-7b13-2r.json"
+    bad.write_text(content)
+    with pytest.raises(ProfileError) as caught:
+        read_profile(bad)
+    assert str(bad) in str(caught.value) and says in str(caught.value)
+    assert "python -m launcher.probe" in str(caught.value) or "schema" in says
+    found, notes = _match(tmp_path)
+    assert found is None and notes == [f"ignored {caught.value}"]
