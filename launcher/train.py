@@ -89,6 +89,7 @@ def train(rank: Rank) -> int:
                      config=job.config, plan=job.plan, notes=job.notes) as metrics:
         if metrics is None:  # a live run holds the directory
             return CONFIG_ERROR_EXIT
+        rank.clock.mark("run_directory")
         try:
             return resume_build_train(rank, metrics)
         except (TrainingAborted, CheckpointError) as exc:
@@ -131,6 +132,7 @@ def resume_build_train(rank: Rank, metrics: Metrics) -> int:
     cfg = initial_weights(job.cfg, resume, metrics)
     engine_spec, subs = spec(cfg.engine.name), engine_inputs(cfg)
     engine = engine_spec.build(batch=plan.batch, model=cfg.model, **subs)
+    rank.clock.mark("build")
     checkpoints = CheckpointManager(
         job.run_dir / "checkpoints", engine.checkpoint_io, keep_last=cfg.trainer.keep_last,
         async_save=cfg.trainer.async_save, final_step=plan.batch.train_steps, record=record,
@@ -138,7 +140,11 @@ def resume_build_train(rank: Rank, metrics: Metrics) -> int:
     state = resume_safety.resume_state(checkpoints, resume, record, metrics, cfg.optimizer)
     resume_safety.started(job.run_dir, config=job.config, plan=plan,
                           files=engine_spec.run_files(batch=plan.batch, **subs))
+    rank.clock.mark("checkpoint")
     next_batch, eval_batches = build_data(cfg, plan, job.run_dir, state.consumed_samples)
+    rank.clock.mark("data")
+    metrics.log_event("startup", rank.clock.text(),
+                      **{f"{k}_s": round(v, 3) for k, v in rank.clock.parts().items()})
     sync = torch.cuda.synchronize if torch.cuda.is_available() else None
     beat = rank.heartbeat.phase if rank.heartbeat is not None else None
     rank.started()

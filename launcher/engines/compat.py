@@ -328,6 +328,46 @@ def _cpu_only() -> bool:
     return not torch.cuda.is_available()
 
 
+def _eager_fusers() -> None:
+    """Megatron-Core 0.16.1 decorates its fused kernels (``megatron/core/fusions``: bias-GeLU,
+    GeGLU, SwiGLU, bias-dropout-add, ...) with ``jit_fuser = torch.compile`` as they are
+    imported, and ``torch.compile`` imports TorchDynamo and Inductor to look up its default
+    backend: about 2.5 s of every CPU rank's start-up (measured: ``import
+    megatron.core.models.gpt`` 2.7 s -> 0.6 s after torch), for kernels a CPU run never calls
+    (the engines turn bias-activation fusion off without CUDA). On CPU, Megatron-Core is
+    imported with ``torch.compile`` as the identity and its ``jit_fuser`` left disabled, so any
+    fused function that does run is its plain eager self (same numbers)."""
+    if "megatron.core" in sys.modules:
+        return  # too late to change how its kernels were decorated
+    with _compile_as_identity():
+        import megatron.core.jit as jit
+
+        jit.disable_jit_fuser()
+
+
+@contextlib.contextmanager
+def _compile_as_identity() -> Iterator[None]:
+    """While inside, ``torch.compile`` (as a decorator or a call) returns what it is given."""
+    compile_ = torch.compile
+
+    def identity(model=None, **_):
+        return model if model is not None else (lambda fn: fn)
+
+    torch.compile = identity
+    try:
+        yield
+    finally:
+        torch.compile = compile_
+
+
+def _probe_eager_fusers() -> bool:
+    import inspect
+
+    source = Path(inspect.getfile(torch)).parent.parent / "megatron" / "core" / "jit.py"
+    text = source.read_text() if source.exists() else ""
+    return "jit_fuser = torch.compile" in text and "enable_jit_fuser()" in text
+
+
 def _without_te() -> bool:
     return not transformer_engine_available()
 
@@ -585,6 +625,36 @@ def take_over_stale_build_locks() -> list:
     return removed
 
 
+def prepare_deepspeed() -> None:
+    """The DeepSpeed engine's start-up shims (:data:`SHIMS`), before ``deepspeed.init_distributed``:
+    no shm op build and an eager Muon import on CPU, no forced memory reports anywhere."""
+    skip_cpu_shm_build()
+    eager_muon_on_cpu()
+    quiet_bf16_optimizer()
+
+
+def eager_muon_on_cpu() -> None:
+    """``deepspeed.initialize`` checks the client optimizer against the ZeRO-supported ones and
+    imports DeepSpeed's Muon to do so (``zero/utils.py is_zero_supported_optimizer``, DeepSpeed
+    0.19.8), whose Newton-Schulz step is decorated with ``torch.compile``: Dynamo and Inductor
+    imported, 3 s of every CPU start-up, for an optimizer trainwright never uses. On CPU the
+    module is imported with ``torch.compile`` as the identity."""
+    if torch.cuda.is_available() or "deepspeed.runtime.zero.muon.muon_optimizer" in sys.modules:
+        return
+    with _compile_as_identity():
+        import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+
+
+def quiet_bf16_optimizer() -> None:
+    """DeepSpeed 0.19.8's ``BF16_Optimizer.__init__`` calls ``see_memory_usage(..., force=True)``
+    four times plus twice per parameter group, and each call runs ``gc.collect()`` (0.45 s with
+    torch and Megatron-Core loaded) to print memory banners into the rank log: 2.7 s of every
+    bf16 DeepSpeed start-up. Its module's reference is replaced by a no-op."""
+    from deepspeed.runtime import bf16_optimizer
+
+    bf16_optimizer.see_memory_usage = lambda message, force=False: None
+
+
 def skip_cpu_shm_build() -> None:
     """DeepSpeed's ``TorchBackend`` JIT-builds (and every rank loads) its shared-memory comm op
     on a CPU accelerator (``deepspeed.comm.torch.build_shm_op``, DeepSpeed 0.19.8); it serves
@@ -646,6 +716,25 @@ def _probe_shm_build() -> bool:
             and "build_shm_op()" in inspect.getsource(ds_torch.TorchBackend.__init__))
 
 
+def _probe_muon_compile() -> bool:
+    import inspect
+
+    from deepspeed.runtime.zero import utils
+
+    source = Path(utils.__file__).parent / "muon" / "original_muon.py"
+    return ("muon_optimizer import" in inspect.getsource(utils.is_zero_supported_optimizer)
+            and "@compiler.compile()" in source.read_text())
+
+
+def _probe_bf16_memory_reports() -> bool:
+    import inspect
+
+    from deepspeed.runtime import bf16_optimizer, utils
+
+    return ("force=True" in inspect.getsource(bf16_optimizer.BF16_Optimizer.__init__)
+            and "gc.collect()" in inspect.getsource(utils.see_memory_usage))
+
+
 def _probe_elastic_monitor() -> bool:
     import inspect
 
@@ -672,6 +761,9 @@ class Shim:
 
 
 SHIMS = (
+    Shim("eager fusers on CPU", "megatron-core", "0.16.1", _cpu_only, _eager_fusers,
+         _probe_eager_fusers, "megatron/core/jit.py: jit_fuser = torch.compile decorates the "
+         "fused kernels at import, importing Dynamo and Inductor (2.5 s per CPU rank)"),
     Shim("torch.cuda entry points", "megatron-core", "0.16.1", _cpu_only, _patch_torch_cuda,
          _probe_cuda_calls, "buffers on torch.cuda.current_device(), synchronize(), "
          "empty_cache() in core/utils.py, p2p_communication.py, dist-checkpointing writers"),
@@ -713,6 +805,12 @@ SHIMS = (
     Shim("no shared-memory comm op on CPU", "deepspeed", "0.19.8", _applied_by_caller, None,
          _probe_shm_build, "skip_cpu_shm_build, before deepspeed.init_distributed: TorchBackend "
          "JIT-builds deepspeed_shm_comm (inference all-reduce only) in every CPU rank"),
+    Shim("eager Muon import on CPU", "deepspeed", "0.19.8", _applied_by_caller, None,
+         _probe_muon_compile, "eager_muon_on_cpu: deepspeed.initialize imports Muon, whose "
+         "torch.compile decorator imports Dynamo and Inductor (3 s per CPU rank)"),
+    Shim("no forced memory reports", "deepspeed", "0.19.8", _applied_by_caller, None,
+         _probe_bf16_memory_reports, "quiet_bf16_optimizer: BF16_Optimizer forces "
+         "see_memory_usage, each a gc.collect() (2.7 s of every bf16 start-up)"),
 )
 """Every patch of a library internal (see the module docstring)."""
 

@@ -83,8 +83,19 @@ def scheduler_exit(main: Callable[[], int]) -> int:
         code = main()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    exit_without_collecting()
     replacement = os.environ.get(REQUEUE_EXIT_ENV)
     return int(replacement) if code == REQUEUE_EXIT and replacement else code
+
+
+def exit_without_collecting() -> None:
+    """The process is about to exit: move every live object out of the garbage collector's
+    reach, so that the interpreter's final collections skip them. With torch and Megatron-Core
+    loaded, finalization took 0.75 s (0.15 s frozen), paid by every rank and the launcher after
+    the final save."""
+    import gc
+
+    gc.freeze()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

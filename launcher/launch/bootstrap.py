@@ -36,12 +36,14 @@ from launcher.core.atomic import atomic_write_text
 from launcher.core.errors import CheckpointError
 from launcher.core.exits import CONFIG_ERROR_EXIT, REQUEUE_EXIT
 from launcher.core.stop import StartupStop, StopRequest
+from launcher.launch.agent import exit_without_collecting
 from launcher.launch.job import Job
 from launcher.launch.local import Rendezvous, launch_world
 from launcher.launch.watchdog import JobWatch
 from launcher.parallel.distributed import in_distributed_launch, launch_rank
 from launcher.plan.resilience import collective_timeout_s
 from launcher.runtime.heartbeat import STARTUP, Heartbeat
+from launcher.runtime.startup import StartupClock
 from launcher.runtime.console import (Console, library_logs_to, one_line, report_crash,
                                       route_output)
 
@@ -67,6 +69,8 @@ class Rank:
     startup: Optional[StartupStop] = None
     """While the rank starts up, a stop signal ends it at once (None: stops wait for a safe
     point; commands other than train); :meth:`started` hands stops to the step contract."""
+    clock: Optional[StartupClock] = None
+    """Where this rank's start-up went (marked by the command's body)."""
     decided: Optional[int] = None
     """The exit code of the first cause this rank decided to end on (None: none yet): a
     failure while reporting it (a log on the same full disk) never changes it."""
@@ -187,6 +191,7 @@ def _spawned_rank(job: Job, body: RankBody, command: str,
     rank dies with its launcher (a launcher killed outright cannot stop its ranks itself)."""
     die_with_parent()
     code = on_this_rank(job, body, command, startup_exit)
+    exit_without_collecting()
 
     if code:
         raise SystemExit(code)
@@ -242,6 +247,8 @@ def start_rank(job: Job, command: str = "", startup_exit: Optional[int] = None) 
     from launcher.runtime import strict_devices
 
     cfg = job.cfg
+    clock = StartupClock.start(job.launched_at or None)
+    clock.mark("imports")
     console = route_output(job.run_dir, launch_rank(), cfg.run.verbose) \
         if job.run_dir is not None else Console(sys.stdout, sys.stderr)
     stop = StopRequest(cfg.trainer.stop_signal, any_rank=collectives.any_rank)
@@ -262,7 +269,8 @@ def start_rank(job: Job, command: str = "", startup_exit: Optional[int] = None) 
     init_parallel_state(cfg.parallelism, seed=cfg.trainer.seed)
     if job.run_dir is not None:
         write_pid_file(job.run_dir, rank)
-    return Rank(job, rank, world, stop, console, heartbeat, startup)
+    clock.mark("process_group")
+    return Rank(job, rank, world, stop, console, heartbeat, startup, clock)
 
 
 def _stopped_in_startup(console: Console, command: str, code: int,

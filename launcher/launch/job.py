@@ -28,6 +28,7 @@ from launcher.plan import Plan, PlanError, compute_plan, plan_or_exit, print_pro
 from launcher.plan.data_check import check_data_or_exit
 from launcher.plan.precision import resolve_precision, with_precision
 from launcher.runtime.rundir import run_dir_path, to_plain
+from launcher.runtime.startup import process_start_time
 from launcher.shape import cluster_world_size
 
 
@@ -48,6 +49,9 @@ class Job:
     library output stays on the console)."""
     notes: tuple[str, ...] = ()
     """Events worth logging once the run's metrics exist (e.g. a re-plan for the kernels)."""
+    launched_at: float = 0.0
+    """When the process that prepared the job started (epoch seconds): where every rank's
+    start-up clock (:mod:`launcher.runtime.startup`) counts from; 0 = each rank's own start."""
 
     @property
     def local_ranks(self) -> int:
@@ -81,8 +85,10 @@ def prepare(argv: Sequence[str], *, weights_key: str = "", plan: bool = True,
     data; ``run_dir`` replaces the config's run directory (None: the config's, when planned)."""
     argv, raw = compose(argv, weights_key)
     if not plan:
-        return Job(tuple(argv), to_plain(raw), resolve_precision(to_object(raw)), None, run_dir)
-    return planned_job(argv, raw, run_dir=run_dir)
+        job = Job(tuple(argv), to_plain(raw), resolve_precision(to_object(raw)), None, run_dir)
+    else:
+        job = planned_job(argv, raw, run_dir=run_dir)
+    return dataclasses.replace(job, launched_at=process_start_time())
 
 
 def planned_job(argv: Sequence[str], raw: DictConfig, *, run_dir: Optional[Path] = None,

@@ -105,10 +105,10 @@ def build_engine(*, batch: Batch, model: ModelConfig, parallelism: ParallelismCo
     """GPTModel + AdamW + DeepSpeed engine on an initialised parallel state (collective)."""
     import deepspeed
 
-    from launcher.engines.compat import skip_cpu_shm_build
+    from launcher.engines.compat import prepare_deepspeed
     from launcher.engines.model import build_gpt_model
 
-    skip_cpu_shm_build()
+    prepare_deepspeed()
     deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(),
                                auto_mpi_discovery=False)
     gpt = build_gpt_model(model, parallelism, trainer)
