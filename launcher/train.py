@@ -70,13 +70,31 @@ def finish_run(run_dir, code: int | None, *, report: bool) -> None:
         return
     try:
         record_end(run_dir, code)
+        off = record_plan_check(run_dir)
         print_summary(run_dir)
         if report:
             print(f"[report] {write_run_report(run_dir)}", file=sys.stderr, flush=True)
+        if off:
+            print(f"[plan] off by more than 15%: {off}", file=sys.stderr, flush=True)
     except Exception as exc:  # e.g. a full disk: never worth hiding how the run ended
         print(f"[report] the run's end, goodput line and report not written: "
               f"{type(exc).__name__}: {exc} ({free_space_text(run_dir)} under {run_dir})",
               file=sys.stderr, flush=True)
+
+
+def record_plan_check(run_dir) -> str:
+    """The ``plan_check`` event (the plan against the run); the figures more than 15% off, as
+    one line ('' when none is)."""
+    from launcher.reports.plan_check import off_figures, plan_check, summary
+    from launcher.runtime.metrics import append_event
+
+    comparisons = plan_check(run_dir)
+    if not comparisons:
+        return ""
+    append_event(run_dir, "plan_check", summary(comparisons),
+                 **{f"{c.name}/{k}": getattr(c, k) for c in comparisons
+                    for k in ("planned", "measured")})
+    return summary(off_figures(comparisons))
 
 
 def train(rank: Rank) -> int:

@@ -60,11 +60,27 @@ def header(page: Page, run: RunData) -> None:
             ("started", run.env.get("started_at") or "\u2013"),
             ("run directory", str(run.run_dir))]
     page.table(("", ""), rows)
+    plan_against_run(page, run)
     if run.config_text:
         page.details("config (resolved, secrets redacted)", run.config_text)
     if run.plan:
         summary = {k: run.plan[k] for k in PLAN_SUMMARY_KEYS if k in run.plan}
         page.details("plan summary", json.dumps(summary, indent=1))
+
+
+def plan_against_run(page: Page, run: RunData) -> None:
+    """The plan's step time, tokens/s, memory and goodput against the run's
+    (:mod:`launcher.reports.plan_check`)."""
+    from launcher.reports.plan_check import OFF_BY, plan_check
+
+    comparisons = plan_check(run.run_dir)
+    if not comparisons:
+        return
+    rows = [(c.name, f"{c.planned:,.4g}", f"{c.measured:,.4g}",
+             f"{c.off:+.1%}" + ("" if c.judged else " (CPU resident set: not comparable)")
+             + (" off" if c.judged and abs(c.off) > OFF_BY else ""))
+            for c in comparisons]
+    page.table(("plan against run", "planned", "measured", "difference"), rows)
 
 
 def loss_figure(run: RunData):
