@@ -682,6 +682,10 @@ class PlanConfig:
     profile_dir: str = ""
     """Directory of stored machine profiles (launcher/plan/profile.py); empty =
     $TRAINWRIGHT_PROFILE_DIR, else ~/.cache/trainwright/profiles."""
+    calibrate: bool = False
+    """Before planning a job on this machine: when no stored profile measured its model and
+    layout, run ``python -m launcher.probe`` with the same overrides first (well under a minute
+    on 2 CPU ranks), so that the plan's step time is measured, not the catalogue's."""
 
 
 @dataclass

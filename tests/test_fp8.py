@@ -60,7 +60,7 @@ def test_transformer_config_fields_per_recipe(recipe):
 def test_bf16_run_sets_no_fp8_field_and_moe_pads_expert_tokens():
     from launcher.engines.model import fp8_fields, transformer_config
 
-    cfg = cfg_of("model=tiny")
+    cfg = cfg_of("model=tiny", "trainer.precision=bf16")
     assert transformer_config(cfg.model, cfg.parallelism, cfg.trainer).fp8 is None
     assert fp8_fields(cfg.trainer, cfg.model) == {}
     moe = cfg_of("model=tiny", "model.num_experts=4", "trainer.precision=fp8",

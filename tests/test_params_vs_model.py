@@ -47,7 +47,9 @@ def built_counts(model) -> dict:
 
 
 def _cfg(overrides):
-    return to_object(compose_config(overrides))
+    from launcher.plan.precision import resolve_precision
+
+    return resolve_precision(to_object(compose_config(overrides)))  # as a job resolves auto
 
 
 @pytest.fixture(scope="module")

@@ -137,7 +137,7 @@ def test_the_cpu_plan_counts_its_launch():
     p = plan_of("cluster=local_cpu", "trainer.train_steps=100", "trainer.eval_interval=40",
                 "trainer.precision=fp32")
     g = p.goodput
-    assert g.startup_s == 10.0 and g.launch_source == "assumed"
+    assert g.startup_s == 6.0 and g.launch_source == "assumed"
     assert g.eval_s == pytest.approx(2 * p.compute.step_time_s * 10 / 3)  # 2 passes of 10 iters
     train_s = 100 * p.compute.step_time_s
     assert g.expected < train_s / (train_s + g.startup_s + g.shutdown_s + g.eval_s) + 1e-9

@@ -29,6 +29,7 @@ __all__ = [
     "build_gpt_model",
     "fp8_fields",
     "init_parallel_state",
+    "reset_parallel_state",
     "runnable_attention",
     "transformer_config",
     "use_transformer_engine",
@@ -385,6 +386,15 @@ def build_gpt_model(
         rope_scaling_factor=r.rope_scaling_factor,
         vp_stage=vp_stage,
     )
+
+
+def reset_parallel_state(parallelism: ParallelismConfig, seed: int = 1234) -> None:
+    """Megatron's groups rebuilt for another layout on the same processes (the probe measures
+    at TP = 1, then at the job's layout)."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    init_parallel_state(parallelism, seed)
 
 
 def init_parallel_state(parallelism: ParallelismConfig, seed: int = 1234) -> None:

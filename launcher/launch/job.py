@@ -98,6 +98,9 @@ def planned_job(argv: Sequence[str], raw: DictConfig, *, run_dir: Optional[Path]
     cfg = to_object(raw)
     world = launched_world(cfg)
     plan = plan_or_exit(cfg, world)
+    if cfg.plan.calibrate and not plan.sources["step time"].startswith("measured") \
+            and not in_distributed_launch():
+        plan = calibrated_plan(argv, cfg, world)
     cfg = with_precision(cfg, Precision(plan.precision))  # trainer.precision=auto, resolved
     cfg, planned, notes = plan_for_this_machine(cfg, plan, world)
     if check_data:
@@ -108,6 +111,20 @@ def planned_job(argv: Sequence[str], raw: DictConfig, *, run_dir: Optional[Path]
     notes = (f"precision {plan.precision}: {plan.precision_reason}",) + notes \
         if raw.trainer.precision == "auto" else notes
     return Job(tuple(argv), config, cfg, planned, run_dir, notes)
+
+
+def calibrated_plan(argv: Sequence[str], cfg: TrainwrightConfig, world: int) -> Plan:
+    """``plan.calibrate=true`` and nothing measured this job here: run the machine probe with the
+    same overrides (its own run directory), then plan again."""
+    import subprocess
+
+    print("plan: no stored profile measured this model and layout here; probing this machine "
+          "first (plan.calibrate=true)", file=sys.stderr, flush=True)
+    probe = [sys.executable, "-m", "launcher.probe", *argv, "plan.calibrate=false",
+             f"run.name={cfg.run.name or 'run'}-probe"]
+    if subprocess.run(probe).returncode != 0:
+        print("plan: the probe failed (above); planning from the catalogue", file=sys.stderr)
+    return plan_or_exit(cfg, world)
 
 
 TRAINING_GROUPS = ("model", "parallelism", "data", "optimizer", "trainer", "engine")

@@ -122,3 +122,51 @@ def rank(group: Group = None) -> int:
 def world_size(group: Group = None) -> int:
     """Ranks in ``group`` (1 without a process group)."""
     return dist.get_world_size(group) if initialized() else 1
+
+
+COLLECTIVE_OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
+"""What :func:`collective_seconds` times: every collective a layout issues."""
+
+
+def collective_seconds(op: str, numel: int, dtype: torch.dtype = torch.float32,
+                       reps: int = 5, group: Group = None) -> float:
+    """Median seconds of one ``op`` (:data:`COLLECTIVE_OPS`) of a ``numel``-element tensor per
+    rank over ``group`` (the machine probe's figure; ``send_recv``: each rank sends to the next
+    and receives from the previous, as pipeline stages do)."""
+    import time
+
+    n, device = world_size(group), device_for(group)
+    numel = max(n, numel - numel % n)
+    data = torch.ones(numel, dtype=dtype, device=device)
+    out = torch.empty(numel // n if op == "reduce_scatter" else numel * n if op == "all_gather"
+                      else numel, dtype=dtype, device=device)
+
+    def once() -> None:
+        if op == "all_reduce":
+            dist.all_reduce(data, group=group)
+        elif op == "reduce_scatter":
+            dist.reduce_scatter_tensor(out, data, group=group)
+        elif op == "all_gather":
+            dist.all_gather_into_tensor(out, data, group=group)
+        elif op == "all_to_all":
+            dist.all_to_all_single(out, data, group=group)
+        elif op == "send_recv":
+            me = rank(group)
+            ops = [dist.P2POp(dist.isend, data, dist.get_global_rank(group or dist.group.WORLD,
+                                                                     (me + 1) % n), group),
+                   dist.P2POp(dist.irecv, out, dist.get_global_rank(group or dist.group.WORLD,
+                                                                    (me - 1) % n), group)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        else:
+            raise ValueError(f"unknown collective {op!r}; one of {', '.join(COLLECTIVE_OPS)}")
+
+    once()
+    times = []
+    for _ in range(reps):
+        barrier(group)
+        start = time.perf_counter()
+        once()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return max_floats([times[len(times) // 2]], group)[0]

@@ -36,12 +36,14 @@ from dataclasses import dataclass
 STARTUP_S = 60.0
 """Seconds a restart spends before the checkpoint load: process start, imports, rendezvous,
 building the model (an assumption of the model; the run's own figure is in its report)."""
-CPU_STARTUP_S = 10.0
-"""The same on a CPU machine (no CUDA context, no NCCL; the tiny models of development): an
-assumption; a run's measured start-up replaces it (launcher.probe --from-run)."""
-EXIT_S = 2.0
+CPU_STARTUP_S = 6.0
+"""The same on a CPU machine (no CUDA context, no NCCL; the tiny models of development): 4.5-5
+s measured for 2 ranks on a 2-core machine (bench/startup.py, docs/training.md), rounded up; a
+run's measured start-up replaces it (launcher.probe --from-run)."""
+EXIT_S = 1.0
 """Seconds from the final save to the processes' exit (process groups, data-loader workers,
-the run's summary): an assumption unless a run measured it."""
+the run's summary and report): 0.5-0.9 s measured on CPU; an assumption unless a run measured
+it."""
 HOST_COPY_GBPS = 25.0
 """GPU-to-host copy rate of an asynchronous save's stall (PCIe Gen5 in practice), GB/s."""
 

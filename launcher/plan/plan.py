@@ -11,7 +11,7 @@ interruptions will cost (:mod:`launcher.plan.goodput`).
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from launcher.config import AttentionBackend, Precision, TrainwrightConfig, loss_kernel
@@ -27,6 +27,7 @@ from launcher.plan.memory import (ActivationSettings, in_flight_microbatches,
                                   stage_activation_bytes, state_bytes_per_param)
 from launcher.plan.params import ParamCounts, StageParams, count_parameters, stage_params
 from launcher.plan.precision import PrecisionChoice, precision_choice, with_precision
+from launcher.plan.calibrated import Calibration, find_calibration
 from launcher.plan.resilience import planned_eval_s, resilience_problems, resilience_warnings
 from launcher.plan.step_time import StepTime
 from launcher.plan.timing import peak_flops, predict_step
@@ -159,6 +160,9 @@ class Plan:
     precision.py)."""
     precision_reason: str = ""
     """Why that precision (auto: the device's bf16 speed; else "as set")."""
+    sources: dict = field(default_factory=dict)
+    """Where each figure comes from: "measured: <profile>, <date>", the catalogue, an
+    assumption (what: source)."""
 
     @property
     def stage_layers(self) -> tuple[int, ...]:
@@ -186,7 +190,8 @@ class Plan:
             "peak_tflops_per_gpu": h.peak_tflops_per_gpu, **_compute_keys(self.compute),
             "engine_notes": list(self.engine_notes), "warnings": list(self.warnings),
             "goodput": self.goodput.to_dict() if self.goodput else None,
-            "precision": self.precision, "precision_reason": self.precision_reason}
+            "precision": self.precision, "precision_reason": self.precision_reason,
+            "sources": dict(self.sources)}
 
 
 def _batch_keys(b: Batch) -> dict:
@@ -318,7 +323,8 @@ def compute_plan(cfg: TrainwrightConfig, world_size: int | None = None,
         batch = None if batch_problems else Batch.of(cfg.trainer, cfg.model.seq_length, dims.dp)
     if problems:
         raise PlanError(problems)
-    return _derive(cfg, dims, device, batch, choice)
+    calibration, _ = find_calibration(cfg, device)
+    return _derive(cfg, dims, device, batch, choice, calibration)
 
 
 def _layout(cfg: TrainwrightConfig, world: int) -> tuple[ParallelDims | None, list[Problem]]:
@@ -332,13 +338,14 @@ def _layout(cfg: TrainwrightConfig, world: int) -> tuple[ParallelDims | None, li
 
 
 def _step(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: Batch,
-          flash: bool, most: StageParams, flops_step: float) -> tuple[StepTime, float, float]:
+          flash: bool, most: StageParams, flops_step: float,
+          calibration: Optional[Calibration] = None) -> tuple[StepTime, float, float]:
     """(step-time breakdown, step seconds, MFU while computing): the step-time model, or with
     plan.mfu > 0 the flat assumption (that MFU while computing, the bubble on top)."""
     gpus = dims.world / cfg.cluster.ranks_per_gpu  # ranks sharing a GPU share its FLOP/s
     peak = peak_flops(cfg, device)
     model = predict_step(cfg, dims, batch.grad_accum_steps, device, flash, most.dense, most.expert,
-                         flops_step / gpus)
+                         flops_step / gpus, calibration)
     if cfg.plan.mfu > 0:
         bubble = dims.bubble_fraction(batch.grad_accum_steps)
         flat = flops_step / (gpus * peak * cfg.plan.mfu) * (1 + bubble)
@@ -347,7 +354,7 @@ def _step(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: Bat
 
 
 def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: Batch,
-            choice: PrecisionChoice) -> Plan:
+            choice: PrecisionChoice, calibration: Optional[Calibration] = None) -> Plan:
     model = ResolvedModel.of(cfg.model, dims.tp)
     flash = _uses_flash(cfg, device)
     per_gpu = _memory(cfg, dims, batch, flash, gpu_kernels=device.name != "cpu")
@@ -356,9 +363,10 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: B
     most = _most_loaded_stage(cfg.model, dims)
     machines = Machines(cfg.cluster.nodes, cfg.cluster.gpus_per_node, cfg.cluster.ranks_per_gpu,
                         device.name, device.memory_bytes, peak_flops(cfg, device) / 1e12)
-    compute = _compute(cfg, dims, device, batch, flash, most, model)
+    compute, measured = _compute(cfg, dims, device, batch, flash, most, model, calibration)
     eval_s = planned_eval_s(compute.step_time_s, cfg.trainer.eval_iters, batch.grad_accum_steps)
-    goodput = _goodput(cfg, counts, per_gpu, batch, compute, eval_s, launch_cost(device))
+    goodput = _goodput(cfg, counts, per_gpu, batch, compute, eval_s,
+                       launch_cost(device, calibration))
     plan = Plan(
         engine=cfg.engine.name.value, zero_stage=cfg.parallelism.zero_stage, machines=machines,
         model=model, dims=dims, batch=batch,
@@ -373,7 +381,8 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: B
                        + resilience_warnings(cfg, step_time_s=compute.step_time_s,
                                              goodput=goodput)
                        + kubernetes_warnings(cfg.cluster, cfg.logger)),
-        goodput=goodput, precision=choice.precision.value, precision_reason=choice.reason)
+        goodput=goodput, precision=choice.precision.value, precision_reason=choice.reason,
+        sources=_sources(cfg, calibration if measured else None, goodput, choice))
     problems = _fit_problems(plan) + resilience_problems(
         cfg, step_time_s=compute.step_time_s, eval_s=eval_s, goodput=goodput)
     if problems:
@@ -400,8 +409,32 @@ def _goodput(cfg: TrainwrightConfig, counts: ParamCounts, per_gpu: MemoryPerGPU,
         eval_s=eval_s * (batch.train_steps // t.eval_interval if t.eval_interval else 0))
 
 
-def launch_cost(device: Device) -> LaunchCost:
-    """One launch's start-up and exit: assumed per kind of device (launcher/plan/goodput.py)."""
+def _sources(cfg: TrainwrightConfig, calibration: Optional[Calibration], goodput: GoodputPlan,
+             choice: PrecisionChoice) -> dict:
+    """Where each of the plan's figures comes from (measured, catalogue or assumed)."""
+    step = calibration.label.replace("calibrated", "measured") if calibration is not None \
+        else f"catalogue ({cfg.cluster.gpu} in launcher/plan/hardware.py), not calibrated: " \
+             "python -m launcher.probe measures this machine"
+    return {"calibration": calibration.label if calibration is not None
+            else "catalogue, not calibrated",
+            "step time": step,
+            "links between nodes": "catalogue (the probe measures one node's ranks)"
+            if cfg.cluster.nodes > 1 else "none: one node",
+            "start-up and exit": goodput.launch_source,
+            "checkpoint save/load": f"assumed: cluster.checkpoint_gbps_per_node="
+                                    f"{cfg.cluster.checkpoint_gbps_per_node:g} GB/s",
+            "interruptions": f"assumed: cluster.mtbf_hours={cfg.cluster.mtbf_hours:g} per node",
+            "memory": "model of the built tensors (docs/plan.md), device memory from the "
+                      "catalogue",
+            "precision": choice.reason}
+
+
+def launch_cost(device: Device, calibration: Optional[Calibration] = None) -> LaunchCost:
+    """One launch's start-up and exit: a run's on this machine (the profile's), else assumed per
+    kind of device (launcher/plan/goodput.py)."""
+    measured = calibration.launch() if calibration is not None else None
+    if measured is not None:
+        return LaunchCost(*measured, calibration.label.replace("calibrated", "measured"))
     return LaunchCost(CPU_STARTUP_S if device.name == "cpu" else STARTUP_S, EXIT_S)
 
 
@@ -418,12 +451,15 @@ def _most_loaded_stage(model, dims: ParallelDims) -> StageParams:
 
 
 def _compute(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: Batch,
-             flash: bool, most: StageParams, model: ResolvedModel) -> Compute:
-    """FLOPs (full and causal), the step time and what follows from it."""
+             flash: bool, most: StageParams, model: ResolvedModel,
+             calibration: Optional[Calibration]) -> tuple[Compute, bool]:
+    """(FLOPs (full and causal), the step time and what follows from it; whether the step
+    time was composed from measured parts)."""
     flops_token = train_flops_per_token(model)
     causal_token = train_flops_per_token(model, causal=True)  # Megatron-LM's count
     flops_step = flops_token * batch.global_batch_tokens
-    breakdown, step_time, computing_mfu = _step(cfg, dims, device, batch, flash, most, flops_step)
+    breakdown, step_time, computing_mfu = _step(cfg, dims, device, batch, flash, most, flops_step,
+                                                calibration)
     gpus = dims.world / cfg.cluster.ranks_per_gpu  # ranks sharing a GPU share its FLOP/s
     mfu = flops_step / (gpus * peak_flops(cfg, device) * step_time)
     return Compute(
@@ -432,7 +468,8 @@ def _compute(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: 
         mfu_causal=mfu * causal_token / flops_token, mfu_while_computing=computing_mfu,
         bubble_fraction=dims.bubble_fraction(batch.grad_accum_steps),
         tokens_per_s=batch.global_batch_tokens / step_time,
-        time_to_train_days=batch.train_steps * step_time / 86400, fp8_layers=fp8.describe(cfg))
+        time_to_train_days=batch.train_steps * step_time / 86400,
+        fp8_layers=fp8.describe(cfg)), breakdown.measured and not cfg.plan.mfu
 
 
 def _fit_problems(plan: Plan) -> list[Problem]:
@@ -539,13 +576,13 @@ def estimate_layout(cfg: TrainwrightConfig, world: int, device: Device,
 
 
 def estimate_step(cfg: TrainwrightConfig, est: LayoutEstimate, device: Device,
-                  flash: bool) -> StepTime:
+                  flash: bool, calibration: Optional[Calibration] = None) -> StepTime:
     """The step-time model for a layout :func:`estimate_layout` accepted."""
     dims = est.dims
     most = _most_loaded_stage(cfg.model, dims)
     gpus = dims.world / cfg.cluster.ranks_per_gpu
     return predict_step(cfg, dims, est.grad_accum, device, flash, most.dense, most.expert,
-                        est.flops_per_step / gpus)
+                        est.flops_per_step / gpus, calibration)
 
 
 def uses_flash(cfg: TrainwrightConfig, device: Device) -> bool:

@@ -152,6 +152,17 @@ def matching_profile(directory: Path, *, device: str, model: str, ranks: int,
     return found, notes
 
 
+def merge_section(old, new):
+    """A section after a new measurement: records (dicts with a ``key``) replace the old ones
+    with the same key and keep the others; any other section is replaced whole."""
+    if not (isinstance(old, list) and isinstance(new, list)):
+        return new
+    keys = [json.dumps(r.get("key"), sort_keys=True) for r in new if isinstance(r, dict)]
+    kept = [r for r in old if isinstance(r, dict)
+            and json.dumps(r.get("key"), sort_keys=True) not in keys]
+    return kept + list(new)
+
+
 def save_figures(directory: Path, base: MachineProfile, figures: dict, source: str) -> Path:
     """Merge ``figures`` (whole sections) into the stored profile of ``base``'s machine (a new
     one when there is none, or when the stored one is of other versions or unreadable) and
@@ -164,7 +175,8 @@ def save_figures(directory: Path, base: MachineProfile, figures: dict, source: s
         old = read_profile(path)
         if not mismatch(old, device=base.device, model=base.model, ranks=base.ranks,
                         versions=base.versions) and old.threads_per_rank == base.threads_per_rank:
-            merged = {**old.figures, **figures}
+            merged = {**old.figures, **{name: merge_section(old.figures.get(name), section)
+                                        for name, section in figures.items()}}
     except ProfileError:
         pass
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -118,7 +118,8 @@ def _memory_rows(p: Plan) -> list[tuple[str, str, str]]:
 _CAUSES = {"compute": "forward, backward, recompute", "tensor_parallel": "TP collectives",
            "context_parallel": "CP ring not hidden", "expert_parallel": "expert all-to-all",
            "pipeline_bubble": "(PP-1)/VPP stage times", "pipeline_p2p": "stage sends/receives",
-           "data_parallel": "gradient/param traffic not hidden", "optimizer": "optimizer step"}
+           "data_parallel": "gradient/param traffic not hidden", "optimizer": "optimizer step",
+           "framework": "the engine's fixed cost per step (measured)"}
 
 
 def _time_rows(p: Plan) -> list[tuple[str, str, str]]:
@@ -169,6 +170,11 @@ def _goodput_rows(p: Plan) -> list[tuple[str, str, str]]:
     ]
 
 
+def _source_rows(p: Plan) -> list[tuple[str, str, str]]:
+    """Where each figure comes from: measured, catalogue or assumed."""
+    return [(name, "", source) for name, source in p.sources.items()]
+
+
 def _engine_rows(p: Plan) -> list[tuple[str, str, str]]:
     return [("engine" if i == 0 else "", p.engine if i == 0 else "", note)
             for i, note in enumerate(p.engine_notes)]
@@ -187,4 +193,5 @@ def render_plan(plan: Plan, console: Console | None = None) -> None:
              _memory_rows(plan))
     _section(table, "compute", _time_rows(plan))
     _section(table, "goodput", _goodput_rows(plan))
+    _section(table, "sources", _source_rows(plan))
     (console or Console()).print(table)

@@ -62,12 +62,18 @@ class StepTime:
     optimizer: float
     compute_only_mfu: float = 0.0
     """Model FLOPs over the compute time alone (what the GPU reaches while computing)."""
+    framework: float = 0.0
+    """The engine's fixed cost per step beyond the parts above (measured by the machine probe;
+    0 in the catalogue model)."""
+    measured: bool = False
+    """Composed from a machine profile's measured parts (launcher/plan/calibrated.py), not
+    the catalogue's rates."""
 
     @property
     def total(self) -> float:
         return (self.compute + self.tensor_parallel + self.context_parallel
                 + self.expert_parallel + self.pipeline_bubble + self.pipeline_p2p
-                + self.data_parallel + self.optimizer)
+                + self.data_parallel + self.optimizer + self.framework)
 
     def parts(self) -> dict:
         """{cause: seconds} in a fixed order."""
@@ -82,7 +88,7 @@ class StepTime:
 
 
 PARTS = ("compute", "tensor_parallel", "context_parallel", "expert_parallel", "pipeline_bubble",
-         "pipeline_p2p", "data_parallel", "optimizer")
+         "pipeline_p2p", "data_parallel", "optimizer", "framework")
 """The causes of :class:`StepTime`, in report order."""
 
 

@@ -45,10 +45,17 @@ def _dp_work(cfg: TrainwrightConfig, dims: ParallelDims, dense: int, expert: int
 
 def predict_step(cfg: TrainwrightConfig, dims: ParallelDims, grad_accum: int, device: Device,
                  flash: bool, stage_dense: int, stage_expert: int,
-                 model_flops_per_gpu: float) -> StepTime:
+                 model_flops_per_gpu: float, calibration=None) -> StepTime:
     """Seconds of one optimizer step (see :mod:`launcher.plan.step_time`); ``stage_dense`` /
     ``stage_expert``: parameters of the most loaded GPU; ``model_flops_per_gpu``: the step's
-    model FLOPs per GPU (for the compute-only MFU)."""
+    model FLOPs per GPU (for the compute-only MFU). With a ``calibration``
+    (:class:`launcher.plan.calibrated.Calibration`) that measured this model at this
+    tensor-parallel size, the measured composition (:func:`calibrated_step`)."""
+    if calibration is not None:
+        measured = calibrated_step(calibration, cfg, dims, grad_accum, stage_dense, stage_expert,
+                                   model_flops_per_gpu, peak_flops(cfg, device))
+        if measured is not None:
+            return measured
     m, t, c = cfg.model, cfg.trainer, cfg.cluster
     d = ResolvedModel.of(m, dims.tp)
     elem = 4 if t.precision == Precision.fp32 else 2
@@ -80,3 +87,64 @@ def predict_step(cfg: TrainwrightConfig, dims: ParallelDims, grad_accum: int, de
                                                                          grad_accum),
         data_parallel=dp_s, optimizer=opt_s,
         compute_only_mfu=model_flops_per_gpu / (compute * peak) if compute else 0.0)
+
+
+def calibrated_step(cal, cfg: TrainwrightConfig, dims: ParallelDims, grad_accum: int,
+                    stage_dense: int, stage_expert: int, model_flops_per_gpu: float,
+                    peak: float) -> StepTime | None:
+    """The step from a machine profile's measured parts (:mod:`launcher.plan.calibrated`);
+    None when the profile has no passes for this model and tensor-parallel size. The engine's
+    framework cost is the probe's run at this layout less its composed parts (the nearest
+    measured layout's when this one was not run)."""
+    import dataclasses
+
+    from launcher.plan.calibrated import engine_key_of, model_key
+
+    key = model_key(dataclasses.asdict(cfg.model), cfg.trainer.precision)
+    cost = cal.passes(key, dims.tp, cfg.trainer.micro_batch_size)
+    if cost is None:
+        return None
+    parts = _calibrated_parts(cal, cost, cfg, dims, grad_accum, cfg.model.num_layers,
+                              stage_dense + stage_expert)
+    layout = engine_key_of(cfg, dims, grad_accum)
+    record = cal.engine(layout) or cal.nearest_engine(layout)
+    framework = 0.0
+    if record is not None:
+        layers = int(record["layers"])
+        small = _calibrated_parts(cal, cost, cfg, dims, grad_accum, layers,
+                                  (stage_dense + stage_expert) * layers / cfg.model.num_layers)
+        framework = record["seconds"] - sum(small.values())
+    compute = parts["compute"]
+    return StepTime(**parts, framework=framework, measured=True,
+                    compute_only_mfu=model_flops_per_gpu / (compute * peak) if compute else 0.0)
+
+
+def _calibrated_parts(cal, cost, cfg: TrainwrightConfig, dims: ParallelDims, grad_accum: int,
+                      num_layers: int, stage_params: float) -> dict:
+    """Seconds by cause (StepTime's fields) of a model of ``num_layers`` layers whose most loaded
+    stage holds ``stage_params`` parameters on one GPU."""
+    from launcher.plan.calibrated import data_parallel_s, stage_costs
+
+    t, e = cfg.trainer, cfg.engine
+    d = ResolvedModel.of(cfg.model, dims.tp)
+    elem = 4 if t.precision == Precision.fp32 else 2
+    tokens = t.micro_batch_size * d.seq // dims.cp
+    costs = stage_costs(cal, cost, dims=dims, layers=dims.stage_layers(num_layers),
+                        tokens=tokens, hidden=d.hidden, elem=elem,
+                        recompute=t.activation_recompute.value)
+    pipe = pipeline_step(costs, dims, grad_accum)
+    p2p = 0.0
+    if dims.pp > 1:
+        transfers = 2 * (grad_accum + dims.pp - 1) if dims.vpp == 1 else 2 * (dims.pp - 1)
+        shards = dims.tp if dims.sequence_parallel else 1
+        p2p = transfers * (cal.collective("send_recv", tokens * d.hidden * elem / shards) or 0.0)
+    grad_bytes = 4 if (e.grad_reduce_in_fp32 or elem == 4) else 2
+    zero = cfg.parallelism.zero_stage
+    dp = data_parallel_s(cal, engine=e.name.value, zero_stage=zero, dp=dims.dense_shards,
+                         params=stage_params, grad_bytes=grad_bytes, param_bytes=elem,
+                         grad_accum=grad_accum)
+    shard = stage_params / (dims.dense_shards if zero >= 1 else 1)
+    return dict(compute=pipe["compute"], tensor_parallel=pipe["tensor_parallel"],
+                context_parallel=0.0, expert_parallel=0.0,
+                pipeline_bubble=pipe["pipeline_bubble"], pipeline_p2p=p2p, data_parallel=dp,
+                optimizer=cal.optimizer(shard) or 0.0)

@@ -75,10 +75,10 @@ class Excluded:
 
 def assess(cfg: TrainwrightConfig, c: Candidate, *, world: int, global_batch: int,
            device: Device, flash: bool, budget: float, engines: dict | None = None,
-           explain: bool = True) -> Scored | Excluded | None:
+           explain: bool = True, calibration=None) -> Scored | Excluded | None:
     """The scored candidate; one the plan refuses or that needs more than ``budget`` bytes per
     GPU (all ranks sharing a GPU together) is Excluded with its reason (``explain``), else
-    None."""
+    None. ``calibration``: this machine's measured parts (launcher.plan.calibrated)."""
     run = configure(cfg, c, global_batch, engines)
     est, problems = estimate_layout(run, world, device, flash)
     if est is None:
@@ -89,13 +89,14 @@ def assess(cfg: TrainwrightConfig, c: Candidate, *, world: int, global_batch: in
             return None
         return Excluded(c, f"needs {memory / 2**30:.1f} GiB per GPU, over the "
                         f"{budget / 2**30:.1f} GiB the headroom leaves", memory,
-                        _scored(cfg, run, c, est, world, global_batch, device, flash).mfu)
-    return _scored(cfg, run, c, est, world, global_batch, device, flash)
+                        _scored(cfg, run, c, est, world, global_batch, device, flash,
+                                calibration).mfu)
+    return _scored(cfg, run, c, est, world, global_batch, device, flash, calibration)
 
 
 def _scored(cfg, run, c: Candidate, est: LayoutEstimate, world: int, global_batch: int,
-            device: Device, flash: bool) -> Scored:
-    step = estimate_step(run, est, device, flash)
+            device: Device, flash: bool, calibration=None) -> Scored:
+    step = estimate_step(run, est, device, flash, calibration)
     gpus = world / cfg.cluster.ranks_per_gpu
     peak = (device.peak_tflops_fp32 if cfg.trainer.precision.value == "fp32"
             else device.peak_tflops_bf16) * 1e12

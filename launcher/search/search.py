@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from launcher.config import TrainwrightConfig
+from launcher.plan.calibrated import find_calibration
 from launcher.plan.hardware import resolve_device
 from launcher.plan.plan import PlanError, uses_flash
 from launcher.plan.precision import precision_choice, with_precision
@@ -75,11 +76,13 @@ def search(cfg: TrainwrightConfig, world: int | None = None,
     flash = uses_flash(cfg, device)
     budget = device.memory_bytes * (1 - cfg.search.headroom)
     engines = engine_presets(cfg, engine_names(cfg))
+    calibration, _ = find_calibration(cfg, device)  # one probe serves every candidate
     searched, ranked, excluded = 0, [], []
     for candidate in candidates(cfg, world, batch):
         searched += 1
         result = assess(cfg, candidate, world=world, global_batch=batch, device=device,
-                        flash=flash, budget=budget, engines=engines, explain=explain)
+                        flash=flash, budget=budget, engines=engines, explain=explain,
+                        calibration=calibration)
         if isinstance(result, Scored):
             ranked.append(result)
         elif result is not None:

@@ -1,0 +1,156 @@
+"""The plan against real CPU runs: predicted and measured step time over a matrix of configs.
+
+    .venv/bin/python bench/plan_accuracy.py [--only NAME ...] [--steps 6] [--json out.json]
+
+For each config of :data:`MATRIX` (2 CPU ranks: three model sizes, DP2 / TP2 / PP2 with and
+without VPP, ZeRO 0-3, both engines, fp32 and bf16 where this CPU computes it fast, other
+micro-batch and accumulation splits), as a user would:
+
+1. ``python -m launcher.probe <config>`` writes this machine's profile (a profile directory of
+   the bench's own: nothing of the user's is read or changed);
+2. ``python -m launcher.plan <config> plan.format=json`` predicts the step time from it;
+3. ``python -m launcher.train <config>`` runs ``--steps`` steps; the measured step time is the
+   median after the first (launcher/reports/plan_check.py), as every run reports it.
+
+Then, for the layouts of the first model: the predicted order with the base config's probe
+alone (what the search sees: one probe for every layout) against the measured order: the
+predicted fastest, its measured distance to the measured fastest, Kendall's tau. Prints a table
+and the median and largest |error|; figures go to docs/plan.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from itertools import combinations
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+TINY = ["model=tiny"]
+SMALL = ["model=tiny", "model.num_layers=6", "model.hidden_size=512",
+         "model.ffn_hidden_size=1408", "model.num_attention_heads=8", "model.num_query_groups=4"]
+GPT2 = ["model=gpt2_124m", "model.seq_length=256", "model.hidden_dropout=0",
+        "model.attention_dropout=0"]
+MEGATRON, DEEPSPEED = ["engine=megatron"], ["engine=deepspeed"]
+
+MATRIX = {
+    # layouts of the tiny model (the ordering check uses these, all fp32 and bf16 alike)
+    "tiny dp2 megatron zero1": TINY + MEGATRON,
+    "tiny dp2 megatron zero0": TINY + MEGATRON + ["parallelism.zero_stage=0"],
+    "tiny tp2 megatron": TINY + MEGATRON + ["parallelism=tp2",
+                                            "parallelism.sequence_parallel=false"],
+    "tiny tp2 sp megatron": TINY + MEGATRON + ["parallelism=tp2",
+                                               "parallelism.sequence_parallel=true"],
+    "tiny pp2 megatron": TINY + MEGATRON + ["parallelism=pp2", "trainer.global_batch_size=16"],
+    "tiny pp2 vpp2 megatron": TINY + MEGATRON + ["parallelism=pp2",
+                                                 "parallelism.virtual_pipeline_parallel_size=2",
+                                                 "trainer.global_batch_size=16"],
+    "tiny dp2 deepspeed zero1": TINY + DEEPSPEED,
+    "tiny dp2 deepspeed zero2": TINY + DEEPSPEED + ["parallelism.zero_stage=2"],
+    "tiny dp2 deepspeed zero3": TINY + DEEPSPEED + ["parallelism.zero_stage=3"],
+    "tiny mb2 x accum2": TINY + MEGATRON + ["trainer.micro_batch_size=2",
+                                            "trainer.global_batch_size=8"],
+    "tiny mb1 x accum4 deepspeed": TINY + DEEPSPEED + ["trainer.micro_batch_size=1",
+                                                       "trainer.global_batch_size=8"],
+    "tiny fp32 megatron": TINY + MEGATRON + ["trainer.precision=fp32"],
+    "tiny fp32 deepspeed": TINY + DEEPSPEED + ["trainer.precision=fp32"],
+    "small dp2 megatron": SMALL + MEGATRON + ["trainer.micro_batch_size=2"],
+    "small tp2 megatron": SMALL + MEGATRON + ["parallelism=tp2", "trainer.micro_batch_size=2"],
+    "gpt2 dp2 megatron": GPT2 + MEGATRON + ["trainer.micro_batch_size=1"],
+    "gpt2 dp2 deepspeed": GPT2 + DEEPSPEED + ["trainer.micro_batch_size=1"],
+}
+ORDERED = [name for name in MATRIX if name.startswith("tiny ") and "fp32" not in name]
+"""The layouts whose order the search must get right (one model, one precision)."""
+COMMON = ["trainer.eval_interval=0", "trainer.save_interval=0", "run.report=false",
+          "data=mock", "trainer.log_interval=1"]
+
+
+def _run(args: list, env: dict) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(args)}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def planned(config: list, env: dict) -> float:
+    out = _run(["-m", "launcher.plan", *config, "plan.format=json"], env).stdout
+    plan = json.loads(out)
+    if "measured" not in plan["sources"]["step time"]:
+        raise SystemExit(f"the plan of {config} is not calibrated: {plan['sources']}")
+    return plan["step_time_s"]
+
+
+def measured(config: list, env: dict, root: Path, name: str, steps: int) -> float:
+    from launcher.core.jsonl import read_jsonl
+    from launcher.reports.plan_check import measured_step_s
+
+    run = name.replace(" ", "_")
+    _run(["-m", "launcher.train", *config, f"trainer.train_steps={steps}",
+          f"run.output_root={root}", f"run.name={run}"], env)
+    return measured_step_s(read_jsonl(root / run / "metrics.jsonl"))
+
+
+def kendall_tau(a: list, b: list) -> float:
+    pairs = list(combinations(range(len(a)), 2))
+    score = sum((a[i] - a[j]) * (b[i] - b[j]) > 0 for i, j in pairs) \
+        - sum((a[i] - a[j]) * (b[i] - b[j]) < 0 for i, j in pairs)
+    return score / len(pairs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    names = [n for n in MATRIX if not args.only or any(o in n for o in args.only)]
+    with tempfile.TemporaryDirectory(prefix="plan-accuracy-") as tmp:
+        root = Path(tmp)
+        base = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+        rows = {}
+        for name in names:
+            config = MATRIX[name] + COMMON
+            env = {**base, "TRAINWRIGHT_PROFILE_DIR": str(root / "profiles" / name)}
+            _run(["-m", "launcher.probe", *config, f"run.output_root={root / 'probe'}",
+                  f"run.name={name.replace(' ', '_')}"], env)
+            rows[name] = {"planned": planned(config, env),
+                          "measured": measured(config, env, root, name, args.steps)}
+            r = rows[name]
+            r["error"] = r["planned"] / r["measured"] - 1
+            print(f"{name:32s} planned {r['planned']:.3f} s  measured {r['measured']:.3f} s  "
+                  f"error {r['error']:+.1%}", flush=True)
+        errors = [abs(r["error"]) for r in rows.values()]
+        print(f"median |error| {statistics.median(errors):.1%}, largest {max(errors):.1%} "
+              f"over {len(errors)} configs")
+        ordering = order_check(rows, root, base)
+        if args.json:
+            args.json.write_text(json.dumps({"rows": rows, "ordering": ordering}, indent=1))
+
+
+def order_check(rows: dict, root: Path, base: dict) -> dict:
+    """The layouts of the tiny model predicted from the first one's probe alone."""
+    names = [n for n in ORDERED if n in rows]
+    if len(names) < 3:
+        return {}
+    env = {**base, "TRAINWRIGHT_PROFILE_DIR": str(root / "profiles" / names[0])}
+    predicted = [planned(MATRIX[n] + COMMON, env) for n in names]
+    actual = [rows[n]["measured"] for n in names]
+    best = min(range(len(names)), key=predicted.__getitem__)
+    gap = actual[best] / min(actual) - 1
+    tau = kendall_tau(predicted, actual)
+    print(f"one probe ({names[0]}) for {len(names)} layouts: predicted fastest {names[best]!r}, "
+          f"{gap:+.1%} from the measured fastest; Kendall's tau {tau:.2f}")
+    return {"layouts": names, "predicted": predicted, "measured": actual, "gap": gap,
+            "tau": tau}
+
+
+if __name__ == "__main__":
+    main()

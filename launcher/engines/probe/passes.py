@@ -1,0 +1,89 @@
+"""A model's forward and backward timed at one rank's shapes: :func:`pass_seconds`.
+
+The probe (:mod:`launcher.runtime.probe`) asks what one transformer layer and the model's ends
+(embedding, output layer, loss) cost on one rank, for every tensor-parallel size the plan may
+choose. A tensor-parallel rank computes a layer with ``heads / t`` attention heads, ``groups /
+t`` query groups, ``ffn / t`` MLP units and ``vocab / t`` rows of the output layer, at the full
+hidden size; so the same Megatron-Core ``GPTModel``, built at TP = 1 with those sizes (the head
+dimension kept), does one TP rank's compute exactly, with the same kernels, Python and autograd
+in the loop. The collectives a TP layer adds are the probe's collective figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import torch
+
+from launcher.config import ModelConfig, ParallelismConfig, TrainerConfig
+from launcher.shape import ResolvedModel
+
+
+def rank_shard(model: ModelConfig, tp: int, layers: int) -> ModelConfig:
+    """``model`` with ``layers`` layers and the sizes one rank of tensor-parallel size ``tp``
+    computes (module docstring); its vocabulary is the rank's shard of the padded one."""
+    r = ResolvedModel.of(model, tp)
+    return dataclasses.replace(
+        model, num_layers=layers, num_attention_heads=r.heads // tp,
+        num_query_groups=max(1, r.groups // tp), kv_channels=r.head_dim,
+        ffn_hidden_size=r.ffn // tp, vocab_size=r.padded_vocab // tp,
+        make_vocab_size_divisible_by=1, num_experts=0)
+
+
+def synthetic_batch(micro_batch: int, seq: int, vocab: int) -> dict:
+    """A micro-batch as the data loader hands it (random token ids)."""
+    tokens = torch.randint(0, vocab, (micro_batch, seq), dtype=torch.int64)
+    return {"tokens": tokens, "labels": torch.roll(tokens, -1, dims=1),
+            "loss_mask": torch.ones(micro_batch, seq, dtype=torch.float32),
+            "position_ids": torch.arange(seq, dtype=torch.int64).expand(micro_batch, seq)}
+
+
+def pass_seconds(model: ModelConfig, trainer: TrainerConfig, *, micro_batch: int, reps: int,
+                 barrier: Callable[[], None], post_process: bool = True) -> float:
+    """Median seconds of one forward, loss and backward of ``model`` (built at TP = 1 on an
+    initialised parallel state) on a micro-batch of ``micro_batch`` sequences; without
+    ``post_process`` the model stops before the output layer (a first pipeline stage).
+    ``barrier`` lines up the ranks before each timed pass, so that all of them compute at once
+    (as they do in training: the memory bandwidth they share is part of the figure)."""
+    from launcher.engines.model import build_gpt_model
+
+    gpt = build_gpt_model(model, ParallelismConfig(tensor_parallel_size=1, zero_stage=0),
+                          trainer, post_process=post_process)
+    batch = synthetic_batch(micro_batch, model.seq_length, model.vocab_size)
+
+    def one() -> None:
+        out = gpt(batch["tokens"], batch["position_ids"], None,
+                  labels=batch["labels"] if post_process else None)
+        (out.float() * batch["loss_mask"]).sum().backward() if post_process \
+            else out.float().sum().backward()
+
+    one()
+    times = []
+    for _ in range(reps):
+        barrier()
+        start = time.perf_counter()
+        one()
+        times.append(time.perf_counter() - start)
+    gpt.zero_grad(set_to_none=True)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def adam_seconds(numel: int, tensors: int, reps: int) -> float:
+    """Median seconds of one AdamW step (torch's, as both engines run it on fp32 master
+    weights) over ``numel`` parameters in ``tensors`` tensors."""
+    size = max(1, numel // max(1, tensors))
+    params = [torch.nn.Parameter(torch.zeros(size)) for _ in range(max(1, tensors))]
+    for p in params:
+        p.grad = torch.full_like(p, 1e-3)
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    opt.step()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        opt.step()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2]

@@ -1,0 +1,178 @@
+"""``python -m launcher.probe [overrides]``: measure this machine for the composed job.
+
+parse and plan once (the job ``launcher.train`` would run with the same overrides) -> start its
+ranks (:func:`launcher.launch.bootstrap.run_ranks`) -> every rank measures at once
+(:mod:`launcher.runtime.probe`: passes at every tensor-parallel size the node allows,
+AdamW, the collectives at the job's sizes, the engine at the job's layout) -> rank 0 merges the
+figures into this machine's profile (:mod:`launcher.plan.profile`), where the plan and the
+search find them again, and prints where. Takes well under a minute on 2 CPU ranks.
+
+``python -m launcher.probe --from-run RUN_DIR`` refines the stored profile from a finished
+run's own measurements instead (its median step time becomes the engine figure of its layout).
+Exit codes: 0 written, 2 config error.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from launcher.core.exits import CONFIG_ERROR_EXIT
+from launcher.launch.bootstrap import Rank, run_ranks
+from launcher.launch.job import prepare
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return 0
+    if argv and argv[0] == "--from-run":
+        return from_run(Path(argv[1]) if len(argv) > 1 else None, argv[2:])
+    job = prepare(argv)
+    return run_ranks(job, probe_rank, command="probe")
+
+
+def probe_rank(rank: Rank) -> int:
+    """Every rank measures (launcher.runtime.probe); rank 0 stores the profile."""
+    from launcher.engines import engine_inputs, spec
+    from launcher.engines.model import reset_parallel_state
+    from launcher.config import ParallelismConfig
+    from launcher.runtime import probe
+
+    job, started = rank.job, time.perf_counter()
+    cfg, plan = job.cfg, job.plan
+    b = plan.batch.micro_batch_size
+    reset_parallel_state(ParallelismConfig(zero_stage=0), seed=cfg.trainer.seed)  # TP = 1
+    figures = {"passes": probe.pass_records(cfg, local_ranks=job.local_ranks,
+                                            micro_batches=sorted({b, 2 * b}))}
+    figures["optimizer"] = probe.optimizer_records(*optimizer_size(plan))
+    figures["collectives"] = probe.collective_records(
+        collective_sizes(plan), 2 if cfg.trainer.precision in ("bf16", "fp16") else 4,
+        rank.world)
+    reset_parallel_state(cfg.parallelism, seed=cfg.trainer.seed)  # the job's layout again
+    engine_spec, subs = spec(cfg.engine.name), engine_inputs(cfg)
+    figures["engine"] = [probe.engine_record(
+        cfg, plan, job.config,
+        lambda model, batch: engine_spec.build(batch=batch, model=model, **subs))]
+    if rank.rank == 0:
+        path = store(job, figures, "probe")
+        rank.console.error(f"probe: {path} ({time.perf_counter() - started:.1f} s of "
+                           f"measurements on {rank.world} rank(s))")
+    return 0
+
+
+def optimizer_size(plan) -> tuple[int, int]:
+    """(parameters, tensors) of the most loaded rank's optimizer shard."""
+    sharded = plan.zero_stage >= 1
+    shards = plan.dims.dense_shards if sharded else 1
+    layers = max(plan.stage_layers) if plan.stage_layers else plan.model.layers
+    return max(1, plan.params.per_gpu // shards), 9 * layers + 4
+
+
+def collective_sizes(plan) -> dict:
+    """Elements a layout sends: a micro-batch's activations, the most loaded rank's
+    gradients."""
+    b = plan.batch
+    return {"activations": b.micro_batch_tokens * plan.model.hidden,
+            "gradients": plan.params.per_gpu}
+
+
+def machine_identity(job, device_model: str = ""):
+    """The profile identity of this node for ``job``."""
+    from launcher.plan.machine import cpu_info, library_versions
+    from launcher.plan.profile import MachineProfile
+
+    device = job.plan.machines.gpu
+    if not device_model:
+        device_model = cpu_info().model if device == "cpu" else _gpu_name()
+    return MachineProfile(device=device, model=device_model, ranks=job.local_ranks,
+                          threads_per_rank=int(os.environ.get("OMP_NUM_THREADS", "1") or 1),
+                          versions=library_versions())
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+
+
+def store(job, figures: dict, source: str) -> Path:
+    """Merge ``figures`` into this machine's profile; its path."""
+    from launcher.plan.profile import profile_dir, save_figures
+
+    return save_figures(profile_dir(job.cfg.plan.profile_dir), machine_identity(job), figures,
+                        source)
+
+
+def from_run(run_dir: Path | None, overrides: Sequence[str]) -> int:
+    """``--from-run RUN_DIR``: the run's median step time (warm-up, saves and evaluations left
+    out) as the engine figure of its model and layout, on this machine's profile."""
+    import json
+
+    import yaml
+
+    from launcher.core.jsonl import read_jsonl
+    from launcher.reports.plan_check import measured_step_s
+    from launcher.plan.calibrated import engine_key
+
+    files = [run_dir / name for name in ("config.yaml", "plan.json")] if run_dir else []
+    if not files or not all(f.is_file() for f in files):
+        print(f"probe: --from-run needs a run directory with config.yaml and plan.json "
+              f"(got {run_dir})", file=sys.stderr)
+        return CONFIG_ERROR_EXIT
+    step = measured_step_s(read_jsonl(run_dir / "metrics.jsonl"))
+    if step is None:
+        print(f"probe: {run_dir} has fewer than two steps to measure", file=sys.stderr)
+        return CONFIG_ERROR_EXIT
+    config, plan = yaml.safe_load(files[0].read_text()), json.loads(files[1].read_text())
+    record = {"key": engine_key(plan, config), "layers": config["model"]["num_layers"],
+              "seconds": step, "run": str(run_dir)}
+    figures = {"engine": [record], **launch_figures(run_dir)}
+    from launcher.plan.profile import profile_dir, save_figures
+
+    path = save_figures(profile_dir((config.get("plan") or {}).get("profile_dir", "")),
+                        run_identity(plan, config), figures, f"run {run_dir}")
+    launch = figures.get("launch", {})
+    print(f"probe: {path} (step {step:.3f} s" + (
+        f", start-up {launch['startup_s']:.1f} s, exit {launch['exit_s']:.1f} s"
+        if launch else "") + f" from {run_dir})")
+    return 0
+
+
+def launch_figures(run_dir: Path) -> dict:
+    """{"launch": {startup_s, exit_s}} of a finished run's first launch: launch to the first
+    step, and the last step to exit less the final save; {} when the run did not end normally."""
+    from launcher.core.jsonl import read_jsonl
+    from launcher.runtime.goodput import account
+
+    events = read_jsonl(run_dir / "events.jsonl")
+    startup = next((e for e in events if e.get("kind") == "startup"), None)
+    saves = [e for e in events if e.get("kind") == "checkpoint" and "seconds" in e
+             and " saved" in e.get("message", "")]
+    shutdown = account(run_dir)["lost_s"]["shutdown"]
+    if startup is None or not saves or shutdown <= 0:
+        return {}
+    total = sum(v for k, v in startup.items() if k.endswith("_s"))
+    return {"launch": {"startup_s": total, "exit_s": max(0.0, shutdown - saves[-1]["seconds"]),
+                       "run": str(run_dir)}}
+
+
+def run_identity(plan: dict, config: dict):
+    """The profile identity of the machine a finished run ran on (this one)."""
+    from launcher.plan.machine import cpu_info, library_versions
+    from launcher.plan.profile import MachineProfile
+
+    device = plan["gpu"]
+    return MachineProfile(device=device, model=cpu_info().model if device == "cpu"
+                          else _gpu_name(), ranks=plan["gpus_per_node"] * plan["ranks_per_gpu"],
+                          threads_per_rank=int(os.environ.get("OMP_NUM_THREADS", "1") or 1),
+                          versions=library_versions())
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())

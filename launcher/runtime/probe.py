@@ -1,0 +1,116 @@
+"""The machine probe on a job's own ranks: :func:`probe_rank` measures, rank 0 stores.
+
+Every rank measures at once (the node's ranks share its memory bandwidth and cores in training
+too), each figure is the slowest rank's median after a warm-up, and rank 0 merges them into the
+machine profile (:mod:`launcher.plan.profile`):
+
+* ``passes``: forward + loss + backward of Megatron-Core's GPTModel at one rank's shapes, for
+  every tensor-parallel size the node allows and two micro-batch sizes (:mod:`launcher.engines.
+  probe.passes`), with 1 and 2 layers and with the first stage's part alone: one layer's
+  cost, the embedding's and the output layer's with the loss, each per micro-batch;
+* ``optimizer``: torch's AdamW over the rank's share of the fp32 weights, at two sizes;
+* ``collectives``: all-reduce, reduce-scatter, all-gather, all-to-all and send/recv among the
+  node's ranks at a small and the job's sizes (gloo on CPU, NCCL on GPU);
+* ``engine``: the job's engine at its layout with the fewest layers the layout allows (one per
+  model chunk), stepped as training steps it: what the parts above leave out (the framework's
+  fixed cost per step and micro-batch) is the plan's residual for that engine and layout.
+
+Figures carry their shapes and sizes as ``key``; a later probe replaces the records with the
+same key and keeps the others, so one profile serves several models and layouts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Mapping
+
+from launcher.parallel import collectives
+from launcher.plan.calibrated import engine_key, model_key
+
+REPS = 3
+"""Timed repetitions of each figure (the median is kept), after one warm-up."""
+
+
+def tp_choices(model, local_ranks: int) -> list[int]:
+    """Tensor-parallel sizes a layout on this node may use: divisors of the local ranks that
+    divide the heads and query groups."""
+    from launcher.shape import ResolvedModel
+
+    r = ResolvedModel.of(model, 1)
+    return [t for t in range(1, local_ranks + 1)
+            if local_ranks % t == 0 and r.heads % t == 0 and r.groups % t == 0]
+
+
+def pass_records(cfg, *, local_ranks: int, micro_batches: list[int]) -> list[dict]:
+    """The ``passes`` section (module docstring): per TP size and micro-batch, one layer, the
+    embedding and the output layer with the loss, in seconds per micro-batch."""
+    from launcher.engines.probe.passes import pass_seconds, rank_shard
+
+    records = []
+    key = model_key(dataclasses.asdict(cfg.model), cfg.trainer.precision)
+
+    def timed(model, b: int, first_only: bool = False) -> float:
+        trainer = cfg.trainer
+        seconds = pass_seconds(model, trainer, micro_batch=b, reps=REPS,
+                               barrier=collectives.barrier, post_process=not first_only)
+        return collectives.max_floats([seconds])[0]
+
+    for tp in tp_choices(cfg.model, local_ranks):
+        for b in micro_batches:
+            one, two = (timed(rank_shard(cfg.model, tp, n), b) for n in (1, 2))
+            first = timed(rank_shard(cfg.model, tp, 1), b, first_only=True)
+            layer = max(0.0, two - one)
+            records.append({"key": {**key, "tp": tp, "micro_batch": b},
+                            "layer_s": layer, "embedding_s": max(0.0, first - layer),
+                            "output_s": max(0.0, one - first)})
+    return records
+
+
+def optimizer_records(numel: int, tensors: int) -> list[dict]:
+    """The ``optimizer`` section: AdamW over ``numel`` and a quarter of it."""
+    from launcher.engines.probe.passes import adam_seconds
+
+    out = []
+    for n in sorted({max(tensors, numel // 4), max(tensors, numel)}):
+        seconds = collectives.max_floats([adam_seconds(n, tensors, REPS)])[0]
+        out.append({"key": {"numel": n, "tensors": tensors}, "seconds": seconds})
+    return out
+
+
+def collective_records(sizes: dict, element_bytes: int, ranks: int) -> list[dict]:
+    """The ``collectives`` section: every op at one element and at each of ``sizes`` (name ->
+    elements)."""
+    import torch
+
+    dtype = {2: torch.bfloat16, 4: torch.float32}[element_bytes]
+    out = []
+    for op in collectives.COLLECTIVE_OPS:
+        for numel in sorted({ranks, *sizes.values()}):
+            seconds = collectives.collective_seconds(op, numel, dtype, reps=REPS)
+            out.append({"key": {"op": op, "bytes": numel * element_bytes, "ranks": ranks},
+                        "seconds": seconds})
+    return out
+
+
+def engine_record(cfg, plan, config: Mapping, build: Callable) -> dict:
+    """The ``engine`` section's record: the job's engine at its layout with one layer per model
+    chunk, ``REPS`` steps timed after two (``config``: the job's resolved config, plain)."""
+    from launcher.engines.probe.passes import synthetic_batch
+    from launcher.core.phases import PhaseTimer
+
+    dims, b = plan.dims, plan.batch
+    layers = dims.pp * dims.vpp
+    small = dataclasses.replace(cfg.model, num_layers=layers)
+    engine = build(small, b)
+    batch = synthetic_batch(b.micro_batch_size, cfg.model.seq_length, cfg.model.vocab_size)
+    times = []
+    for i in range(2 + REPS):
+        collectives.barrier()
+        start = time.perf_counter()
+        engine.train_step(lambda: dict(batch), 1e-5, PhaseTimer())
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    times.sort()
+    seconds = collectives.max_floats([times[len(times) // 2]])[0]
+    return {"key": engine_key(plan.to_dict(), config), "layers": layers, "seconds": seconds}

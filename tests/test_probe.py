@@ -1,0 +1,76 @@
+"""The machine probe: measured on the job's own ranks in well under a minute, stored where the
+plan finds it, reused only by the plan of the machine and model it measured, and the plan's step
+time then composed from it (and says so)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers.training import REPO, TINY
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("probe")]
+
+
+def _env(profiles) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
+            "PYTHONPATH": str(REPO), "TRAINWRIGHT_PROFILE_DIR": str(profiles)}
+
+
+def _plan(profiles, *overrides) -> dict:
+    out = subprocess.run([sys.executable, "-m", "launcher.plan", *TINY, *overrides,
+                          "plan.format=json"], cwd=REPO, env=_env(profiles), capture_output=True,
+                         text=True, check=True).stdout
+    return json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("probe")
+    profiles = root / "profiles"
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "launcher.probe", *TINY, "engine=megatron",
+                           f"run.output_root={root}", "run.name=p"], cwd=REPO,
+                          env=_env(profiles), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return profiles, time.monotonic() - started, proc
+
+
+def test_the_probe_measures_every_part_on_the_jobs_ranks(probed):
+    profiles, seconds, proc = probed
+    assert seconds < 60, seconds
+    [path] = profiles.glob("*.json")
+    assert f"probe: {path} (" in proc.stderr and "on 2 rank(s)" in proc.stderr
+    p = json.loads(path.read_text())
+    assert p["device"] == "cpu" and p["ranks"] == 2 and p["source"] == "probe"
+    passes = p["figures"]["passes"]
+    assert {(r["key"]["tp"], r["key"]["micro_batch"]) for r in passes} == \
+        {(1, 2), (1, 4), (2, 2), (2, 4)}
+    for r in passes:  # one layer costs time, and more at twice the tokens
+        assert r["layer_s"] > 0 and r["output_s"] > 0
+    by_tp = {t: sorted((r["key"]["micro_batch"], r["layer_s"]) for r in passes
+                       if r["key"]["tp"] == t) for t in (1, 2)}
+    assert all(pairs[1][1] > pairs[0][1] for pairs in by_tp.values())
+    ops = {r["key"]["op"] for r in p["figures"]["collectives"]}
+    assert ops == {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv"}
+    [engine] = p["figures"]["engine"]
+    assert engine["key"]["engine"] == "megatron" and engine["key"]["dp"] == 2
+    assert engine["layers"] == 1 and engine["seconds"] > 0
+
+
+def test_the_plan_composes_the_step_from_the_profile_and_says_so(probed, tmp_path):
+    profiles, _, _ = probed
+    plan = _plan(profiles, "engine=megatron")
+    source = plan["sources"]["step time"]
+    assert source.startswith("measured: cpu-") and source.endswith(time.strftime("%Y-%m-%d"))
+    parts = plan["step_time_parts"]
+    assert parts["framework"] != 0 and parts["compute"] > 0
+    assert plan["step_time_s"] == pytest.approx(sum(parts.values()))
+    other = _plan(profiles, "engine=megatron", "model.hidden_size=128")  # not measured
+    assert other["sources"]["step time"].startswith("catalogue (cpu")
+    assert _plan(tmp_path, "engine=megatron")["sources"]["step time"].startswith("catalogue")
