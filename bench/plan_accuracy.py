@@ -10,7 +10,7 @@ micro-batch and accumulation splits), as a user would:
    the bench's own: nothing of the user's is read or changed);
 2. ``python -m launcher.plan <config> plan.format=json`` predicts the step time from it;
 3. ``python -m launcher.train <config>`` runs ``--steps`` steps; the measured step time is the
-   median after the first (launcher/reports/plan_check.py), as every run reports it.
+   median of the steps after the first ``--warm`` (a CPU run reaches its pace after a few).
 
 Then, for the layouts of the first model: the predicted order with the base config's probe
 alone (what the search sees: one probe for every layout) against the measured order: the
@@ -88,14 +88,16 @@ def planned(config: list, env: dict) -> float:
     return plan["step_time_s"]
 
 
-def measured(config: list, env: dict, root: Path, name: str, steps: int) -> float:
+def measured(config: list, env: dict, root: Path, name: str, steps: int, warm: int) -> float:
+    """The run's median step time once warm: the steps after the first ``warm`` (a CPU run
+    takes several steps to reach its pace: oneDNN primitives, the allocator, the loader)."""
     from launcher.core.jsonl import read_jsonl
-    from launcher.reports.plan_check import measured_step_s
 
     run = name.replace(" ", "_")
     _run(["-m", "launcher.train", *config, f"trainer.train_steps={steps}",
           f"run.output_root={root}", f"run.name={run}"], env)
-    return measured_step_s(read_jsonl(root / run / "metrics.jsonl"))
+    rows = [r for r in read_jsonl(root / run / "metrics.jsonl") if "step_time" in r]
+    return statistics.median(r["step_time"] for r in rows if r["step"] > warm)
 
 
 def kendall_tau(a: list, b: list) -> float:
@@ -108,7 +110,8 @@ def kendall_tau(a: list, b: list) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--warm", type=int, default=6, help="steps left out as warm-up")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     names = [n for n in MATRIX if not args.only or any(o in n for o in args.only)]
@@ -122,7 +125,8 @@ def main() -> None:
             _run(["-m", "launcher.probe", *config, f"run.output_root={root / 'probe'}",
                   f"run.name={name.replace(' ', '_')}"], env)
             rows[name] = {"planned": planned(config, env),
-                          "measured": measured(config, env, root, name, args.steps)}
+                          "measured": measured(config, env, root, name, args.steps,
+                                               args.warm)}
             r = rows[name]
             r["error"] = r["planned"] / r["measured"] - 1
             print(f"{name:32s} planned {r['planned']:.3f} s  measured {r['measured']:.3f} s  "
@@ -143,6 +147,8 @@ def order_check(rows: dict, root: Path, base: dict) -> dict:
     env = {**base, "TRAINWRIGHT_PROFILE_DIR": str(root / "profiles" / names[0])}
     predicted = [planned(MATRIX[n] + COMMON, env) for n in names]
     actual = [rows[n]["measured"] for n in names]
+    for n, p, m in zip(names, predicted, actual):
+        print(f"  {n:32s} predicted {p:.3f} s  measured {m:.3f} s  {p / m - 1:+.1%}")
     best = min(range(len(names)), key=predicted.__getitem__)
     gap = actual[best] / min(actual) - 1
     tau = kendall_tau(predicted, actual)

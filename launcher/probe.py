@@ -55,9 +55,9 @@ def probe_rank(rank: Rank) -> int:
         rank.world)
     reset_parallel_state(cfg.parallelism, seed=cfg.trainer.seed)  # the job's layout again
     engine_spec, subs = spec(cfg.engine.name), engine_inputs(cfg)
-    figures["engine"] = [probe.engine_record(
+    figures["engine"] = probe.engine_records(
         cfg, plan, job.config,
-        lambda model, batch: engine_spec.build(batch=batch, model=model, **subs))]
+        lambda model, batch: engine_spec.build(batch=batch, model=model, **subs))
     if rank.rank == 0:
         path = store(job, figures, "probe")
         rank.console.error(f"probe: {path} ({time.perf_counter() - started:.1f} s of "

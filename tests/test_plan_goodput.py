@@ -1,5 +1,6 @@
 """The plan's goodput model (cluster.mtbf_hours, Young/Daly) and the resilience checks."""
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -11,7 +12,8 @@ from launcher.compose import compose_config, to_object
 from launcher.plan import PlanError, compute_plan
 from launcher.plan.goodput import (EXIT_S, STARTUP_S, LaunchCost, expected_goodput,
                                    plan_goodput, run_goodput)
-from launcher.plan.resilience import collective_timeout_s
+from launcher.plan.resilience import (FIRST_PHASE_FLOOR_S, UNPLANNED_FIRST_PHASE_S,
+                                      collective_timeout_s)
 
 EXP_70B = "experiment=llama3_70b_16k_h100"
 
@@ -102,7 +104,10 @@ def test_resilience_refusal_exits_2_naming_the_key():
 
 def test_collective_timeout_backs_up_the_hang_timeout():
     r = to_object(compose_config([])).resilience
-    assert collective_timeout_s(r) == max(1800.0, 2 * r.first_phase_timeout_s)
+    assert r.first_phase_timeout_s == 0  # derived by the plan; unplanned it is 30 minutes
+    assert collective_timeout_s(r) == 2 * UNPLANNED_FIRST_PHASE_S
+    planned = dataclasses.replace(r, first_phase_timeout_s=plan_of().first_phase_timeout_s)
+    assert collective_timeout_s(planned) == max(1800.0, 2 * planned.first_phase_timeout_s)
     r = to_object(compose_config(["resilience.hang_timeout_s=7200",
                                   "resilience.first_phase_timeout_s=600"])).resilience
     assert collective_timeout_s(r) == 14400.0
@@ -141,3 +146,17 @@ def test_the_cpu_plan_counts_its_launch():
     assert g.eval_s == pytest.approx(2 * p.compute.step_time_s * 10 / 3)  # 2 passes of 10 iters
     train_s = 100 * p.compute.step_time_s
     assert g.expected < train_s / (train_s + g.startup_s + g.shutdown_s + g.eval_s) + 1e-9
+
+
+def test_the_start_up_timeout_is_derived_from_the_plan():
+    """A run stuck in start-up is found in minutes: 30 minutes was the old fixed timeout."""
+    tiny = plan_of("cluster=local_cpu", "trainer.precision=fp32")
+    assert tiny.first_phase_timeout_s == FIRST_PHASE_FLOOR_S
+    big = plan_of(EXP_70B)
+    g = big.goodput
+    assert big.first_phase_timeout_s == pytest.approx(max(
+        FIRST_PHASE_FLOOR_S, 10 * (g.startup_s + g.load_s), 20 * big.compute.step_time_s,
+        3 * g.save_s))
+    assert big.first_phase_timeout_s < UNPLANNED_FIRST_PHASE_S
+    fixed = plan_of("cluster=local_cpu", "resilience.first_phase_timeout_s=42")
+    assert fixed.first_phase_timeout_s == 42 and fixed.to_dict()["first_phase_timeout_s"] == 42

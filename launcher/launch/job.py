@@ -102,6 +102,8 @@ def planned_job(argv: Sequence[str], raw: DictConfig, *, run_dir: Optional[Path]
             and not in_distributed_launch():
         plan = calibrated_plan(argv, cfg, world)
     cfg = with_precision(cfg, Precision(plan.precision))  # trainer.precision=auto, resolved
+    cfg = dataclasses.replace(cfg, resilience=dataclasses.replace(
+        cfg.resilience, first_phase_timeout_s=plan.first_phase_timeout_s))  # 0: the plan's
     cfg, planned, notes = plan_for_this_machine(cfg, plan, world)
     if check_data:
         check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size, cfg.data.split)

@@ -39,6 +39,7 @@ from launcher.config import ResilienceConfig
 from launcher.core.atomic import atomic_write_text
 from launcher.core.exits import BAD_DATA_EXIT, CONFIG_ERROR_EXIT, REQUEUE_EXIT
 from launcher.engines.compat import release_jit_build_locks
+from launcher.plan.resilience import first_phase_s
 from launcher.runtime.heartbeat import STARTUP, Beat, decided_exit, read_beat, record_path
 from launcher.runtime.metrics import append_event
 
@@ -182,9 +183,9 @@ class JobWatch:
             return
         last = max((b.time for r, b in beats.items() if b and r in live), default=attempt.started)
         timeout = max((b.timeout_s for r, b in beats.items() if b and r in live),
-                      default=self.resilience.first_phase_timeout_s)
+                      default=first_phase_s(self.resilience))
         if any(beats.get(r) is None for r in live):
-            timeout = max(timeout, self.resilience.first_phase_timeout_s)
+            timeout = max(timeout, first_phase_s(self.resilience))
         if timeout <= 0 or now - last <= timeout:
             return
         self._declare_hang(live, beats, now - last, timeout)

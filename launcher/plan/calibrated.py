@@ -78,7 +78,7 @@ def engine_key_of(cfg, dims, grad_accum: int) -> dict:
     return engine_key(plan, config)
 
 
-def _line(points: list[tuple[float, float]], x: float) -> float:
+def interpolate(points: list[tuple[float, float]], x: float) -> float:
     """Piecewise-linear interpolation of (x, y) points at ``x``, extrapolated from the nearest
     two (one point: proportional to x)."""
     points = sorted(points)
@@ -125,21 +125,21 @@ class Calibration:
                 if _same(r.get("key", {}), {**model, "tp": tp})]
         if not rows:
             return None
-        at = {name: _line([(r["key"]["micro_batch"], r[f"{name}_s"]) for r in rows], micro_batch)
-              for name in ("layer", "embedding", "output")}
+        at = {name: interpolate([(r["key"]["micro_batch"], r[f"{name}_s"]) for r in rows],
+                                micro_batch) for name in ("layer", "embedding", "output")}
         return PassCost(**at)
 
     def optimizer(self, numel: float) -> Optional[float]:
         rows = self._section("optimizer")
         if not rows:
             return None
-        return _line([(r["key"]["numel"], r["seconds"]) for r in rows], numel)
+        return interpolate([(r["key"]["numel"], r["seconds"]) for r in rows], numel)
 
     def collective(self, op: str, nbytes: float) -> Optional[float]:
         rows = [r for r in self._section("collectives") if r.get("key", {}).get("op") == op]
         if not rows or nbytes <= 0:
             return 0.0 if rows else None
-        return _line([(r["key"]["bytes"], r["seconds"]) for r in rows], nbytes)
+        return interpolate([(r["key"]["bytes"], r["seconds"]) for r in rows], nbytes)
 
     def launch(self) -> Optional[tuple[float, float]]:
         """(start-up, exit) seconds a run on this machine measured (launcher.probe
@@ -149,11 +149,14 @@ class Calibration:
             return None
         return float(record["startup_s"]), float(record.get("exit_s", 0.0))
 
-    def engine(self, key: dict) -> Optional[dict]:
-        """The engine record measured at exactly this model and layout (``key``), if any."""
-        want = json.dumps(key, sort_keys=True)
-        return next((r for r in reversed(self._section("engine"))
-                     if json.dumps(r.get("key"), sort_keys=True) == want), None)
+    def engine(self, key: dict) -> list[dict]:
+        """The engine records measured at exactly this model and layout (``key``), one per
+        depth (the latest of each)."""
+        want, by_depth = json.dumps(key, sort_keys=True), {}
+        for r in self._section("engine"):
+            if json.dumps(r.get("key"), sort_keys=True) == want:
+                by_depth[r.get("layers")] = r
+        return list(by_depth.values())
 
     def nearest_engine(self, key: dict) -> Optional[dict]:
         """An engine record of the same model, engine and ZeRO stage (another layout), if any:

@@ -28,7 +28,8 @@ from launcher.plan.memory import (ActivationSettings, in_flight_microbatches,
 from launcher.plan.params import ParamCounts, StageParams, count_parameters, stage_params
 from launcher.plan.precision import PrecisionChoice, precision_choice, with_precision
 from launcher.plan.calibrated import Calibration, find_calibration
-from launcher.plan.resilience import planned_eval_s, resilience_problems, resilience_warnings
+from launcher.plan.resilience import (planned_eval_s, planned_first_phase_s,
+                                      resilience_problems, resilience_warnings)
 from launcher.plan.step_time import StepTime
 from launcher.plan.timing import peak_flops, predict_step
 from launcher.plan.validate import (Problem, check_batch, check_interleaving, check_positive,
@@ -160,6 +161,9 @@ class Plan:
     precision.py)."""
     precision_reason: str = ""
     """Why that precision (auto: the device's bf16 speed; else "as set")."""
+    first_phase_timeout_s: float = 0.0
+    """Seconds start-up and each first phase may take before the watch calls it a hang
+    (resilience.first_phase_timeout_s, or derived from this plan)."""
     sources: dict = field(default_factory=dict)
     """Where each figure comes from: "measured: <profile>, <date>", the catalogue, an
     assumption (what: source)."""
@@ -191,7 +195,7 @@ class Plan:
             "engine_notes": list(self.engine_notes), "warnings": list(self.warnings),
             "goodput": self.goodput.to_dict() if self.goodput else None,
             "precision": self.precision, "precision_reason": self.precision_reason,
-            "sources": dict(self.sources)}
+            "first_phase_timeout_s": self.first_phase_timeout_s, "sources": dict(self.sources)}
 
 
 def _batch_keys(b: Batch) -> dict:
@@ -382,6 +386,9 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: B
                                              goodput=goodput)
                        + kubernetes_warnings(cfg.cluster, cfg.logger)),
         goodput=goodput, precision=choice.precision.value, precision_reason=choice.reason,
+        first_phase_timeout_s=planned_first_phase_s(
+            cfg.resilience, startup_s=goodput.startup_s, load_s=goodput.load_s,
+            step_s=compute.step_time_s, save_s=goodput.save_s, eval_s=eval_s),
         sources=_sources(cfg, calibration if measured else None, goodput, choice))
     problems = _fit_problems(plan) + resilience_problems(
         cfg, step_time_s=compute.step_time_s, eval_s=eval_s, goodput=goodput)

@@ -153,14 +153,17 @@ def matching_profile(directory: Path, *, device: str, model: str, ranks: int,
 
 
 def merge_section(old, new):
-    """A section after a new measurement: records (dicts with a ``key``) replace the old ones
-    with the same key and keep the others; any other section is replaced whole."""
+    """A section after a new measurement: records (dicts with a ``key``, and a ``layers`` where
+    one key is measured at several depths) replace the old ones measured at the same key and
+    depth and keep the others; any other section is replaced whole."""
     if not (isinstance(old, list) and isinstance(new, list)):
         return new
-    keys = [json.dumps(r.get("key"), sort_keys=True) for r in new if isinstance(r, dict)]
-    kept = [r for r in old if isinstance(r, dict)
-            and json.dumps(r.get("key"), sort_keys=True) not in keys]
-    return kept + list(new)
+
+    def identity(record) -> str:
+        return json.dumps([record.get("key"), record.get("layers")], sort_keys=True)
+
+    replaced = {identity(r) for r in new if isinstance(r, dict)}
+    return [r for r in old if isinstance(r, dict) and identity(r) not in replaced] + list(new)
 
 
 def save_figures(directory: Path, base: MachineProfile, figures: dict, source: str) -> Path:

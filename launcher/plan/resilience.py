@@ -16,6 +16,29 @@ from launcher.plan.goodput import GoodputPlan
 
 MIN_COLLECTIVE_TIMEOUT_S = 1800.0
 """The automatic collective timeout is never below torch's own default (30 minutes)."""
+FIRST_PHASE_FLOOR_S = 300.0
+"""The derived start-up / first-phase timeout is never below this: a loaded machine (two CPU
+ranks beside other jobs) starts a tiny model in a minute."""
+UNPLANNED_FIRST_PHASE_S = 1800.0
+"""first_phase_timeout_s=0 in a config that skipped the plan (a test building a heartbeat by
+hand): torch's collective timeout."""
+
+
+def first_phase_s(r: ResilienceConfig) -> float:
+    """The start-up / first-phase timeout in force: the configured (or planned) one, else
+    :data:`UNPLANNED_FIRST_PHASE_S`."""
+    return r.first_phase_timeout_s if r.first_phase_timeout_s > 0 else UNPLANNED_FIRST_PHASE_S
+
+
+def planned_first_phase_s(r: ResilienceConfig, *, startup_s: float, load_s: float,
+                          step_s: float, save_s: float, eval_s: float) -> float:
+    """resilience.first_phase_timeout_s, or (0) the longest of :data:`FIRST_PHASE_FLOOR_S`, 10 x
+    the planned start-up and load, 20 x the planned step (a first step warms up), 3 x the
+    planned save and 3 x a validation pass."""
+    if r.first_phase_timeout_s > 0:
+        return r.first_phase_timeout_s
+    return max(FIRST_PHASE_FLOOR_S, 10.0 * (startup_s + load_s), 20.0 * step_s, 3.0 * save_s,
+               3.0 * eval_s)
 
 
 def collective_timeout_s(r: ResilienceConfig) -> float:
@@ -23,7 +46,7 @@ def collective_timeout_s(r: ResilienceConfig) -> float:
     of 30 minutes and twice the longest hang timeout, so hang detection always fires first."""
     if r.collective_timeout_s > 0:
         return r.collective_timeout_s
-    longest_hang = max(r.hang_timeout_s, r.first_phase_timeout_s)
+    longest_hang = max(r.hang_timeout_s, first_phase_s(r))
     return max(MIN_COLLECTIVE_TIMEOUT_S, 2.0 * longest_hang)
 
 

@@ -94,8 +94,10 @@ def calibrated_step(cal, cfg: TrainwrightConfig, dims: ParallelDims, grad_accum:
                     peak: float) -> StepTime | None:
     """The step from a machine profile's measured parts (:mod:`launcher.plan.calibrated`);
     None when the profile has no passes for this model and tensor-parallel size. The engine's
-    framework cost is the probe's run at this layout less its composed parts (the nearest
-    measured layout's when this one was not run)."""
+    framework cost: where the probe ran the engine at this layout at two depths, what the line
+    through them says at this depth less the composed parts (the step is then the engine's own
+    measurement, extended in depth); at one depth, that run less its composed parts; else the
+    nearest measured layout's."""
     import dataclasses
 
     from launcher.plan.calibrated import engine_key_of, model_key
@@ -107,16 +109,60 @@ def calibrated_step(cal, cfg: TrainwrightConfig, dims: ParallelDims, grad_accum:
     parts = _calibrated_parts(cal, cost, cfg, dims, grad_accum, cfg.model.num_layers,
                               stage_dense + stage_expert)
     layout = engine_key_of(cfg, dims, grad_accum)
-    record = cal.engine(layout) or cal.nearest_engine(layout)
+    records = cal.engine(layout)
     framework = 0.0
-    if record is not None:
-        layers = int(record["layers"])
+    if len(records) >= 2:  # the engine itself at two depths of this layout: its line in depth
+        from launcher.plan.calibrated import interpolate
+
+        at = interpolate([(int(r["layers"]), r["seconds"]) for r in records],
+                         cfg.model.num_layers)
+        framework = at - sum(parts.values())
+    elif records:
+        layers = int(records[0]["layers"])
         small = _calibrated_parts(cal, cost, cfg, dims, grad_accum, layers,
                                   (stage_dense + stage_expert) * layers / cfg.model.num_layers)
-        framework = record["seconds"] - sum(small.values())
+        framework = records[0]["seconds"] - sum(small.values())
+    elif cal.nearest_engine(layout) is not None:
+        framework = _measured_residual(cal, cfg, dims, cal.nearest_engine(layout),
+                                       stage_dense + stage_expert)
     compute = parts["compute"]
     return StepTime(**parts, framework=framework, measured=True,
                     compute_only_mfu=model_flops_per_gpu / (compute * peak) if compute else 0.0)
+
+
+def _measured_residual(cal, cfg: TrainwrightConfig, dims: ParallelDims, record: dict,
+                       stage_params: float) -> float:
+    """What an engine record measured at another layout of this model left beyond its own
+    composed parts (at its layout, micro-batch, accumulation and depth): the framework cost an
+    unmeasured layout is given. ``stage_params``: this layout's most loaded stage."""
+    import dataclasses
+
+    from launcher.config import ParallelismConfig
+
+    k = record["key"]
+    other = ParallelDims.build(ParallelismConfig(
+        tensor_parallel_size=k["tp"], pipeline_parallel_size=k["pp"],
+        virtual_pipeline_parallel_size=k["vpp"], context_parallel_size=k["cp"],
+        expert_parallel_size=k["ep"], sequence_parallel=k["sp"],
+        zero_stage=k["zero_stage"]), k["tp"] * k["pp"] * k["cp"] * k["dp"])
+    cost = cal.passes(model_key_of(cfg), other.tp, k["micro_batch"])
+    if cost is None:
+        return 0.0
+    layers = int(record["layers"])
+    run = dataclasses.replace(cfg, trainer=dataclasses.replace(
+        cfg.trainer, micro_batch_size=k["micro_batch"]))
+    params = stage_params * (dims.tp * dims.pp) / (other.tp * other.pp) \
+        * layers / cfg.model.num_layers
+    parts = _calibrated_parts(cal, cost, run, other, k["grad_accum"], layers, params)
+    return record["seconds"] - sum(parts.values())
+
+
+def model_key_of(cfg: TrainwrightConfig) -> dict:
+    import dataclasses
+
+    from launcher.plan.calibrated import model_key
+
+    return model_key(dataclasses.asdict(cfg.model), cfg.trainer.precision)
 
 
 def _calibrated_parts(cal, cost, cfg: TrainwrightConfig, dims: ParallelDims, grad_accum: int,

@@ -32,13 +32,15 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from launcher.config import ResilienceConfig
+from launcher.plan.resilience import first_phase_s
 
 HEARTBEAT_DIR_ENV = "TRAINWRIGHT_HEARTBEAT_DIR"
 """Set by the launcher for its ranks: where each rank's record lives (unset: no heartbeat)."""
 STARTUP = "startup"
 """The phase of a rank from its start to its first step (import, build, checkpoint load)."""
 EXITING = "exiting"
-"""The phase of a rank that has decided its exit code: ``exiting <code>`` (:meth:`Heartbeat.exiting`)."""
+"""The phase of a rank that has decided its exit code: ``exiting <code>``
+(:meth:`Heartbeat.exiting`)."""
 RECORD = struct.Struct("<QqddQ24s")
 """seq, step, beat time (epoch seconds), timeout (s), pid, phase (ascii, NUL-padded)."""
 
@@ -110,11 +112,11 @@ class Heartbeat:
         if r.hang_timeout_s < 0:
             return -1.0
         if name == STARTUP or name not in self._longest:
-            return r.first_phase_timeout_s
+            return first_phase_s(r)
         if r.hang_timeout_s > 0:
             return r.hang_timeout_s
         learned = r.auto_timeout_factor * max(self._longest.values())
-        return min(r.first_phase_timeout_s, max(r.auto_timeout_floor_s, learned))
+        return min(first_phase_s(r), max(r.auto_timeout_floor_s, learned))
 
     def _write(self, now: float, timeout_s: float) -> None:
         phase = self._phase.encode("ascii", "replace")[:24]

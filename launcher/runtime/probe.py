@@ -93,24 +93,44 @@ def collective_records(sizes: dict, element_bytes: int, ranks: int) -> list[dict
     return out
 
 
-def engine_record(cfg, plan, config: Mapping, build: Callable) -> dict:
-    """The ``engine`` section's record: the job's engine at its layout with one layer per model
-    chunk, ``REPS`` steps timed after two (``config``: the job's resolved config, plain)."""
-    from launcher.engines.probe.passes import synthetic_batch
+ENGINE_WARM_STEPS = 5
+"""Steps the engine runs before it is timed: a CPU rank takes several to reach its pace
+(oneDNN's primitives, the allocator's pools)."""
+ENGINE_REPS = 5
+"""Timed engine steps (the median is kept): the engine's figure is extrapolated in depth, so its
+noise is amplified; more repetitions than the kernels'."""
+ENGINE_DEPTHS = (1, 3)
+"""Layers per model chunk the engine is run at (the second capped by the model's depth): far
+enough apart that the line through them extends to the full depth with little amplification."""
+
+
+def engine_records(cfg, plan, config: Mapping, build: Callable) -> list[dict]:
+    """The ``engine`` section's records: the job's engine at its layout at
+    :data:`ENGINE_DEPTHS` layers per model chunk, :data:`ENGINE_REPS` steps timed after
+    :data:`ENGINE_WARM_STEPS` (``config``: the job's resolved config, plain). Two depths give
+    the layer's cost inside the engine at this layout (its collectives, hooks and Python
+    included) as well as the fixed part."""
     from launcher.core.phases import PhaseTimer
+    from launcher.engines.probe.passes import synthetic_batch
 
     dims, b = plan.dims, plan.batch
-    layers = dims.pp * dims.vpp
-    small = dataclasses.replace(cfg.model, num_layers=layers)
-    engine = build(small, b)
     batch = synthetic_batch(b.micro_batch_size, cfg.model.seq_length, cfg.model.vocab_size)
-    times = []
-    for i in range(2 + REPS):
-        collectives.barrier()
-        start = time.perf_counter()
-        engine.train_step(lambda: dict(batch), 1e-5, PhaseTimer())
-        if i >= 2:
-            times.append(time.perf_counter() - start)
-    times.sort()
-    seconds = collectives.max_floats([times[len(times) // 2]])[0]
-    return {"key": engine_key(plan.to_dict(), config), "layers": layers, "seconds": seconds}
+    out = []
+    chunks = dims.pp * dims.vpp
+    depths = sorted({chunks * min(d, max(1, cfg.model.num_layers // chunks))
+                     for d in ENGINE_DEPTHS})
+    for layers in depths:
+        engine = build(dataclasses.replace(cfg.model, num_layers=layers), b)
+        times = []
+        for i in range(ENGINE_WARM_STEPS + ENGINE_REPS):
+            collectives.barrier()
+            start = time.perf_counter()
+            engine.train_step(lambda: dict(batch), 1e-5, PhaseTimer())
+            if i >= ENGINE_WARM_STEPS:
+                times.append(time.perf_counter() - start)
+        times.sort()
+        seconds = collectives.max_floats([times[len(times) // 2]])[0]
+        out.append({"key": engine_key(plan.to_dict(), config), "layers": layers,
+                    "seconds": seconds})
+        del engine
+    return out

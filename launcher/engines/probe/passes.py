@@ -17,8 +17,13 @@ from typing import Callable
 
 import torch
 
-from launcher.config import ModelConfig, ParallelismConfig, TrainerConfig
+from launcher.config import (ModelConfig, ParallelismConfig, Precision, TrainerConfig,
+                             compute_precision)
 from launcher.shape import ResolvedModel
+
+
+WARM_PASSES = 2
+"""Passes run before the timed ones (oneDNN primitives, the allocator's pools)."""
 
 
 def rank_shard(model: ModelConfig, tp: int, layers: int) -> ModelConfig:
@@ -51,6 +56,10 @@ def pass_seconds(model: ModelConfig, trainer: TrainerConfig, *, micro_batch: int
 
     gpt = build_gpt_model(model, ParallelismConfig(tensor_parallel_size=1, zero_stage=0),
                           trainer, post_process=post_process)
+    if compute_precision(trainer.precision) in (Precision.bf16, Precision.fp16):
+        from megatron.core.transformer.module import Float16Module
+
+        gpt = Float16Module(gpt.config, gpt)  # as the engines wrap it: the same casts
     batch = synthetic_batch(micro_batch, model.seq_length, model.vocab_size)
 
     def one() -> None:
@@ -59,7 +68,8 @@ def pass_seconds(model: ModelConfig, trainer: TrainerConfig, *, micro_batch: int
         (out.float() * batch["loss_mask"]).sum().backward() if post_process \
             else out.float().sum().backward()
 
-    one()
+    for _ in range(WARM_PASSES):
+        one()
     times = []
     for _ in range(reps):
         barrier()
