@@ -18,6 +18,7 @@ import pytest
 # The helpers' asserts (e.g. training.train's exit code) report like the tests' own.
 pytest.register_assert_rewrite("tests.helpers")
 
+from tests.helpers.processes import MARK, kill_marked  # noqa: E402
 from tests.helpers.slurm import slurm  # noqa: E402, F401  (the Slurm tests' fixture)
 
 os.environ.setdefault("TRAINWRIGHT_STRICT_DEVICES", "1")
@@ -46,3 +47,17 @@ def mount_tmpfs(tmp_path):
     yield mount
     for target in mounts:
         subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind(request):
+    """Every process the test starts carries its mark; what still runs when the test ends (a
+    run a timed-out subprocess call left, a Slurm job's steps) is killed
+    (tests/helpers/processes.py)."""
+    mark = f"{os.getpid()}-{request.node.nodeid}"
+    os.environ[MARK] = mark
+    try:
+        yield
+    finally:
+        os.environ.pop(MARK, None)
+        kill_marked(mark)

@@ -8,6 +8,7 @@ around, ``test_every_shim_is_still_needed`` fails for that shim, so it can be de
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -99,6 +100,22 @@ def test_save_results_queue_warm_up_leaves_a_server_with_torch_loaded(tmp_path):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, True, 0, "after the signals"]
 
 
+@contextlib.contextmanager
+def held_open(path, create: bool = False):
+    """While inside, another process holds ``path`` open (as a FileBaton's builder does;
+    ``create``: it creates the file exclusively, as the baton does)."""
+    flags = "os.O_CREAT | os.O_EXCL" if create else "os.O_RDONLY"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import os, time\nfd = os.open({str(path)!r}, {flags})\n"
+         "print('held', flush=True)\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_jit_build_locks_of_killed_ranks_go_and_a_live_builds_lock_stays(tmp_path, monkeypatch):
     """release_jit_build_locks (after the watch kills an attempt): a lock no process holds is
     stale and removed; a lock a live process holds open (a FileBaton of another job building
@@ -115,18 +132,10 @@ def test_jit_build_locks_of_killed_ranks_go_and_a_live_builds_lock_stays(tmp_pat
     for lock in (stale, live):
         lock.parent.mkdir()
     stale.touch()
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import os, sys, time\n"
-         f"fd = os.open({str(live)!r}, os.O_CREAT | os.O_EXCL)\nprint('held', flush=True)\n"
-         "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held_open(live, create=True):
         removed = release_jit_build_locks(since=time.time() - 60)
         assert removed == [str(stale)]
         assert live.exists() and not stale.exists()
-    finally:
-        holder.kill()
-        holder.wait()
     assert release_jit_build_locks(since=time.time() - 60) == [str(live)]
 
 
@@ -176,17 +185,9 @@ def test_a_stale_build_lock_beside_its_built_op_is_taken_over(tmp_path, monkeypa
         (folder / "lock").touch()
     for folder in (built, live):
         (folder / f"{folder.name}.so").write_bytes(b"\x7fELF")
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import os, time\n"
-         f"fd = os.open({str(live / 'lock')!r}, os.O_RDONLY)\nprint('held', flush=True)\n"
-         "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held_open(live / "lock"):
         assert take_over_stale_build_locks() == [str(built / "lock")]
         assert (live / "lock").exists() and (building / "lock").exists()
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def test_cpu_ranks_build_no_deepspeed_shm_op(monkeypatch):

@@ -577,9 +577,15 @@ def release_jit_build_locks(since: float) -> list:
                         candidates.append(lock)
                 except OSError:
                     pass
-    held = _open_files({str(c.resolve()) for c in candidates})
+    return _remove_unheld(candidates)
+
+
+def _remove_unheld(locks: list) -> list:
+    """Remove the ``locks`` no process has open (those held are live builds); the paths
+    removed."""
+    held = _open_files({str(c.resolve()) for c in locks})
     removed = []
-    for lock in candidates:
+    for lock in locks:
         if str(lock.resolve()) in held:
             continue
         try:
@@ -612,17 +618,7 @@ def take_over_stale_build_locks() -> list:
             for lock in Path(root).glob(depth):
                 if any(lock.parent.glob("*.so")):
                     candidates.append(lock)
-    held = _open_files({str(c.resolve()) for c in candidates})
-    removed = []
-    for lock in candidates:
-        if str(lock.resolve()) in held:
-            continue
-        try:
-            lock.unlink()
-            removed.append(str(lock))
-        except OSError:
-            pass
-    return removed
+    return _remove_unheld(candidates)
 
 
 def prepare_deepspeed() -> None:

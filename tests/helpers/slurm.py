@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.processes import unmarked_env
+
 REPO = Path(__file__).resolve().parents[2]
 LOCK = Path("/tmp/trainwright_slurm_up.lock")
 JOBS_LOCK = Path("/tmp/trainwright_slurm_jobs.lock")
@@ -45,7 +47,7 @@ def _start_cluster() -> str:
     with open(LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         proc = subprocess.run(["bash", str(REPO / ".ci" / "slurm_up.sh")], capture_output=True,
-                              text=True, timeout=900)
+                              text=True, timeout=900, env=unmarked_env())  # daemons outlive it
     if proc.returncode == 0:
         return ""
     reason = f".ci/slurm_up.sh exited {proc.returncode}: {proc.stderr.strip()[-800:]}"
