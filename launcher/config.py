@@ -600,10 +600,10 @@ class ResilienceConfig:
     first_phase_timeout_s: float = 0.0
     """Seconds allowed for start-up (import, build, checkpoint load) and for each kind of phase
     the first time an attempt runs it (a slow first step, the first save), whether
-    hang_timeout_s is fixed or automatic. 0 = derived from the plan: the longest of 300 s, 10 x
-    the planned start-up and load, 20 x the planned step and 3 x the planned save or validation
-    pass (launcher/plan/resilience.py; a run stuck in start-up is found in minutes, not the 30
-    of torch's collective timeout)."""
+    hang_timeout_s is fixed or automatic. 0 means derived from the plan (the longest of 300 s,
+    10 x the planned start-up and load, 20 x the planned step and 3 x the planned save or
+    validation pass; launcher/plan/resilience.py): a run stuck in start-up is found in minutes,
+    not the 30 of torch's collective timeout."""
     restarts_in_job: int = 3
     """Times the launcher restarts every rank inside the same allocation (from the latest
     complete checkpoint) after a rank dies, hangs or exits with an error; 0 = never. Config

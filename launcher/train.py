@@ -16,7 +16,7 @@ from typing import Sequence
 
 from launcher.core.diskspace import free_space_text
 from launcher.core.errors import CheckpointError, TrainingAborted
-from launcher.core.exits import CONFIG_ERROR_EXIT
+from launcher.core.exits import CONFIG_ERROR_EXIT, REQUEUE_EXIT
 from launcher.launch.agent import scheduler_exit
 from launcher.launch.bootstrap import Rank, run_ranks
 from launcher.launch.job import prepare
@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = exc.code if isinstance(exc.code, int) else 1
         raise
     finally:
-        finish_run(job.run_dir, code, report=job.cfg.run.report)
+        finish_run(job.run_dir, code, report=job.cfg.run.report, launched_at=job.launched_at)
 
 
 def finish_sweep(sweep_dir) -> None:
@@ -58,10 +58,12 @@ def finish_sweep(sweep_dir) -> None:
         print(f"[report] not written: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
-def finish_run(run_dir, code: int | None, *, report: bool) -> None:
+def finish_run(run_dir, code: int | None, *, report: bool, launched_at: float = 0.0) -> None:
     """However a run ended: its ``run_end`` event, the goodput line and (``run.report``) its
-    HTML report, by the launching process only. A report that cannot be written is one line;
-    it never changes the run's exit code."""
+    HTML report, by the launching process only; a run that finished or stopped also records the
+    plan against the steps this launch (since ``launched_at``) ran, and says so last when the plan
+    was more than 15% off. A report that cannot be written is one line; it never changes the
+    run's exit code."""
     from launcher.parallel.distributed import launch_rank
     from launcher.reports.data import record_end
     from launcher.reports.run import write_run_report
@@ -69,8 +71,8 @@ def finish_run(run_dir, code: int | None, *, report: bool) -> None:
     if launch_rank() != 0 or not (run_dir / "metrics.jsonl").exists():
         return
     try:
+        off = record_plan_check(run_dir, launched_at) if code in (0, REQUEUE_EXIT) else ""
         record_end(run_dir, code)
-        off = record_plan_check(run_dir)
         print_summary(run_dir)
         if report:
             print(f"[report] {write_run_report(run_dir)}", file=sys.stderr, flush=True)
@@ -82,13 +84,13 @@ def finish_run(run_dir, code: int | None, *, report: bool) -> None:
               file=sys.stderr, flush=True)
 
 
-def record_plan_check(run_dir) -> str:
-    """The ``plan_check`` event (the plan against the run); the figures more than 15% off, as
-    one line ('' when none is)."""
+def record_plan_check(run_dir, since: float) -> str:
+    """The ``plan_check`` event (the plan against the steps launched since ``since``); the
+    figures more than 15% off, as one line ('' when none is)."""
     from launcher.reports.plan_check import off_figures, plan_check, summary
     from launcher.runtime.metrics import append_event
 
-    comparisons = plan_check(run_dir)
+    comparisons = plan_check(run_dir, since)
     if not comparisons:
         return ""
     append_event(run_dir, "plan_check", summary(comparisons),

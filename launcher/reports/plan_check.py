@@ -10,9 +10,10 @@ compares what the plan promised with what the run did:
   process's resident set, libraries included, and is shown but not judged);
 * goodput: the account's against the plan's expected goodput.
 
-The launching process records the comparison as a ``plan_check`` event when a run ends, and its
-last console line says how far off the plan was when any judged figure is more than
-:data:`OFF_BY` away; the run's report shows the table.
+The launching process records the comparison of the steps it launched as a ``plan_check`` event
+when a run ends normally or stops (a failure's console keeps to its cause), and its last console
+line says how far off the plan was when any judged figure is more than :data:`OFF_BY` away; the
+run's report shows the table.
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ def measured_step_s(rows: list) -> Optional[float]:
     return statistics.median(kept) if kept else None
 
 
-def plan_check(run_dir: Path) -> list[Comparison]:
-    """Every figure the plan and the run both have (module docstring); [] before two steps."""
+def plan_check(run_dir: Path, since: float = 0.0) -> list[Comparison]:
+    """Every figure the plan and the run both have (module docstring), from the steps logged
+    since ``since`` (epoch seconds: this launch's); [] before two steps."""
     from launcher.runtime.goodput import account
 
     run_dir = Path(run_dir)
@@ -67,7 +69,7 @@ def plan_check(run_dir: Path) -> list[Comparison]:
         plan = json.loads((run_dir / "plan.json").read_text())
     except (OSError, ValueError):
         plan = None
-    rows = read_jsonl(run_dir / "metrics.jsonl")
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("time", 0.0) >= since]
     step = measured_step_s(rows)
     if not plan or step is None or not plan.get("step_time_s"):
         return []
