@@ -6,7 +6,7 @@ machine profile (:mod:`launcher.plan.profile`):
 
 * ``passes``: forward + loss + backward of Megatron-Core's GPTModel at one rank's shapes, for
   every tensor-parallel size the node allows and two micro-batch sizes (:mod:`launcher.engines.
-  probe.passes`), with 1 and 2 layers and with the first stage's part alone: one layer's
+  probe.passes`), with 1 and 3 layers and with the first stage's part alone: one layer's
   cost, the embedding's and the output layer's with the loss, each per micro-batch;
 * ``optimizer``: torch's AdamW over the rank's share of the fp32 weights, at two sizes;
 * ``collectives``: all-reduce, reduce-scatter, all-gather, all-to-all and send/recv among the
@@ -51,16 +51,16 @@ def pass_records(cfg, *, local_ranks: int, micro_batches: list[int]) -> list[dic
     key = model_key(dataclasses.asdict(cfg.model), cfg.trainer.precision)
 
     def timed(model, b: int, first_only: bool = False) -> float:
-        trainer = cfg.trainer
-        seconds = pass_seconds(model, trainer, micro_batch=b, reps=REPS,
-                               barrier=collectives.barrier, post_process=not first_only)
+        seconds = pass_seconds(model, cfg.trainer, micro_batch=b, reps=REPS,
+                               barrier=collectives.barrier, post_process=not first_only,
+                               max_over_ranks=lambda x: collectives.max_floats([x])[0])
         return collectives.max_floats([seconds])[0]
 
     for tp in tp_choices(cfg.model, local_ranks):
         for b in micro_batches:
-            one, two = (timed(rank_shard(cfg.model, tp, n), b) for n in (1, 2))
+            one, three = (timed(rank_shard(cfg.model, tp, n), b) for n in (1, 3))
             first = timed(rank_shard(cfg.model, tp, 1), b, first_only=True)
-            layer = max(0.0, two - one)
+            layer = max(0.0, (three - one) / 2)
             records.append({"key": {**key, "tp": tp, "micro_batch": b},
                             "layer_s": layer, "embedding_s": max(0.0, first - layer),
                             "output_s": max(0.0, one - first)})

@@ -24,6 +24,10 @@ from launcher.shape import ResolvedModel
 
 WARM_PASSES = 2
 """Passes run before the timed ones (oneDNN primitives, the allocator's pools)."""
+MIN_TIMED_S = 0.3
+"""A figure's timed passes last at least this long in all (tiny models: more repetitions)."""
+MAX_REPS = 30
+"""Most timed passes of one figure."""
 
 
 def rank_shard(model: ModelConfig, tp: int, layers: int) -> ModelConfig:
@@ -46,12 +50,15 @@ def synthetic_batch(micro_batch: int, seq: int, vocab: int) -> dict:
 
 
 def pass_seconds(model: ModelConfig, trainer: TrainerConfig, *, micro_batch: int, reps: int,
-                 barrier: Callable[[], None], post_process: bool = True) -> float:
+                 barrier: Callable[[], None], post_process: bool = True,
+                 max_over_ranks: Callable[[float], float] = float) -> float:
     """Median seconds of one forward, loss and backward of ``model`` (built at TP = 1 on an
     initialised parallel state) on a micro-batch of ``micro_batch`` sequences; without
     ``post_process`` the model stops before the output layer (a first pipeline stage).
     ``barrier`` lines up the ranks before each timed pass, so that all of them compute at once
-    (as they do in training: the memory bandwidth they share is part of the figure)."""
+    (as they do in training: the memory bandwidth they share is part of the figure); short
+    passes are repeated up to :data:`MIN_TIMED_S` of timing (every rank as often as the one that
+    needs most: ``max_over_ranks``), so that a difference of two passes is not noise."""
     from launcher.engines.model import build_gpt_model
 
     gpt = build_gpt_model(model, ParallelismConfig(tensor_parallel_size=1, zero_stage=0),
@@ -69,7 +76,10 @@ def pass_seconds(model: ModelConfig, trainer: TrainerConfig, *, micro_batch: int
             else out.float().sum().backward()
 
     for _ in range(WARM_PASSES):
+        start = time.perf_counter()
         one()
+    reps = max(reps, min(MAX_REPS, int(MIN_TIMED_S / max(time.perf_counter() - start, 1e-6))))
+    reps = int(max_over_ranks(reps))
     times = []
     for _ in range(reps):
         barrier()
