@@ -75,6 +75,10 @@ DEVICE_KEEPS = {
 NOT_CARRIED = {
     "torch": "on the device (2.11.0+cu130, the version of docs/gpu.md's measurements)",
     "wandb": "imported only with logger=wandb, which no GPU test or bench uses",
+    "py-spy": "a binary the hang watchdog runs only when a rank hangs (its dump is then skipped)",
+    "kubernetes-validate": "imported only to check Kubernetes manifests, which no GPU step writes",
+    "kubeflow-trainer-api": "imported only to check Kubernetes manifests, as above",
+    "cel-python": "imported only to evaluate the Kubeflow CRDs' rules, as above",
 }
 """The project's runtime dependencies (pyproject.toml) that travel neither ways."""
 IGNORED_REQUIREMENTS = {
@@ -468,11 +472,15 @@ def tree_bytes() -> tuple:
 
 
 def pack(items: list, budget: int) -> list:
-    """Fills calls in order; splits files of SPLIT_MIN or more to fill each call. Adds 'parts'
-    to every item: [{file, call, offset, bytes}]."""
+    """Fills calls in order; splits files of SPLIT_MIN or more to fill each call. The base group
+    ends its call: a window of 15 minutes carries the base alone first (the layouts, the probe,
+    checkpoints and data_prep need nothing else) and leaves Transformer Engine to later calls.
+    Adds 'parts' to every item: [{file, call, offset, bytes}]."""
     calls, room = 1, budget
-    for item in items:
+    for k, item in enumerate(items):
         size, parts = item["encoded_bytes"], []
+        if k and items[k - 1]["group"] == "base" != item["group"] and room < budget:
+            calls, room = calls + 1, budget
         if size > room and (size < SPLIT_MIN or room < (1 << 20)):
             calls, room = calls + 1, budget
         if size <= room:
@@ -628,7 +636,7 @@ def report(manifest: dict, items: list, reqs: dict, tree: int, untracked: list) 
     out("")
     out(f"DEVICE CALLS: {len(plan)} ({bundles} carrying bundles, then "
         f"{len(plan) - bundles} with no carry; estimated device time {est / 60:.0f} min of "
-        "the session's 30, counting the machine's start and 30 s between calls)")
+        "the session's 15, counting the machine's start and 30 s between calls)")
     out("Make them back to back: the machine is given back after 30 s idle and the stash with it.")
     out("Short of device time (status's budget_left_s under the estimate)? Run the commands as "
         "`TW_VERIFY_SKIP=data_prep_scaling bash bench/device/verify.sh` (about 6 min less).")

@@ -98,15 +98,22 @@ class Step:
 
 
 STEPS = (
-    Step("te_torch", "Transformer Engine's PyTorch extension (prebuilt, or compiled here)",
-         ("te-core",), 300, 120, 540, machine=True),
-    Step("gpu_tests", "GPU tests: every layout, FP8 and the fused loss, context parallel",
-         ("base", "te"), 390, 240, 540),
+    Step("probe", "the machine probe on the GPU; the catalogue and the calibrated plan against "
+         "runs", ("base",), 200, 150, 360),
+    Step("gpu_layouts", "every layout through launcher.train, 2 ranks on the GPU, without "
+         "Transformer Engine", ("base",), 300, 150, 480),
     Step("checkpoint_speed", "checkpoint save/load GB/s against the disk, 2 ranks on the GPU",
          ("base",), 150, 150, 300),
     Step("data_prep_scaling", "data_prep's scaling table on all cores",
          ("base",), 330, 360, 540),
+    Step("te_torch", "Transformer Engine's PyTorch extension (prebuilt, or compiled here)",
+         ("te-core",), 300, 120, 540, machine=True),
+    Step("gpu_tests", "GPU tests with Transformer Engine: FP8 and the fused loss, context "
+         "parallel, the layouts that need it", ("base", "te"), 330, 180, 540),
 )
+"""Most valuable first, as a window of 15 minutes (one bundle call and one more) can pay: the
+probe (the plan's calibration, the shortest) and the multi-rank layouts need no Transformer Engine; TE's extension and its tests come
+last (later windows carry its bundles)."""
 STEP = {s.name: s for s in STEPS}
 PREBUILT_EST_S = 30
 INSTALL_EST_S = {"base": 60, "te-core": 40, "call": 15}
@@ -631,54 +638,69 @@ def parse_junit(path: Path) -> dict:
     return found
 
 
-def pytest_cmd(state, attempt: int, pytest_timeout: float, extra: list) -> tuple:
-    """(command, junit path, per-attempt log name)."""
-    xml = LOGS / f"gpu_tests.{attempt}.xml"
+def pytest_cmd(state, attempt: int, pytest_timeout: float, extra: list, step: str = "gpu_tests",
+               files: tuple = GPU_TEST_FILES, te: bool = True) -> tuple:
+    """(command, junit path). Deselects the tests already reported, except those another step
+    skipped (the layouts pass skips what needs Transformer Engine; the TE pass runs them)."""
+    xml = LOGS / f"{step}.{attempt}.xml"
     cmd = [PY, "-m", "pytest", "-v", "-rA", "-p", "no:cacheprovider", "-p", "pytest_timeout",
            "-p", "tw_device_groups", f"--timeout={max(60, int(pytest_timeout))}",
-           f"--junitxml={xml}", f"--basetemp={WORK / 'pytest' / f'attempt{attempt}'}"]
+           f"--junitxml={xml}", f"--basetemp={WORK / 'pytest' / f'{step}{attempt}'}"]
     workers = int(os.environ.get("TW_XDIST", "4"))
-    env = gpu_test_env()
+    env = gpu_test_env(te)
     has_xdist = subprocess.run([PY, "-c", "import xdist"], env=env,
                                capture_output=True).returncode == 0
     if workers > 1 and has_xdist:
         cmd += ["-p", "xdist.plugin", "-n", str(workers), "--dist", "loadgroup"]
     if not any(a.startswith("tests/") for a in extra):
-        cmd += list(GPU_TEST_FILES)
+        cmd += list(files)
     for nodeid, t in sorted(state["tests"].items()):
-        if "::" in nodeid and t["outcome"] in ("passed", "failed", "skipped", "error",
-                                               "xfail", "xpass"):
-            cmd += ["--deselect", nodeid]
+        if "::" not in nodeid or t["outcome"] not in ("passed", "failed", "skipped", "error",
+                                                      "xfail", "xpass"):
+            continue
+        if t["outcome"] == "skipped" and t.get("step", step) != step:
+            continue
+        cmd += ["--deselect", nodeid]
     return cmd + list(extra), xml
 
 
-def gpu_test_env() -> dict:
-    env = step_env(te=(SITE_TE / ".tw-installed").exists() and not (WORK / "te-disabled").exists())
+def te_usable() -> bool:
+    return (SITE_TE / ".tw-installed").exists() and not (WORK / "te-disabled").exists()
+
+
+def gpu_test_env(te: bool = True) -> dict:
+    env = step_env(te=te and te_usable())
     env["PYTHONPATH"] = env["PYTHONPATH"] + os.pathsep + str(PLUGIN_DIR)
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # the machine's own pytest plugins stay out
     return env
 
 
-def step_gpu_tests(state, timeout: float, marker: str, attempt: int) -> tuple:
-    log = LOGS / "gpu_tests.log"
+def step_gpu_tests(step: str, state, timeout: float, marker: str, attempt: int) -> tuple:
+    """``gpu_layouts``: tests/test_gpu_layouts.py without Transformer Engine (what needs it
+    skips); ``gpu_tests``: every GPU test module with it, the tests that pass skipped again."""
+    if step == "gpu_tests" and not te_usable():
+        return "skipped", "no Transformer Engine on this machine: its tests would only skip"
+    files = ("tests/test_gpu_layouts.py",) if step == "gpu_layouts" else GPU_TEST_FILES
+    log = LOGS / f"{step}.log"
     start_len = log.stat().st_size if log.exists() else 0
     (WORK / "pytest").mkdir(exist_ok=True)
-    cmd, xml = pytest_cmd(state, attempt, timeout - 15, [])
-    rc, seconds = run(cmd, log, timeout, gpu_test_env(), marker)
+    te = step != "gpu_layouts"
+    cmd, xml = pytest_cmd(state, attempt, timeout - 15, [], step, files, te)
+    rc, seconds = run(cmd, log, timeout, gpu_test_env(te), marker)
     text = log.read_text(errors="replace")[start_len:]
+    mine = {}
     for nodeid, outcome in parse_test_log(text).items():
-        state["tests"].setdefault(nodeid, {"seconds": 0.0, "message": ""})["outcome"] = outcome
-    for nodeid, t in parse_junit(xml).items():
-        state["tests"][nodeid] = t
+        mine[nodeid] = {"seconds": 0.0, "message": "", "outcome": outcome, "step": step}
+    for nodeid, found in parse_junit(xml).items():
+        mine[nodeid] = dict(found, step=step)
+    state["tests"].update(mine)
     if rc is None:
         return "interrupted", f"stopped after {seconds:.0f} s; the next attempt skips the tests reported so far"
-    outcomes = [t["outcome"] for t in state["tests"].values()]
+    outcomes = [t["outcome"] for t in state["tests"].values() if t.get("step", step) == step]
     counts = {o: outcomes.count(o) for o in sorted(set(outcomes))}
     note = ", ".join(f"{n} {o}" for o, n in counts.items()) + f" (pytest exit {rc})"
-    if rc not in (0, 1, 5) and not text.strip():
-        return "error", note
     if rc not in (0, 1, 5):
-        return "error", note + ": see gpu_tests.log"
+        return "error", note + (f": see {step}.log" if text.strip() else "")
     if {"failed", "error"} & set(outcomes):
         return "fail", note
     return ("pass" if "passed" in outcomes else "skipped"), note
@@ -711,6 +733,8 @@ def step_command(step: Step, state) -> tuple:
                "cluster=local_gpu", "cluster.gpus_per_node=1", "cluster.ranks_per_gpu=2",
                *shlex.split(os.environ.get("TW_CKPT_ARGS", ""))]
         return cmd, step_env(), f"workdir {work}"
+    if step.name == "probe":
+        return [PY, "bench/device/probe_check.py"], step_env(te=False), ""
     if step.name == "data_prep_scaling":
         env = dict(step_env(), DATA_PREP_SCALING_LOG=os.devnull)
         return (["bash", "bench/device/data_prep_scaling.sh",
@@ -729,8 +753,8 @@ def run_step(step: Step, manifest, state, timeout: float, full_timeout: float, r
         if status in ("fail", "error"):  # the tests then run as where TE is not installed
             (WORK / "te-disabled").touch()
             note += "; the tests run without Transformer Engine"
-    elif step.name == "gpu_tests":
-        status, note = step_gpu_tests(state, timeout, marker, st["attempts"])
+    elif step.name in ("gpu_layouts", "gpu_tests"):
+        status, note = step_gpu_tests(step.name, state, timeout, marker, st["attempts"])
     else:
         cmd, env, note = step_command(step, state)
         rc, _ = run(cmd, LOGS / f"{step.name}.log", timeout, env, marker)
@@ -881,7 +905,8 @@ def write_outputs(manifest, state, origin: str) -> tuple:
         for nodeid, t in sorted(tests.items()):
             lines.append(f"| {nodeid} | {t['outcome']} | {t.get('seconds', 0):.1f} | "
                          f"{t.get('message', '').replace('|', '/')} |")
-    for name, title in (("checkpoint_speed", "Checkpoint save/load against the disk"),
+    for name, title in (("probe", "The probe and the plan against runs"),
+                        ("checkpoint_speed", "Checkpoint save/load against the disk"),
                         ("data_prep_scaling", "data_prep scaling")):
         log = LOGS / f"{name}.log"
         if log.exists():
