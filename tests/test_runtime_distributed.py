@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.parallel.distributed import (_tasks_on_node, expand_hostlist, in_distributed_launch,
+from launcher.parallel.distributed import (LAUNCHED_LOCAL_RANK_ENV, _tasks_on_node,
+                                           expand_hostlist, in_distributed_launch, shared_gpu_env,
                                            torch_env_from_slurm)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -55,6 +56,17 @@ def test_torch_env_from_slurm():
     assert torch_env_from_slurm(SLURM) == {
         "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2",
         "MASTER_ADDR": "gpu07", "MASTER_PORT": str(20000 + 123456 % 20000)}
+
+
+@pytest.mark.parametrize("rank, local_rank, per_gpu, gpu", [(1, 1, 2, "0"), (5, 3, 2, "1"),
+                                                             (7, 7, 8, "0"), (2, 2, 4, "0")])
+def test_ranks_sharing_a_gpu_name_it_as_their_local_rank(rank, local_rank, per_gpu, gpu):
+    """DeepSpeed's ZeRO-3 takes LOCAL_RANK for a CUDA ordinal: at local rank 1 of 2 ranks on one
+    GPU it asked for cuda:1 ("invalid device ordinal", seen on an H100); the launcher's own local
+    rank is kept beside it, and each rank still has its own NCCL host id."""
+    env = shared_gpu_env(rank, local_rank, per_gpu, "node7")
+    assert env["LOCAL_RANK"] == gpu and env[LAUNCHED_LOCAL_RANK_ENV] == str(local_rank)
+    assert env["NCCL_HOSTID"] == f"node7-rank{rank}"
 
 
 def test_torch_env_from_slurm_keeps_explicit_master_and_ntasks_per_node():

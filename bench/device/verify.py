@@ -10,15 +10,17 @@ in the call's carry, or with no carry at all once every bundle has arrived. It:
    the decompressed file, and installs, with pip, every group that is complete: ``base`` (the
    wheels of bench/device/gpu-wheels.txt and data_prep-wheels.txt into ``/tmp/tw-verify/site``)
    and Transformer Engine (its core and meta wheels into ``/tmp/tw-verify/site-te``);
-3. runs the steps whose packages are in, most important first, each under its own timeout and
-   within this call's time (``TW_CALL_BUDGET_S``, 570 s: the device tool stops a command at
-   600 s): ``te_torch`` (Transformer Engine's PyTorch extension: carried prebuilt, else compiled
-   from its sdist for the GPU's architecture), ``gpu_tests`` (tests/test_gpu_layouts.py,
-   tests/test_gpu_fp8.py and tests/test_gpu_context_parallel.py in one pytest pass, the modules'
-   fixtures kept whole on their xdist workers), ``checkpoint_speed`` (bench/checkpoint_speed.py,
-   two ranks on the GPU, against the disk) and ``data_prep_scaling``
-   (bench/device/data_prep_scaling.sh, the 16-core table). A step that waits for packages still
-   on their way is passed over, so the first call already runs what its bundle allows;
+3. runs the steps whose packages are in, most valuable first (:data:`STEPS`), each under its own
+   timeout and within this call's time (``TW_CALL_BUDGET_S``, 570 s: the device tool stops a
+   command at 600 s): ``probe`` (bench/device/probe_check.py: the machine probe, the catalogue
+   and the calibrated plan against runs), ``gpu_layouts`` (tests/test_gpu_layouts.py without
+   Transformer Engine), ``checkpoint_speed`` (bench/checkpoint_speed.py, two ranks on the GPU,
+   against the disk), ``data_prep_scaling`` (bench/device/data_prep_scaling.sh, the 16-core
+   table), ``te_torch`` (Transformer Engine's PyTorch extension: carried prebuilt, else compiled
+   from its sdist for the GPU's architecture) and ``gpu_tests`` (tests/test_gpu_fp8.py,
+   tests/test_gpu_context_parallel.py and the layouts the first pass skipped, with TE). A step
+   that waits for packages still on their way is passed over, so the first call already runs
+   what its bundle allows;
 4. writes ``$OUT/summary.md`` (versions, every step and test with its outcome, the numbers, and
    what the next call must carry), ``$OUT/state.json`` and ``$OUT/logs.tar.gz`` after every step.
 

@@ -372,7 +372,7 @@ def build_gpt_model(
 
     config = transformer_config(model, parallelism, trainer)
     r = ResolvedModel.of(model, parallelism.tensor_parallel_size)
-    return GPTModel(
+    gpt = GPTModel(
         config=config,
         transformer_layer_spec=_block_spec(config, vp_stage),
         vocab_size=r.padded_vocab,
@@ -386,6 +386,13 @@ def build_gpt_model(
         rope_scaling_factor=r.rope_scaling_factor,
         vp_stage=vp_stage,
     )
+    if torch.cuda.is_available():
+        # Megatron-Core allocates its parallel layers on the current GPU, but without Transformer
+        # Engine the norms are plain torch modules, made on the host (as Megatron-LM's get_model
+        # does, move the whole model). Only Megatron-Core DDP's distributed optimizer moved them
+        # (its parameter buffer); DDP alone handed host bf16 weights to the optimizer.
+        gpt.cuda(torch.cuda.current_device())
+    return gpt
 
 
 def reset_parallel_state(parallelism: ParallelismConfig, seed: int = 1234) -> None:

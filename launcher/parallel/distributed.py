@@ -161,6 +161,21 @@ def _single_process_env() -> None:
                            f"srun or launcher.launch.local.launch_world")
 
 
+LAUNCHED_LOCAL_RANK_ENV = "TRAINWRIGHT_LOCAL_RANK"
+"""The local rank the launcher gave, kept where ranks share a GPU (:func:`shared_gpu_env`)."""
+
+
+def shared_gpu_env(rank: int, local_rank: int, ranks_per_gpu: int, host: str) -> dict:
+    """What a rank that shares its GPU with others sets: its own ``NCCL_HOSTID`` (NCCL refuses
+    two ranks of one host on one device, but ranks it believes are on different hosts share
+    it), and ``LOCAL_RANK`` naming that GPU, since libraries take it for a device index
+    (DeepSpeed's ZeRO-3 ``Init`` and its rank checks: ``cuda:<LOCAL_RANK>``, an invalid ordinal
+    at local rank 1 of 2 on one GPU); the launcher's own value stays in
+    :data:`LAUNCHED_LOCAL_RANK_ENV`."""
+    return {"NCCL_HOSTID": f"{host}-rank{rank}", LAUNCHED_LOCAL_RANK_ENV: str(local_rank),
+            "LOCAL_RANK": str(local_rank // ranks_per_gpu)}
+
+
 def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S,
                      ranks_per_gpu: int = 1) -> tuple[int, int, int]:
     """Initialise the default process group; return (rank, local_rank, world_size).
@@ -170,8 +185,7 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S,
     local rank first), else gloo. ``timeout_s`` bounds every collective. Idempotent.
 
     With ``ranks_per_gpu`` > 1 (development: cluster.ranks_per_gpu) consecutive local ranks share
-    one GPU, and each rank gets its own ``NCCL_HOSTID``: NCCL refuses two ranks of one host on
-    one device, but ranks it believes are on different hosts share it (over loopback sockets).
+    one GPU (:func:`shared_gpu_env`: their own ``NCCL_HOSTID``, ``LOCAL_RANK`` naming the GPU).
     """
     import torch
     import torch.distributed as dist
@@ -180,14 +194,15 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S,
         os.environ.update(torch_env_from_slurm(os.environ))
     _single_process_env()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ["LOCAL_RANK"])
+    local_rank = int(os.environ.get(LAUNCHED_LOCAL_RANK_ENV, os.environ["LOCAL_RANK"]))
     if dist.is_initialized():
         return dist.get_rank(), local_rank, dist.get_world_size()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(local_rank // ranks_per_gpu)
         if ranks_per_gpu > 1:
-            os.environ["NCCL_HOSTID"] = f"{socket.gethostname()}-rank{rank}"
+            os.environ.update(shared_gpu_env(rank, local_rank, ranks_per_gpu,
+                                             socket.gethostname()))
     timeout = datetime.timedelta(seconds=timeout_s)
     store = attempt_store(timeout)
     if store is not None:

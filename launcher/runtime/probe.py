@@ -111,7 +111,7 @@ def engine_records(cfg, plan, config: Mapping, build: Callable) -> list[dict]:
     the layer's cost inside the engine at this layout (its collectives, hooks and Python
     included) as well as the fixed part."""
     from launcher.core.phases import PhaseTimer
-    from launcher.engines.probe.passes import synthetic_batch
+    from launcher.engines.probe.passes import compute_device, device_sync, synthetic_batch
 
     dims, b = plan.dims, plan.batch
     batch = synthetic_batch(b.micro_batch_size, cfg.model.seq_length, cfg.model.vocab_size)
@@ -124,8 +124,10 @@ def engine_records(cfg, plan, config: Mapping, build: Callable) -> list[dict]:
         times = []
         for i in range(ENGINE_WARM_STEPS + ENGINE_REPS):
             collectives.barrier()
+            device_sync(compute_device())
             start = time.perf_counter()
             engine.train_step(lambda: dict(batch), 1e-5, PhaseTimer())
+            device_sync(compute_device())
             if i >= ENGINE_WARM_STEPS:
                 times.append(time.perf_counter() - start)
         times.sort()

@@ -41,12 +41,28 @@ def rank_shard(model: ModelConfig, tp: int, layers: int) -> ModelConfig:
         make_vocab_size_divisible_by=1, num_experts=0)
 
 
-def synthetic_batch(micro_batch: int, seq: int, vocab: int) -> dict:
-    """A micro-batch as the data loader hands it (random token ids)."""
-    tokens = torch.randint(0, vocab, (micro_batch, seq), dtype=torch.int64)
+def synthetic_batch(micro_batch: int, seq: int, vocab: int, device=None) -> dict:
+    """A micro-batch as the data loader hands it (random token ids), on ``device`` (default:
+    the host, as the loader hands it over)."""
+    tokens = torch.randint(0, vocab, (micro_batch, seq), dtype=torch.int64, device=device)
     return {"tokens": tokens, "labels": torch.roll(tokens, -1, dims=1),
-            "loss_mask": torch.ones(micro_batch, seq, dtype=torch.float32),
-            "position_ids": torch.arange(seq, dtype=torch.int64).expand(micro_batch, seq)}
+            "loss_mask": torch.ones(micro_batch, seq, dtype=torch.float32, device=device),
+            "position_ids": torch.arange(seq, dtype=torch.int64,
+                                         device=device).expand(micro_batch, seq)}
+
+
+def compute_device() -> torch.device:
+    """Where this rank computes: its current GPU, else the host."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def device_sync(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (a clock read after a GPU launch times only the
+    launch otherwise)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def pass_seconds(model: ModelConfig, trainer: TrainerConfig, *, micro_batch: int, reps: int,
@@ -61,13 +77,14 @@ def pass_seconds(model: ModelConfig, trainer: TrainerConfig, *, micro_batch: int
     needs most: ``max_over_ranks``), so that a difference of two passes is not noise."""
     from launcher.engines.model import build_gpt_model
 
+    device = compute_device()
     gpt = build_gpt_model(model, ParallelismConfig(tensor_parallel_size=1, zero_stage=0),
                           trainer, post_process=post_process)
     if compute_precision(trainer.precision) in (Precision.bf16, Precision.fp16):
         from megatron.core.transformer.module import Float16Module
 
         gpt = Float16Module(gpt.config, gpt)  # as the engines wrap it: the same casts
-    batch = synthetic_batch(micro_batch, model.seq_length, model.vocab_size)
+    batch = synthetic_batch(micro_batch, model.seq_length, model.vocab_size, device)
 
     def one() -> None:
         out = gpt(batch["tokens"], batch["position_ids"], None,
@@ -76,15 +93,19 @@ def pass_seconds(model: ModelConfig, trainer: TrainerConfig, *, micro_batch: int
             else out.float().sum().backward()
 
     for _ in range(WARM_PASSES):
+        device_sync(device)
         start = time.perf_counter()
         one()
+        device_sync(device)
     reps = max(reps, min(MAX_REPS, int(MIN_TIMED_S / max(time.perf_counter() - start, 1e-6))))
     reps = int(max_over_ranks(reps))
     times = []
     for _ in range(reps):
         barrier()
+        device_sync(device)
         start = time.perf_counter()
         one()
+        device_sync(device)
         times.append(time.perf_counter() - start)
     gpt.zero_grad(set_to_none=True)
     times.sort()
@@ -94,16 +115,19 @@ def pass_seconds(model: ModelConfig, trainer: TrainerConfig, *, micro_batch: int
 def adam_seconds(numel: int, tensors: int, reps: int) -> float:
     """Median seconds of one AdamW step (torch's, as both engines run it on fp32 master
     weights) over ``numel`` parameters in ``tensors`` tensors."""
-    size = max(1, numel // max(1, tensors))
-    params = [torch.nn.Parameter(torch.zeros(size)) for _ in range(max(1, tensors))]
+    size, device = max(1, numel // max(1, tensors)), compute_device()
+    params = [torch.nn.Parameter(torch.zeros(size, device=device))
+              for _ in range(max(1, tensors))]
     for p in params:
         p.grad = torch.full_like(p, 1e-3)
     opt = torch.optim.AdamW(params, lr=1e-4)
     opt.step()
     times = []
     for _ in range(reps):
+        device_sync(device)
         start = time.perf_counter()
         opt.step()
+        device_sync(device)
         times.append(time.perf_counter() - start)
     times.sort()
     return times[len(times) // 2]
