@@ -74,8 +74,10 @@ MARGIN_S = 20.0
 """Kept free at the end of a call to write the summary and the logs."""
 FINAL = {"pass", "fail", "timeout", "skipped", "error"}
 GPU_TEST_FILES = ("tests/test_gpu_fp8.py", "tests/test_gpu_context_parallel.py",
-                  "tests/test_gpu_layouts.py")
+                  "tests/test_gpu_layouts.py", "tests/test_gpu_probe.py")
 """In this order, so that xdist hands out the two long module fixtures first."""
+TE_FREE_TEST_FILES = ("tests/test_gpu_layouts.py", "tests/test_gpu_probe.py")
+"""The ``gpu_layouts`` pass (without Transformer Engine)."""
 RUN_ID = f"{os.getpid()}-{int(time.time())}"
 """Part of every TW_VERIFY_RUN marker of this run's processes."""
 OUT_PART_BYTES = 15 << 20
@@ -682,7 +684,7 @@ def step_gpu_tests(step: str, state, timeout: float, marker: str, attempt: int) 
     skips); ``gpu_tests``: every GPU test module with it, the tests that pass skipped again."""
     if step == "gpu_tests" and not te_usable():
         return "skipped", "no Transformer Engine on this machine: its tests would only skip"
-    files = ("tests/test_gpu_layouts.py",) if step == "gpu_layouts" else GPU_TEST_FILES
+    files = TE_FREE_TEST_FILES if step == "gpu_layouts" else GPU_TEST_FILES
     log = LOGS / f"{step}.log"
     start_len = log.stat().st_size if log.exists() else 0
     (WORK / "pytest").mkdir(exist_ok=True)
