@@ -773,6 +773,27 @@ class SweepConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Downstream tasks scored during training (lm-evaluation-harness's task format; docs/eval.md)."""
+
+    tasks: List[str] = field(default_factory=list)
+    """Task names, found in the shipped tasks (launcher/evals/tasks: tw_facts, tw_paragraphs)
+    and in include_path; empty = no downstream evaluation."""
+    include_path: List[str] = field(default_factory=list)
+    """Folders of task YAML files (as lm-evaluation-harness's --include_path), data files on disk
+    (data_files relative to their YAML); empty = the shipped tasks only."""
+    interval: int = 0
+    """Steps between in-loop evaluations of eval.tasks; 0 = only after the last step."""
+    limit: int = 0
+    """Examples per task; 0 = all."""
+    at_end: bool = True
+    """Also score the tasks after the last step (when eval.tasks is set)."""
+    tokenizer: str = ""
+    """tokenizer.json the tasks' text is encoded with; empty = the run's (data.tokenizer_path,
+    or the tokenizer of the shards' manifest)."""
+
+
+@dataclass
 class TrainwrightConfig:
     model: ModelConfig = MISSING
     """Architecture (group model)."""
@@ -806,6 +827,8 @@ class TrainwrightConfig:
     """launcher.train -m options (what a point returns to an optimising sweeper)."""
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     """launcher.generate options."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Downstream evaluation: tasks, interval, limit (group eval)."""
 
 
 def register_configs() -> None:

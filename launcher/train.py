@@ -139,6 +139,7 @@ def resume_build_train(rank: Rank, metrics: Metrics) -> int:
     from launcher.runtime import resume as resume_safety
     from launcher.runtime.checkpoint import CheckpointManager
     from launcher.runtime.data import build_data
+    from launcher.runtime.evaluation import build_downstream
     from launcher.runtime.loop import TrainLoop
     from launcher.runtime.rundir import redact
     from launcher.runtime.session import initial_weights
@@ -162,6 +163,8 @@ def resume_build_train(rank: Rank, metrics: Metrics) -> int:
                           files=engine_spec.run_files(batch=plan.batch, **subs))
     rank.clock.mark("checkpoint")
     next_batch, eval_batches = build_data(cfg, plan, job.run_dir, state.consumed_samples)
+    downstream = build_downstream(engine, ev=cfg.eval, data=cfg.data, seq=cfg.model.seq_length,
+                                  micro_batch=plan.batch.micro_batch_size)
     rank.clock.mark("data")
     metrics.log_event("startup", rank.clock.text(),
                       **{f"{k}_s": round(v, 3) for k, v in rank.clock.parts().items()})
@@ -169,7 +172,8 @@ def resume_build_train(rank: Rank, metrics: Metrics) -> int:
     beat = rank.heartbeat.phase if rank.heartbeat is not None else None
     rank.started()
     return TrainLoop(engine=engine, plan=plan, trainer=cfg.trainer, optimizer=cfg.optimizer,
-                     next_batch=next_batch, eval_batches=eval_batches, metrics=metrics,
+                     next_batch=next_batch, eval_batches=eval_batches,
+                     downstream=downstream, metrics=metrics,
                      timer=PhaseTimer(sync=sync, on_phase=beat), stop=rank.stop,
                      checkpoints=checkpoints, state=state, heartbeat=rank.heartbeat,
                      saved_extras={"config": redact(job.config), "plan": plan.to_dict()}).run()

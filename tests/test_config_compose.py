@@ -7,14 +7,15 @@ import pytest
 from omegaconf import OmegaConf
 
 from launcher.compose import CONF_DIR, ConfigError, compose_config, to_object
-from launcher.config import (ClusterConfig, DataConfig, EngineConfig, LoggerConfig, ModelConfig,
-                             OptimizerConfig, ParallelismConfig, Recompute, ResilienceConfig,
-                             TrainerConfig, TrainwrightConfig)
+from launcher.config import (ClusterConfig, DataConfig, EngineConfig, EvalConfig, LoggerConfig,
+                             ModelConfig, OptimizerConfig, ParallelismConfig, Recompute,
+                             ResilienceConfig, TrainerConfig, TrainwrightConfig)
 
 SCHEMA_OF_GROUP = {
     "model": ModelConfig, "parallelism": ParallelismConfig, "data": DataConfig,
     "optimizer": OptimizerConfig, "trainer": TrainerConfig, "cluster": ClusterConfig,
     "engine": EngineConfig, "logger": LoggerConfig, "resilience": ResilienceConfig,
+    "eval": EvalConfig,
 }
 # Groups composed by other primary configs (tested next to their own app).
 OTHER_APPS = {"data_prep"}

@@ -85,6 +85,16 @@ class Engine(Protocol):
     def eval_loss(self, batches: Iterable[dict]) -> float:
         """Mean masked loss over ``batches`` on all ranks."""
 
+    def label_scores(self, batches: list[dict]) -> Optional[list[tuple]]:
+        """Forward only, model in eval mode: per micro-batch of ``batches`` (tokens, labels,
+        loss_mask, position_ids; this replica's), per row (summed log-probability of the masked
+        labels, masked labels that are not the argmax), float64 tensors on the host; on the
+        ranks whose sums count (the last pipeline stage's tensor-parallel rank 0, each
+        context-parallel rank a part of the sequence), None on the others. Collective."""
+
+    def data_parallel(self) -> tuple[int, int]:
+        """(this rank's data-parallel replica, replicas): who scores which rows."""
+
     def reduce_phase_times(self, times: dict[str, float]) -> dict[str, float]:
         """Per-phase seconds as logged (e.g. the maximum over pipeline stages; collective)."""
 

@@ -1,8 +1,9 @@
 """What both engines use (torch): the masked loss, AdamW's decay groups, the learning rate of a
-step and the initial weights."""
+step, the initial weights, and the scores of labels for evaluation (:func:`label_scores`)."""
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -51,3 +52,30 @@ def initialize_weights(chunks: list, *, init_from: str, seed: int, layout_invari
         from launcher.engines.seeded_init import seed_chunks
 
         seed_chunks(chunks, seed=seed)
+
+
+def label_scores(logits: torch.Tensor, labels: torch.Tensor,
+                 loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of a micro-batch: (summed log-probability of the masked labels, how many masked
+    labels are not the model's argmax), both float64 ``[b]``, from this tensor-parallel rank's
+    vocabulary shard of the logits ``[b, s, v / tp]`` (collective over the tensor-parallel
+    group: Megatron-Core's vocabulary-parallel cross entropy, and the maximum logit and the
+    label's logit agreed over the shards)."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    from launcher.parallel import collectives
+
+    logits = logits.float()
+    group = parallel_state.get_tensor_model_parallel_group()
+    shard, first = logits.size(-1), parallel_state.get_tensor_model_parallel_rank() * logits.size(-1)
+    best = collectives.max_(logits.max(dim=-1).values.contiguous(), group)
+    mine = (labels >= first) & (labels < first + shard)
+    picked = logits.gather(-1, (labels - first).clamp(0, shard - 1).unsqueeze(-1)).squeeze(-1)
+    label_logit = collectives.max_(torch.where(mine, picked, torch.full_like(picked, -math.inf)),
+                                   group)
+    nll = tensor_parallel.vocab_parallel_cross_entropy(logits.transpose(0, 1).contiguous(),
+                                                       labels.transpose(0, 1).contiguous())
+    mask = loss_mask.float()
+    logprob = -(nll.transpose(0, 1) * mask).sum(dim=-1).double()
+    misses = ((label_logit < best).float() * mask).sum(dim=-1).double()
+    return logprob, misses

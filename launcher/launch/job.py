@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from launcher.compose import compose_or_exit, config_errors, exit_on_config_error, to_object
 from launcher.config import Precision, TrainwrightConfig
 from launcher.core.exits import CONFIG_ERROR_EXIT
+from launcher.evals.check import check_eval_or_exit
 from launcher.launch.model_source import adopt_model
 from launcher.parallel.distributed import in_distributed_launch
 from launcher.plan import Plan, PlanError, compute_plan, plan_or_exit, print_problems
@@ -107,6 +108,7 @@ def planned_job(argv: Sequence[str], raw: DictConfig, *, run_dir: Optional[Path]
     cfg, planned, notes = plan_for_this_machine(cfg, plan, world)
     if check_data:
         check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size, cfg.data.split)
+        check_eval_or_exit(cfg)
     run_dir = run_dir or run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name)
     config = to_plain(raw)
     config["trainer"]["precision"] = plan.precision  # what config.yaml records: the one trained

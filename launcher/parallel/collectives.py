@@ -98,6 +98,18 @@ def sum_(tensor: torch.Tensor, group: Group = None) -> torch.Tensor:
     return tensor
 
 
+def max_(tensor: torch.Tensor, group: Group = None) -> torch.Tensor:
+    """Element-wise maximum of ``tensor`` over ``group``, in place (on :func:`device_for`)."""
+    if not initialized():
+        return tensor
+    expected = device_for(group)
+    if tensor.device.type != expected.type:
+        raise RuntimeError(f"collectives.max_: tensor on {tensor.device}, but this group's "
+                           f"backend ({dist.get_backend(group)}) needs {expected}")
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    return tensor
+
+
 def broadcast_int(value: int, src: int, group: Group = None) -> int:
     """``value`` of global rank ``src`` on every rank of ``group`` (``value`` itself without a
     process group)."""

@@ -86,6 +86,9 @@ class TrainLoop:
     state: LoopState = field(default_factory=LoopState)
     heartbeat: Optional[Heartbeat] = None
     """This rank's progress for the launcher's hang watchdog (phases beat through the timer)."""
+    downstream: Optional[Callable[[], dict]] = None
+    """Downstream tasks (:class:`launcher.runtime.evaluation.DownstreamEval`: ``due(step,
+    last)`` and a call that scores them, collective); None: no eval.tasks."""
 
     def run(self) -> int:
         """Train to the plan's train_steps; returns 0, or REQUEUE_EXIT after a stop request."""
@@ -127,6 +130,9 @@ class TrainLoop:
             self._log(result, lr, events)
         if self.trainer.eval_interval and s.step % self.trainer.eval_interval == 0:
             self.evaluate()
+        if self.downstream is not None and \
+                self.downstream.due(s.step, s.step == self.plan.batch.train_steps):
+            self.score_tasks()
         if self.trainer.straggler_interval and s.step % self.trainer.straggler_interval == 0:
             self._stragglers(step_time)
 
@@ -190,6 +196,13 @@ class TrainLoop:
             loss = self.engine.eval_loss(self.eval_batches())
         ppl = math.exp(min(loss, 80.0))
         self.metrics.log(self.state.step, {"eval/loss": loss, "eval/perplexity": ppl})
+
+    def score_tasks(self) -> None:
+        """The downstream tasks on the model as it is, logged with the tokens trained so far."""
+        with self.timer.phase("eval"):
+            scores = self.downstream()
+        tokens = self.state.consumed_samples * self.plan.batch.seq_length
+        self.metrics.log(self.state.step, {**scores, "eval/tokens": tokens})
 
     def _stragglers(self, step_time: float) -> None:
         step_times, data_times = gather_times(step_time, self.state.window_data_time)

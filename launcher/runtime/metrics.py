@@ -90,7 +90,18 @@ def progress_line(step: int, m: Mapping[str, Any]) -> str:
                       if k.startswith("time/") and v)
     if phases:
         parts.append(f"s: {phases}")
+    parts += task_parts(m)
     return " | ".join(parts)
+
+
+def task_parts(m: Mapping[str, Any]) -> list[str]:
+    """'<task> <metric> <value> ...' per downstream task of ``eval/<task>/<metric>`` keys."""
+    tasks: dict = {}
+    for key, value in m.items():
+        bits = key.split("/")
+        if len(bits) == 3 and bits[0] == "eval" and bits[2] != "examples":
+            tasks.setdefault(bits[1], []).append(f"{bits[2]} {_fmt(value, '.4g')}")
+    return [f"{task} {' '.join(values)}" for task, values in tasks.items()]
 
 
 def event_record(kind: str, message: str, secrets: list, **fields: Any) -> dict:

@@ -28,7 +28,8 @@ from launcher.core.atomic import atomic_write_json
 from launcher.core.errors import CheckpointError, IncompatibleCheckpoint, NonFiniteLoss
 from launcher.engines import compat
 from launcher.engines.base import StepResult
-from launcher.engines.common import initialize_weights, masked_mean, param_groups, set_lr
+from launcher.engines.common import (initialize_weights, label_scores, masked_mean,
+                                     param_groups, set_lr)
 from launcher.engines.deepspeed.files import TP_SPLIT_FILE, ZERO_FORMATS, saved_layout
 from launcher.engines.deepspeed.mpu import DeepSpeedMPU
 from launcher.parallel import collectives
@@ -203,6 +204,28 @@ class DeepSpeedEngine:
             scaler = getattr(self.optimizer, "loss_scaler", None)
             scale = getattr(scaler, "cur_scale", 1.0)
         return float(scale)
+
+    @torch.no_grad()
+    def label_scores(self, batches: list) -> Optional[list]:
+        """See :meth:`launcher.engines.base.Engine.label_scores` (no pipeline: every rank
+        computes the logits; tensor-parallel rank 0's sums count)."""
+        from megatron.core import parallel_state
+
+        self.ds.eval()
+        out = []
+        for batch in batches:
+            batch = {k: torch.as_tensor(v).to(self.device) for k, v in batch.items()}
+            logits = self.ds(batch["tokens"], batch["position_ids"], None)
+            out.append(tuple(x.cpu() for x in label_scores(logits, batch["labels"],
+                                                           batch["loss_mask"])))
+        self.ds.train()
+        return out if parallel_state.get_tensor_model_parallel_rank() == 0 else None
+
+    def data_parallel(self) -> tuple[int, int]:
+        from megatron.core import parallel_state
+
+        return (parallel_state.get_data_parallel_rank(),
+                parallel_state.get_data_parallel_world_size())
 
     @torch.no_grad()
     def eval_loss(self, batches) -> float:

@@ -1,0 +1,51 @@
+"""Everything about ``eval`` that can be checked before a rank starts: :func:`eval_problems`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher.config import TrainwrightConfig
+from launcher.evals.tasks import task_problems
+from launcher.evals.tokenizer import TextTokenizer, eval_tokenizer_path
+
+
+def eval_problems(cfg: TrainwrightConfig) -> list[str]:
+    """Every problem of ``cfg.eval`` (empty: none, or no tasks asked for), each with its fix."""
+    ev = cfg.eval
+    problems = [f"eval.{key}={value} is negative; give 0 (off / all) or more"
+                for key, value in (("interval", ev.interval), ("limit", ev.limit)) if value < 0]
+    if not ev.tasks:
+        return problems
+    problems += task_problems(ev.tasks, ev.include_path)
+    return problems + tokenizer_problems(cfg)
+
+
+def tokenizer_problems(cfg: TrainwrightConfig) -> list[str]:
+    path = eval_tokenizer_path(cfg.eval, cfg.data)
+    if path is None:
+        return ["eval.tasks needs a tokenizer to encode the tasks' text and the run names none; "
+                "set eval.tokenizer=<tokenizer.json> (or data.tokenizer_path)"]
+    if not Path(path).is_file():
+        return [f"eval.tokenizer: {path} does not exist; give a Hugging Face tokenizer.json"]
+    try:
+        size = TextTokenizer(Path(path)).vocab_size
+    except Exception as exc:  # the tokenizers library's own errors
+        return [f"eval.tokenizer: {path} is not a tokenizer.json the tokenizers library reads "
+                f"({exc})"]
+    if size > cfg.model.vocab_size:
+        return [f"eval.tokenizer: {path} has {size} tokens, more than model.vocab_size="
+                f"{cfg.model.vocab_size}; use the tokenizer the model was trained with"]
+    return []
+
+
+def check_eval_or_exit(cfg: TrainwrightConfig) -> None:
+    """Print every problem of :func:`eval_problems` and exit 2 when there is any."""
+    import sys
+
+    from launcher.core.exits import CONFIG_ERROR_EXIT
+
+    problems = eval_problems(cfg)
+    if problems:
+        print(f"eval: {len(problems)} problem(s):\n" + "\n".join(f"- {p}" for p in problems),
+              file=sys.stderr)
+        raise SystemExit(CONFIG_ERROR_EXIT)

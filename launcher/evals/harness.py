@@ -1,0 +1,102 @@
+"""lm-evaluation-harness around a model that trainwright runs: :class:`ScoredLM` and
+:func:`run_tasks`.
+
+lm-evaluation-harness builds the requests (its templates, few-shot samples and limits), and
+computes and aggregates the metrics; trainwright only scores token rows: ``score(rows)`` takes
+``[(context ids, continuation ids), ...]`` and returns ``[(summed log-probability of the
+continuation, whether every continuation token is the model's argmax), ...]``. Every rank of a
+run calls :func:`run_tasks` with the same tasks, so every rank builds the same requests in the
+same order; the scorer splits them over the ranks and gives every rank every result, and the
+harness sees a world of one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+Rows = Sequence[tuple[list[int], list[int]]]
+Scorer = Callable[[Rows], list[tuple[float, bool]]]
+
+
+def _template_lm():
+    from lm_eval.api.model import TemplateLM
+
+    return TemplateLM
+
+
+class ScoredLM:
+    """A ``TemplateLM`` (built on first use: lm_eval is imported only where tasks run) whose
+    token rows go to ``score``; ``encode`` turns text into token ids."""
+
+    def __new__(cls, encode: Callable[[str], list[int]], eot: int, max_length: int,
+                score: Scorer):
+        base = _template_lm()
+
+        class _LM(base):
+            def __init__(self):
+                super().__init__()
+
+            @property
+            def eot_token_id(self) -> int:
+                return eot
+
+            def tok_encode(self, string: str, add_special_tokens=None, **kwargs) -> list[int]:
+                return encode(string)
+
+            def _loglikelihood_tokens(self, requests, **kwargs):
+                return score([(list(ctx), list(cont)) for _, ctx, cont in requests])
+
+            def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+                return rolling(requests, encode, eot, max_length, score)
+
+            def generate_until(self, requests, disable_tqdm: bool = False):
+                raise NotImplementedError("generation is not scored in the training loop")
+
+        return _LM()
+
+
+def rolling(requests, encode, eot: int, max_length: int, score: Scorer) -> list[float]:
+    """Log-likelihood of whole texts: disjoint windows of at most ``max_length`` tokens (each
+    but the first conditioned on the text before it, up to ``max_length``), summed per text:
+    lm-evaluation-harness's own windowing, our scoring."""
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    rows, owner = [], []
+    for index, (text,) in enumerate(req.args for req in requests):
+        windows = get_rolling_token_windows(token_list=encode(text), prefix_token=eot,
+                                            max_seq_len=max_length, context_len=1)
+        for window in map(make_disjoint_window, windows):
+            rows.append((list(window[0]), list(window[1])))
+            owner.append(index)
+    totals = [0.0] * len(requests)
+    for index, (logprob, _) in zip(owner, score(rows)):
+        totals[index] += logprob
+    return totals
+
+
+def run_tasks(tasks: dict, lm, limit: int = 0) -> dict:
+    """{task: {metric: value}} of ``tasks`` (lm-evaluation-harness Tasks) scored by ``lm``;
+    ``limit`` examples per task (0: all). Standard errors are not computed (no bootstrap)."""
+    from lm_eval.evaluator import evaluate
+
+    out = evaluate(lm=lm, task_dict=tasks, limit=limit or None, bootstrap_iters=0,
+                   log_samples=False, verbosity="WARNING")
+    return metric_table(out["results"])
+
+
+def metric_table(results: dict) -> dict:
+    """lm-evaluation-harness's ``results`` ({task: {"acc,none": 0.5, "acc_stderr,none": ...,
+    "alias": ...}}) as {task: {"acc": 0.5}}: finite numbers only, the filter suffix dropped."""
+    table = {}
+    for task, values in results.items():
+        row = {}
+        for key, value in values.items():
+            metric, _, _ = key.partition(",")
+            if metric.endswith("_stderr") or not isinstance(value, (int, float)) \
+                    or isinstance(value, bool) or metric == "alias":
+                continue
+            if math.isfinite(float(value)):
+                row["examples" if metric == "sample_len" else metric] = float(value)
+        table[task] = row
+    return table

@@ -1,0 +1,182 @@
+"""Tasks in lm-evaluation-harness's format, found in the shipped folder and ``eval.include_path``
+and read from local files only.
+
+:func:`task_problems` checks everything before any rank starts (each problem names its file and,
+where there is one, its line): the include paths exist, every task of ``eval.tasks`` is found (a
+YAML file that does not parse is named with its line), its data is local (``dataset_path: json``,
+``csv`` or ``text`` with ``data_files``) and present, a JSON Lines file parses line by line, and
+the task asks for what trainwright scores (loglikelihood, multiple choice, rolling
+loglikelihood). :func:`load_tasks` then builds lm-evaluation-harness's task objects, its own
+templates, splits, few-shot samplers and metrics, with nothing downloaded.
+
+``data_files`` may be relative: trainwright resolves it against the task file's folder
+(lm-evaluation-harness itself would resolve it against the working directory).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Iterable
+
+SHIPPED = Path(__file__).parent / "tasks"
+"""The tasks trainwright ships (written for its tests and demo): always on the include path."""
+LOCAL_BUILDERS = ("json", "csv", "text", "parquet")
+"""``dataset_path`` values that read ``data_files`` from disk."""
+SCORED = ("loglikelihood", "multiple_choice", "loglikelihood_rolling")
+"""Output types trainwright scores (generation is not supported in the training loop)."""
+
+
+class TaskError(ValueError):
+    """A task that cannot be used: every problem, one per line."""
+
+
+def offline() -> None:
+    """Nothing is fetched from a hub while tasks load (set before ``datasets`` is imported)."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def include_paths(include: Iterable[str]) -> list[Path]:
+    return [SHIPPED, *(Path(p).expanduser() for p in include)]
+
+
+def task_manager(include: Iterable[str]):
+    """lm-evaluation-harness's index of the task files on the include path (its own tasks,
+    which download their data, left out)."""
+    offline()
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=[str(p) for p in include_paths(include)],
+                       include_defaults=False)
+
+
+def task_problems(tasks: Iterable[str], include: Iterable[str]) -> list[str]:
+    """Every reason the tasks cannot be loaded (empty: they can)."""
+    tasks = list(tasks)
+    missing = [p for p in include_paths(include) if not p.is_dir()]
+    problems = [f"eval.include_path: {p} is not a directory; give folders of task YAML files"
+                for p in missing]
+    if not tasks or problems:
+        return problems
+    manager = task_manager(include)
+    for name in tasks:
+        entry = manager.task_index.get(name)
+        if entry is None or entry.yaml_path is None:
+            problems.append(unknown_task(name, manager, include))
+            continue
+        problems += config_problems(name, Path(entry.yaml_path), entry.cfg or {})
+    return problems
+
+
+def unknown_task(name: str, manager, include: Iterable[str]) -> str:
+    known = sorted(n for n, e in manager.task_index.items() if e.yaml_path is not None)
+    broken = [f"{path}: {why}" for path, why in unparsable_yamls(include)]
+    text = (f"eval.tasks: no task named {name!r} in {', '.join(map(str, include_paths(include)))}"
+            f"; known: {', '.join(known) or 'none'}")
+    if broken:
+        text += "; these task files do not parse: " + "; ".join(broken)
+    return text
+
+
+def unparsable_yamls(include: Iterable[str]) -> list[tuple[Path, str]]:
+    """(file, error with its line) of every YAML file on the include path that does not parse
+    (lm-evaluation-harness skips them with a log line)."""
+    import yaml
+
+    class Lenient(yaml.SafeLoader):  # lm-evaluation-harness's !function tags
+        pass
+
+    Lenient.add_multi_constructor("!", lambda loader, suffix, node: None)
+    out = []
+    for folder in include_paths(include):
+        for path in sorted(folder.rglob("*.yaml")):
+            try:
+                yaml.load(path.read_text(), Loader=Lenient)
+            except yaml.YAMLError as exc:
+                mark = getattr(exc, "problem_mark", None)
+                where = f"line {mark.line + 1}" if mark is not None else "?"
+                out.append((path, f"{where}: {getattr(exc, 'problem', None) or exc}"))
+    return out
+
+
+def config_problems(name: str, yaml_path: Path, cfg: dict) -> list[str]:
+    where = f"task {name} ({yaml_path})"
+    output = cfg.get("output_type", "generate_until")
+    if output not in SCORED:
+        return [f"{where}: output_type {output} is not scored in the training loop; use one of "
+                f"{', '.join(SCORED)}"]
+    if cfg.get("dataset_path") not in LOCAL_BUILDERS:
+        return [f"{where}: dataset_path {cfg.get('dataset_path')!r} would be downloaded; "
+                "nothing is fetched at run time: give dataset_path: json (or csv, text, parquet) "
+                "and dataset_kwargs.data_files naming files on disk"]
+    files = data_files(cfg, yaml_path.parent)
+    if not files:
+        return [f"{where}: dataset_kwargs.data_files is missing; name the task's data files"]
+    problems = [f"{where}: data file {path} does not exist" for path in files if not path.is_file()]
+    if not problems and cfg.get("dataset_path") == "json":
+        for path in files:
+            problems += jsonl_problems(path, where)
+    return problems
+
+
+def data_files(cfg: dict, folder: Path) -> list[Path]:
+    """The task's data files, relative ones against ``folder``."""
+    spec = (cfg.get("dataset_kwargs") or {}).get("data_files") or {}
+    values = spec.values() if isinstance(spec, dict) else [spec]
+    flat = [v for value in values for v in (value if isinstance(value, list) else [value])]
+    return [p if p.is_absolute() else folder / p for p in map(Path, flat)]
+
+
+def jsonl_problems(path: Path, where: str, most: int = 3) -> list[str]:
+    """Lines of a JSON Lines file that are not one JSON object each (the first ``most``)."""
+    import json
+
+    problems = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                ok = isinstance(json.loads(line), dict)
+            except ValueError as exc:
+                problems.append(f"{where}: {path}:{number}: not JSON ({exc})")
+            else:
+                if not ok:
+                    problems.append(f"{where}: {path}:{number}: not a JSON object")
+            if len(problems) >= most:
+                break
+    return problems
+
+
+def load_tasks(tasks: Iterable[str], include: Iterable[str]) -> dict:
+    """{name: lm-evaluation-harness Task} of ``tasks`` (checked first: TaskError with every
+    problem)."""
+    tasks = list(tasks)
+    problems = task_problems(tasks, include)
+    if problems:
+        raise TaskError("\n".join(problems))
+    manager = task_manager(include)
+    configs = []
+    for name in tasks:
+        entry = manager.task_index[name]
+        cfg = copy.deepcopy(entry.cfg)
+        files = cfg["dataset_kwargs"]["data_files"]
+        folder = Path(entry.yaml_path).parent
+        cfg["dataset_kwargs"]["data_files"] = resolved(files, folder)
+        configs.append(cfg)
+    from lm_eval.tasks import get_task_dict
+
+    return get_task_dict(configs, manager)
+
+
+def resolved(files, folder: Path):
+    """``data_files`` (a path, a list, or a dict of either) with relative paths made absolute
+    against ``folder``."""
+    if isinstance(files, dict):
+        return {k: resolved(v, folder) for k, v in files.items()}
+    if isinstance(files, list):
+        return [resolved(v, folder) for v in files]
+    path = Path(files)
+    return str(path if path.is_absolute() else folder / path)

@@ -1,0 +1,92 @@
+"""Downstream tasks scored on the live model: :class:`DownstreamEval`, built once per rank by
+:func:`build_downstream` and called by the training loop every ``eval.interval`` steps and
+after the last one.
+
+Every rank loads the same tasks and runs lm-evaluation-harness over them
+(:mod:`launcher.evals.harness`), so every rank asks for the same rows in the same order. The
+rows are split over the data-parallel replicas (:mod:`launcher.evals.rows`), each replica's
+micro-batches go through the engine at its layout (:meth:`label_scores`: tensor- and
+context-parallel ranks see the same batch, the last pipeline stage scores), and one all-reduce
+over the world gives every rank every row's score. Every rank runs the same number of
+micro-batches and collectives whatever its share, so none waits on a collective another rank
+never makes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from launcher.config import DataConfig, EvalConfig
+from launcher.evals.rows import micro_batch_count, micro_batches, replica_rows
+from launcher.evals.tokenizer import TextTokenizer, eval_tokenizer_path
+from launcher.parallel import collectives
+
+
+def score_rows(engine, rows, *, seq: int, micro_batch: int) -> list[tuple[float, bool]]:
+    """(summed log-probability of each row's continuation, whether each of its tokens is the
+    argmax), for every row, on every rank (collective over the world)."""
+    if not rows:
+        return []
+    dp_rank, dp = engine.data_parallel()
+    mine = replica_rows(len(rows), dp_rank, dp)
+    arrays = micro_batches(rows, mine, seq=seq, micro_batch=micro_batch,
+                           batches=micro_batch_count(len(rows), dp, micro_batch))
+    scores = engine.label_scores([{k: torch.from_numpy(v) for k, v in b.items()}
+                                  for b in arrays])
+    values = [0.0] * (2 * len(rows))
+    for b, (logprob, misses) in enumerate(scores or []):
+        for j, row in enumerate(mine[b * micro_batch:(b + 1) * micro_batch]):
+            values[2 * row] += float(logprob[j])
+            values[2 * row + 1] += float(misses[j])
+    totals = collectives.sum_floats(values)
+    return [(totals[2 * i], totals[2 * i + 1] == 0.0) for i in range(len(rows))]
+
+
+@dataclass
+class DownstreamEval:
+    """The tasks of one run and how to score them (see the module docstring)."""
+
+    tasks: dict
+    """{name: lm-evaluation-harness Task}."""
+    score: Callable[[list], list]
+    encode: Callable[[str], list[int]]
+    eot: int
+    seq: int
+    interval: int
+    at_end: bool
+    limit: int
+
+    def due(self, step: int, last: bool) -> bool:
+        return bool(self.interval and step % self.interval == 0) or (last and self.at_end)
+
+    def __call__(self) -> dict:
+        """{"eval/<task>/<metric>": value, ..., "eval/tasks_s": seconds} (collective)."""
+        from launcher.evals.harness import ScoredLM, run_tasks
+
+        start = time.perf_counter()
+        lm = ScoredLM(self.encode, self.eot, self.seq, self.score)
+        table = run_tasks(self.tasks, lm, self.limit)
+        flat = {f"eval/{task}/{metric}": value for task, row in table.items()
+                for metric, value in row.items()}
+        return {**flat, "eval/tasks_s": time.perf_counter() - start}
+
+
+def build_downstream(engine, *, ev: EvalConfig, data: DataConfig, seq: int,
+                     micro_batch: int) -> DownstreamEval | None:
+    """The run's downstream evaluation (None without ``eval.tasks``); tasks and tokenizer were
+    checked before the ranks started (:func:`launcher.evals.check.eval_problems`)."""
+    if not ev.tasks:
+        return None
+    from launcher.evals.tasks import load_tasks
+
+    tokenizer = TextTokenizer(Path(eval_tokenizer_path(ev, data)))
+    return DownstreamEval(
+        tasks=load_tasks(ev.tasks, ev.include_path),
+        score=lambda rows: score_rows(engine, rows, seq=seq, micro_batch=micro_batch),
+        encode=tokenizer.encode, eot=data.eod_token_id, seq=seq, interval=ev.interval,
+        at_end=ev.at_end, limit=ev.limit)

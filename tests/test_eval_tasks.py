@@ -1,0 +1,162 @@
+"""Downstream tasks in the training loop (issue 37): the shipped tasks in lm-evaluation-harness's
+format scored on the live model on 2 CPU ranks, the same at every layout and with both engines;
+a broken task exits 2 before any rank starts; rows and metrics unit by unit."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from launcher.evals.harness import metric_table, rolling
+from launcher.evals.rows import micro_batch_count, micro_batches, replica_rows, row_arrays
+from launcher.evals.tasks import SHIPPED, data_files, task_problems
+from tests.helpers.data_prep import train_hf_tokenizer
+from tests.helpers.training import REPO, TINY, train
+
+TASKS = ["eval.tasks=[tw_facts,tw_paragraphs]", "eval.limit=8"]
+FROZEN = ["trainer.train_steps=1", "optimizer.lr=1e-12", "optimizer.min_lr=0",
+          "optimizer.warmup_steps=0", "optimizer.weight_decay=0"]
+"""One step at a learning rate of 1e-12 (Adam's first update moves a weight by about that, far
+below an fp32 weight's last bit): the scores are those of the initial weights, which
+trainer.layout_invariant_init makes the same at every layout."""
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return train_hf_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=500)
+
+
+def task_scores(run_dir) -> dict:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    [row] = [r for r in rows if any(k.startswith("eval/tw_") for k in r)]
+    return {k: v for k, v in row.items() if k.startswith("eval/tw_")}
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("eval_layouts")
+def test_the_same_checkpoint_scores_the_same_at_every_layout_and_engine(tmp_path, tokenizer):
+    layouts = {
+        "dp2": ["engine=megatron"],
+        "tp2": ["engine=megatron", "parallelism.tensor_parallel_size=2"],
+        "pp2": ["engine=megatron", "parallelism.pipeline_parallel_size=2"],
+        "ds_dp2": ["engine=deepspeed"],
+    }
+    scores = {}
+    for name, layout in layouts.items():
+        proc = train(tmp_path, name, *TASKS, *FROZEN, f"eval.tokenizer={tokenizer}", *layout)
+        scores[name] = task_scores(tmp_path / name)
+        assert "tw_facts acc" in proc.stdout + proc.stderr  # the console line shows them
+    base = scores["dp2"]
+    assert base["eval/tw_facts/examples"] == 8 and base["eval/tw_paragraphs/examples"] == 8
+    assert 0 < base["eval/tw_paragraphs/bits_per_byte"] < 20
+    for name, got in scores.items():
+        assert set(got) == set(base), name
+        for key in ("eval/tw_facts/acc", "eval/tw_facts/acc_norm"):
+            assert got[key] == base[key], (name, key, got[key], base[key])  # exactly
+        for key in ("eval/tw_paragraphs/bits_per_byte", "eval/tw_paragraphs/word_perplexity"):
+            assert got[key] == pytest.approx(base[key], rel=1e-5), (name, key)
+
+
+@pytest.mark.slow
+def test_tasks_scored_every_interval_and_at_the_end_with_tokens(tmp_path, tokenizer):
+    train(tmp_path, "every", *TASKS, "eval.interval=2", "trainer.train_steps=3",
+          f"eval.tokenizer={tokenizer}", "engine=megatron")
+    rows = [json.loads(line) for line in (tmp_path / "every" / "metrics.jsonl").read_text()
+            .splitlines()]
+    scored = [r for r in rows if "eval/tw_facts/acc" in r]
+    assert [r["step"] for r in scored] == [2, 3]
+    tokens = 2 * 2 * 64  # a step: micro-batch 2 x 2 replicas x sequence 64
+    assert [r["eval/tokens"] for r in scored] == [2 * tokens, 3 * tokens]
+
+
+def launch(tmp_path, *overrides) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launcher.train", *TINY,
+                           f"run.output_root={tmp_path}", "run.name=bad", *overrides],
+                          cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"})
+
+
+def test_a_broken_task_exits_2_before_any_rank_starts(tmp_path, tokenizer):
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "bad.yaml").write_text("task: bad\ndataset_path: json\n  oops: [\n")
+    (tasks / "rows.jsonl").write_text('{"text": "fine"}\n{"text": broken}\n')
+    (tasks / "rows.yaml").write_text(
+        "task: rows\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: rows.jsonl\n"
+        "output_type: loglikelihood_rolling\ntest_split: test\ndoc_to_text: ''\n"
+        "doc_to_target: '{{text}}'\n")
+    proc = launch(tmp_path, f"eval.include_path=[{tasks}]", "eval.tasks=[bad,rows]",
+                  f"eval.tokenizer={tokenizer}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"{tasks / 'bad.yaml'}: line 3" in proc.stderr  # the YAML error, with its line
+    assert f"{tasks / 'rows.jsonl'}:2: not JSON" in proc.stderr  # the data file's line
+    assert not (tmp_path / "bad").exists()  # no run directory: no rank started
+    proc = launch(tmp_path, "eval.tasks=[tw_facts]", "eval.tokenizer=/nowhere/tok.json")
+    assert proc.returncode == 2 and "/nowhere/tok.json does not exist" in proc.stderr
+
+
+def test_task_problems_name_the_fix(tmp_path):
+    remote = tmp_path / "remote.yaml"
+    remote.write_text("task: remote\ndataset_path: EleutherAI/lambada_openai\n"
+                      "output_type: loglikelihood\n")
+    gen = tmp_path / "gen.yaml"
+    gen.write_text("task: gen\ndataset_path: json\noutput_type: generate_until\n")
+    problems = task_problems(["remote", "gen", "nope"], [str(tmp_path)])
+    assert any("would be downloaded" in p and "dataset_path: json" in p for p in problems)
+    assert any("generate_until is not scored" in p for p in problems)
+    assert any("no task named 'nope'" in p and "tw_facts" in p for p in problems)
+    assert task_problems(["tw_facts"], [str(tmp_path / "missing")]) == [
+        f"eval.include_path: {tmp_path / 'missing'} is not a directory; give folders of task "
+        "YAML files"]
+    assert data_files({"dataset_kwargs": {"data_files": {"test": ["a.jsonl", "/b.jsonl"]}}},
+                      SHIPPED) == [SHIPPED / "a.jsonl", Path("/b.jsonl")]
+
+
+def test_a_row_is_the_tail_of_context_and_continuation_with_the_continuation_masked():
+    tokens, labels, mask = row_arrays([1, 2, 3], [4, 5], seq=8)
+    assert tokens.tolist() == [1, 2, 3, 4, 0, 0, 0, 0]
+    assert labels.tolist() == [2, 3, 4, 5, 0, 0, 0, 0]
+    assert mask.tolist() == [0, 0, 1, 1, 0, 0, 0, 0]  # the labels 4 and 5
+    tokens, labels, mask = row_arrays(list(range(10, 20)), [7, 8], seq=4)  # context cut left
+    assert tokens.tolist() == [17, 18, 19, 7] and labels.tolist() == [18, 19, 7, 8]
+    assert mask.tolist() == [0, 0, 1, 1]
+
+
+def test_replicas_split_rows_and_run_the_same_number_of_micro_batches():
+    rows = [([1], [2])] * 5
+    assert replica_rows(5, 0, 2) == [0, 2, 4] and replica_rows(5, 1, 2) == [1, 3]
+    assert micro_batch_count(5, 2, 2) == 2 and micro_batch_count(0, 4, 2) == 1
+    batches = micro_batches(rows, [1, 3], seq=4, micro_batch=2, batches=2)
+    assert len(batches) == 2 and batches[1]["loss_mask"].sum() == 0  # an empty filler batch
+    assert batches[0]["position_ids"].tolist() == [[0, 1, 2, 3]] * 2
+    assert all(isinstance(v, np.ndarray) for v in batches[0].values())
+
+
+def test_rolling_windows_cover_every_token_once():
+    class Req:
+        def __init__(self, text):
+            self.args = (text,)
+
+    seen = []
+
+    def score(rows):
+        seen.extend(rows)
+        return [(-float(len(cont)), True) for _, cont in rows]
+
+    encode = lambda text: [ord(c) for c in text]  # noqa: E731
+    totals = rolling([Req("abcdefghij"), Req("xyz")], encode, eot=0, max_length=4, score=score)
+    assert totals == [-10.0, -3.0]  # every token scored once, each text on its own
+    assert all(len(ctx) + len(cont) <= 5 for ctx, cont in seen)
+
+
+def test_metric_table_keeps_finite_metrics_without_filter_or_stderr():
+    table = metric_table({"t": {"alias": "t", "acc,none": 0.5, "acc_stderr,none": "N/A",
+                                "acc_norm,none": 0.25, "sample_len": 8, "x,none": math.nan}})
+    assert table == {"t": {"acc": 0.5, "acc_norm": 0.25, "examples": 8.0}}
