@@ -791,6 +791,8 @@ class EvalConfig:
     tokenizer: str = ""
     """tokenizer.json the tasks' text is encoded with; empty = the run's (data.tokenizer_path,
     or the tokenizer of the shards' manifest)."""
+    format: str = "text"
+    """python -m launcher.evaluate's output: text (a table) or json (one object)."""
 
 
 @dataclass

@@ -160,3 +160,27 @@ def test_metric_table_keeps_finite_metrics_without_filter_or_stderr():
     table = metric_table({"t": {"alias": "t", "acc,none": 0.5, "acc_stderr,none": "N/A",
                                 "acc_norm,none": 0.25, "sample_len": 8, "x,none": math.nan}})
     assert table == {"t": {"acc": 0.5, "acc_norm": 0.25, "examples": 8.0}}
+
+
+@pytest.mark.slow
+def test_evaluate_refuses_what_it_cannot_score_before_any_rank(tmp_path):
+    def evaluate(*args):
+        return subprocess.run([sys.executable, "-m", "launcher.evaluate", *args], cwd=REPO,
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    proc = evaluate("eval.tasks=[tw_facts]")
+    assert proc.returncode == 2 and "missing checkpoint=" in proc.stderr
+    proc = evaluate(f"checkpoint={tmp_path}", "eval.tasks=[tw_facts]")
+    assert proc.returncode == 2 and "no complete trainwright checkpoint" in proc.stderr
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=64)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "hf")
+    proc = evaluate(f"checkpoint={tmp_path / 'hf'}", "eval.tasks=[nope]",
+                    "eval.tokenizer=/nowhere.json")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "no task named 'nope'" in proc.stderr and "/nowhere.json does not exist" in proc.stderr
+    proc = evaluate(f"checkpoint={tmp_path / 'hf'}", "eval.tasks=[tw_facts]")
+    assert proc.returncode == 2 and "eval.tasks needs a tokenizer" in proc.stderr

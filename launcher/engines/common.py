@@ -54,13 +54,14 @@ def initialize_weights(chunks: list, *, init_from: str, seed: int, layout_invari
         seed_chunks(chunks, seed=seed)
 
 
-def label_scores(logits: torch.Tensor, labels: torch.Tensor,
-                 loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def label_scores(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor,
+                 vocab_size: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of a micro-batch: (summed log-probability of the masked labels, how many masked
     labels are not the model's argmax), both float64 ``[b]``, from this tensor-parallel rank's
     vocabulary shard of the logits ``[b, s, v / tp]`` (collective over the tensor-parallel
     group: Megatron-Core's vocabulary-parallel cross entropy, and the maximum logit and the
-    label's logit agreed over the shards)."""
+    label's logit agreed over the shards). Ids from ``vocab_size`` on (the padding of the
+    vocabulary; 0: none) get no probability, as in the model exported to Hugging Face."""
     from megatron.core import parallel_state, tensor_parallel
 
     from launcher.parallel import collectives
@@ -68,6 +69,9 @@ def label_scores(logits: torch.Tensor, labels: torch.Tensor,
     logits = logits.float()
     group = parallel_state.get_tensor_model_parallel_group()
     shard, first = logits.size(-1), parallel_state.get_tensor_model_parallel_rank() * logits.size(-1)
+    if vocab_size and first + shard > vocab_size:
+        ids = torch.arange(first, first + shard, device=logits.device)
+        logits = logits.masked_fill(ids >= vocab_size, -math.inf)
     best = collectives.max_(logits.max(dim=-1).values.contiguous(), group)
     mine = (labels >= first) & (labels < first + shard)
     picked = logits.gather(-1, (labels - first).clamp(0, shard - 1).unsqueeze(-1)).squeeze(-1)

@@ -3,25 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from launcher.config import TrainwrightConfig
 from launcher.evals.tasks import task_problems
 from launcher.evals.tokenizer import TextTokenizer, eval_tokenizer_path
 
 
-def eval_problems(cfg: TrainwrightConfig) -> list[str]:
-    """Every problem of ``cfg.eval`` (empty: none, or no tasks asked for), each with its fix."""
+def eval_problems(cfg: TrainwrightConfig, tokenizer: Optional[str] = None) -> list[str]:
+    """Every problem of ``cfg.eval`` (empty: none, or no tasks asked for), each with its fix;
+    ``tokenizer``: the one the tasks will be encoded with (default: the run's,
+    :func:`eval_tokenizer_path`)."""
     ev = cfg.eval
     problems = [f"eval.{key}={value} is negative; give 0 (off / all) or more"
                 for key, value in (("interval", ev.interval), ("limit", ev.limit)) if value < 0]
     if not ev.tasks:
         return problems
     problems += task_problems(ev.tasks, ev.include_path)
-    return problems + tokenizer_problems(cfg)
+    return problems + tokenizer_problems(cfg, tokenizer or eval_tokenizer_path(ev, cfg.data))
 
 
-def tokenizer_problems(cfg: TrainwrightConfig) -> list[str]:
-    path = eval_tokenizer_path(cfg.eval, cfg.data)
+def tokenizer_problems(cfg: TrainwrightConfig, path: Optional[str]) -> list[str]:
     if path is None:
         return ["eval.tasks needs a tokenizer to encode the tasks' text and the run names none; "
                 "set eval.tokenizer=<tokenizer.json> (or data.tokenizer_path)"]

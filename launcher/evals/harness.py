@@ -44,6 +44,9 @@ class ScoredLM:
             def tok_encode(self, string: str, add_special_tokens=None, **kwargs) -> list[int]:
                 return encode(string)
 
+            def loglikelihood(self, requests, disable_tqdm: bool = True):
+                return super().loglikelihood(requests, disable_tqdm=True)
+
             def _loglikelihood_tokens(self, requests, **kwargs):
                 return score([(list(ctx), list(cont)) for _, ctx, cont in requests])
 
@@ -78,6 +81,9 @@ def rolling(requests, encode, eot: int, max_length: int, score: Scorer) -> list[
 def run_tasks(tasks: dict, lm, limit: int = 0) -> dict:
     """{task: {metric: value}} of ``tasks`` (lm-evaluation-harness Tasks) scored by ``lm``;
     ``limit`` examples per task (0: all). Standard errors are not computed (no bootstrap)."""
+    import os
+
+    os.environ.setdefault("TQDM_DISABLE", "1")  # per-request progress bars on every rank
     from lm_eval.evaluator import evaluate
 
     out = evaluate(lm=lm, task_dict=tasks, limit=limit or None, bootstrap_iters=0,

@@ -64,27 +64,31 @@ class DownstreamEval:
     def due(self, step: int, last: bool) -> bool:
         return bool(self.interval and step % self.interval == 0) or (last and self.at_end)
 
-    def __call__(self) -> dict:
-        """{"eval/<task>/<metric>": value, ..., "eval/tasks_s": seconds} (collective)."""
+    def table(self) -> dict:
+        """{task: {metric: value}} (collective)."""
         from launcher.evals.harness import ScoredLM, run_tasks
 
-        start = time.perf_counter()
         lm = ScoredLM(self.encode, self.eot, self.seq, self.score)
-        table = run_tasks(self.tasks, lm, self.limit)
-        flat = {f"eval/{task}/{metric}": value for task, row in table.items()
+        return run_tasks(self.tasks, lm, self.limit)
+
+    def __call__(self) -> dict:
+        """{"eval/<task>/<metric>": value, ..., "eval/tasks_s": seconds} (collective)."""
+        start = time.perf_counter()
+        flat = {f"eval/{task}/{metric}": value for task, row in self.table().items()
                 for metric, value in row.items()}
         return {**flat, "eval/tasks_s": time.perf_counter() - start}
 
 
-def build_downstream(engine, *, ev: EvalConfig, data: DataConfig, seq: int,
-                     micro_batch: int) -> DownstreamEval | None:
-    """The run's downstream evaluation (None without ``eval.tasks``); tasks and tokenizer were
-    checked before the ranks started (:func:`launcher.evals.check.eval_problems`)."""
+def build_downstream(engine, *, ev: EvalConfig, data: DataConfig, seq: int, micro_batch: int,
+                     tokenizer: str | None = None) -> DownstreamEval | None:
+    """The downstream evaluation of ``engine`` (anything with ``label_scores`` and
+    ``data_parallel``; None without ``eval.tasks``); tasks and ``tokenizer`` (default: the
+    run's) were checked before the ranks started (:func:`launcher.evals.check.eval_problems`)."""
     if not ev.tasks:
         return None
     from launcher.evals.tasks import load_tasks
 
-    tokenizer = TextTokenizer(Path(eval_tokenizer_path(ev, data)))
+    tokenizer = TextTokenizer(Path(tokenizer or eval_tokenizer_path(ev, data)))
     return DownstreamEval(
         tasks=load_tasks(ev.tasks, ev.include_path),
         score=lambda rows: score_rows(engine, rows, seq=seq, micro_batch=micro_batch),

@@ -124,7 +124,8 @@ def build_engine(*, batch: Batch, model: ModelConfig, parallelism: ParallelismCo
                                            trainer=trainer, engine=engine)
     ds_engine, ds_optimizer, _, _ = deepspeed.initialize(
         args=_device_args(), model=gpt, optimizer=adamw, config=config, mpu=DeepSpeedMPU())
-    return DeepSpeedEngine(ds_engine, ds_optimizer, batch.grad_accum_steps, trainer.nan_policy)
+    return DeepSpeedEngine(ds_engine, ds_optimizer, batch.grad_accum_steps, trainer.nan_policy,
+                           vocab_size=model.vocab_size)
 
 
 def _device_args() -> SimpleNamespace:
@@ -138,8 +139,11 @@ def _device_args() -> SimpleNamespace:
 class DeepSpeedEngine:
     """A DeepSpeed engine plus the step logic (see module docstring)."""
 
-    def __init__(self, ds_engine, ds_optimizer, grad_accum_steps: int, nan_policy: str):
+    def __init__(self, ds_engine, ds_optimizer, grad_accum_steps: int, nan_policy: str,
+                 vocab_size: int = 0):
         self.ds, self.optimizer = ds_engine, ds_optimizer
+        self.vocab_size = vocab_size
+        """The model's vocabulary before padding (label scores give padding no probability)."""
         self.grad_accum_steps, self.nan_policy = grad_accum_steps, nan_policy
         self.device = ds_engine.device
         self.checkpoint_io = DeepSpeedCheckpointIO(ds_engine)
@@ -217,7 +221,7 @@ class DeepSpeedEngine:
             batch = {k: torch.as_tensor(v).to(self.device) for k, v in batch.items()}
             logits = self.ds(batch["tokens"], batch["position_ids"], None)
             out.append(tuple(x.cpu() for x in label_scores(logits, batch["labels"],
-                                                           batch["loss_mask"])))
+                                                           batch["loss_mask"], self.vocab_size)))
         self.ds.train()
         return out if parallel_state.get_tensor_model_parallel_rank() == 0 else None
 

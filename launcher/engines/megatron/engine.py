@@ -32,7 +32,8 @@ from launcher.config import (EngineConfig, ModelConfig, OptimizerConfig, Paralle
 from launcher.core.errors import NonFiniteLoss
 from launcher.core.phases import PHASES
 from launcher.engines.base import StepResult
-from launcher.engines.common import label_scores, masked_mean, set_lr
+from launcher.engines.common import masked_mean, set_lr
+from launcher.engines.megatron.scoring import chunk_label_scores, data_parallel, on_this_rank
 from launcher.parallel import collectives
 from launcher.shape import Batch
 from launcher.shape.stages import StageSplit, stage_layers
@@ -157,6 +158,7 @@ def build_megatron_engine(*, batch: Batch, model: ModelConfig, parallelism: Para
         optimizer_config(optimizer, trainer, parallelism.zero_stage == 1), chunks)
     return MegatronEngine(chunks, opt, batch=batch, engine=engine, trainer=trainer,
                           moe_layers=model.num_layers if model.num_experts else 0,
+                          vocab_size=model.vocab_size,
                           stage_layers=stage_layers(model.num_layers,
                                                     parallelism.pipeline_parallel_size,
                                                     StageSplit.of(parallelism)))
@@ -179,7 +181,8 @@ class MegatronEngine:
     Megatron optimizer; :attr:`checkpoint_io` writes and reads them with dist-checkpointing."""
 
     def __init__(self, chunks: list, optimizer, *, batch: Batch, engine: EngineConfig,
-                 trainer: TrainerConfig, moe_layers: int = 0, stage_layers: tuple = ()):
+                 trainer: TrainerConfig, moe_layers: int = 0, stage_layers: tuple = (),
+                 vocab_size: int = 0):
         from megatron.core import parallel_state
 
         from launcher.engines.megatron.checkpoint import MegatronCheckpointIO, buffer_layout
@@ -187,6 +190,8 @@ class MegatronEngine:
         self.chunks, self.optimizer = chunks, optimizer
         self.grad_accum_steps, self.nan_policy = batch.grad_accum_steps, trainer.nan_policy
         self.micro_batch_size, self.moe_layers = batch.micro_batch_size, moe_layers
+        self.vocab_size = vocab_size
+        """The model's vocabulary before padding (label scores give padding no probability)."""
         self.cp = parallel_state.get_context_parallel_world_size()
         self.seq_length = batch.seq_length // self.cp
         self.device = collectives.device_for()
@@ -229,14 +234,12 @@ class MegatronEngine:
             return output, functools.partial(self._loss_func, batch["loss_mask"], clock)
         return forward_step
 
-    def _run_schedule(self, batches: list, clock: _Clock, forward_only: bool,
-                      step=None) -> list:
-        """Every micro-batch through Megatron-Core's schedule; the loss dicts of the last stage
-        (``step``: another forward step function, e.g. :meth:`_score_step`)."""
+    def _run_schedule(self, batches: list, clock: _Clock, forward_only: bool) -> list:
+        """Every micro-batch through Megatron-Core's schedule; the loss dicts of the last stage."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         return get_forward_backward_func()(
-            forward_step_func=step or self._forward_step(clock),
+            forward_step_func=self._forward_step(clock),
             data_iterator=_one_or_list([iter(batches) for _ in self.chunks]),
             model=_one_or_list(self.chunks), num_microbatches=len(batches),
             seq_length=self.seq_length, micro_batch_size=self.micro_batch_size,
@@ -315,39 +318,20 @@ class MegatronEngine:
         """The current (dynamic) loss scale under fp16; 1.0 otherwise."""
         return float(self.optimizer.get_loss_scale())
 
-    @staticmethod
-    def _score_step(data_iterator, model):
-        """Forward without labels (the last stage returns this shard's logits); the loss
-        function scores the labels (a zero loss: the schedule only collects the dict)."""
-        batch = next(data_iterator)
-        output = model(batch["tokens"], batch["position_ids"], None)
-
-        def score(logits):
-            logprob, misses = label_scores(logits, batch["labels"], batch["loss_mask"])
-            return logits.float().sum() * 0.0, {"logprob": logprob.cpu(), "misses": misses.cpu()}
-        return output, score
-
-    @torch.no_grad()
     def label_scores(self, batches: list) -> Optional[list]:
         """See :meth:`launcher.engines.base.Engine.label_scores` (every pipeline schedule,
-        forward only)."""
-        from megatron.core import parallel_state
-
-        batches = [self._prepare({k: torch.as_tensor(v) for k, v in b.items()}) for b in batches]
+        forward only; launcher/engines/megatron/scoring.py)."""
         for chunk in self.chunks:
             chunk.eval()
-        out = self._run_schedule(batches, _Clock(), forward_only=True, step=self._score_step)
+        out = chunk_label_scores(self.chunks, [on_this_rank(b, self.device) for b in batches],
+                                 seq_length=self.seq_length,
+                                 micro_batch_size=self.micro_batch_size,
+                                 vocab_size=self.vocab_size)
         for chunk in self.chunks:
             chunk.train()
-        counts = parallel_state.is_pipeline_last_stage(ignore_virtual=True) and \
-            parallel_state.get_tensor_model_parallel_rank() == 0
-        return [(d["logprob"], d["misses"]) for d in out] if counts else None
+        return out
 
-    def data_parallel(self) -> tuple[int, int]:
-        from megatron.core import parallel_state
-
-        return (parallel_state.get_data_parallel_rank(),
-                parallel_state.get_data_parallel_world_size())
+    data_parallel = staticmethod(data_parallel)
 
     @torch.no_grad()
     def eval_loss(self, batches) -> float:

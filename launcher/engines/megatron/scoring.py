@@ -1,0 +1,85 @@
+"""Scores of labels through Megatron-Core's forward-only schedules: :func:`chunk_label_scores`
+(any pipeline schedule, tensor and context parallel), used by the Megatron engine during
+training and, through :class:`ChunkScorer`, by ``launcher.evaluate`` on a checkpoint's weights
+(model chunks filled by :func:`launcher.engines.weights.fill.fill_chunks`)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from launcher.engines.common import label_scores
+from launcher.parallel import collectives
+
+
+def on_this_rank(batch: dict, device: torch.device) -> dict:
+    """``batch`` (tensors or arrays) on ``device``, cut to this context-parallel rank's part of
+    the sequence."""
+    from megatron.core import parallel_state
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    batch = {k: torch.as_tensor(v).to(device) for k, v in batch.items()}
+    if parallel_state.get_context_parallel_world_size() > 1:
+        batch = get_batch_on_this_cp_rank(batch)
+    return batch
+
+
+def chunk_label_scores(chunks: list, batches: list, *, seq_length: int, micro_batch_size: int,
+                       vocab_size: int) -> Optional[list]:
+    """See :meth:`launcher.engines.base.Engine.label_scores`; ``batches`` already on this rank
+    (:func:`on_this_rank`), the chunks in eval mode; vocabulary padding (ids from
+    ``vocab_size`` on) gets no probability."""
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def forward_step(data_iterator, model):
+        batch = next(data_iterator)
+        output = model(batch["tokens"], batch["position_ids"], None)
+
+        def score(logits):
+            logprob, misses = label_scores(logits, batch["labels"], batch["loss_mask"],
+                                           vocab_size)
+            return logits.float().sum() * 0.0, {"logprob": logprob.cpu(), "misses": misses.cpu()}
+        return output, score
+
+    many = len(chunks) > 1
+    data = [iter(batches) for _ in chunks]
+    with torch.no_grad():
+        out = get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=data if many else data[0],
+            model=chunks if many else chunks[0], num_microbatches=len(batches),
+            seq_length=seq_length, micro_batch_size=micro_batch_size, forward_only=True)
+    counts = parallel_state.is_pipeline_last_stage(ignore_virtual=True) and \
+        parallel_state.get_tensor_model_parallel_rank() == 0
+    return [(d["logprob"], d["misses"]) for d in out] if counts else None
+
+
+def data_parallel() -> tuple[int, int]:
+    """(this rank's data-parallel replica, replicas), context-parallel ranks of a replica alike."""
+    from megatron.core import parallel_state
+
+    return (parallel_state.get_data_parallel_rank(),
+            parallel_state.get_data_parallel_world_size())
+
+
+class ChunkScorer:
+    """A checkpoint's model chunks as the scorer :mod:`launcher.runtime.evaluation` drives."""
+
+    def __init__(self, chunks: list, *, seq_length: int, micro_batch_size: int, vocab_size: int):
+        from megatron.core import parallel_state
+
+        self.chunks = chunks
+        self.seq_length = seq_length // parallel_state.get_context_parallel_world_size()
+        self.micro_batch_size, self.vocab_size = micro_batch_size, vocab_size
+        self.device = collectives.device_for()
+        for chunk in chunks:
+            chunk.eval()
+
+    def label_scores(self, batches: list) -> Optional[list]:
+        return chunk_label_scores(self.chunks, [on_this_rank(b, self.device) for b in batches],
+                                  seq_length=self.seq_length,
+                                  micro_batch_size=self.micro_batch_size,
+                                  vocab_size=self.vocab_size)
+
+    data_parallel = staticmethod(data_parallel)

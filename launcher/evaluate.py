@@ -1,0 +1,130 @@
+"""``python -m launcher.evaluate checkpoint=<dir> eval.tasks=[...] [eval.include_path=[...]]
+[layout overrides] [eval.format=json]``
+
+Scores a checkpoint on downstream tasks (lm-evaluation-harness's format, data on disk;
+docs/eval.md): a trainwright run or step directory of either engine, or a Hugging Face
+directory, at any layout its weights load into (``parallelism.*`` with
+``cluster.gpus_per_node`` processes, e.g. TP=2 or PP=2 on two processes; the model comes from the
+checkpoint). The tasks are encoded with ``eval.tokenizer``, else the checkpoint's own tokenizer
+(its Hugging Face directory's, or the one its run's data was prepared with). Tasks, tokenizer
+and data files are checked before any rank starts. ``eval.format=json`` prints one object:
+``{"checkpoint": ..., "step": ..., "tasks": {task: {metric: value}}, "seconds": ...}``.
+Exit codes: 0 scored, 2 config error.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from launcher.core.exits import CONFIG_ERROR_EXIT
+from launcher.evals.check import eval_problems
+from launcher.launch.bootstrap import Rank, run_ranks
+from launcher.launch.job import prepare
+from launcher.launch.model_source import adopt_model
+
+
+def split_checkpoint(argv: Sequence[str]) -> tuple[str, list]:
+    """(the checkpoint=<dir> value, the other arguments)."""
+    path, rest = "", []
+    for arg in argv:
+        if arg.startswith("checkpoint="):
+            path = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return path, rest
+
+
+def checkpoint_tokenizer(tokenizer: str, checkpoint: str) -> Optional[str]:
+    """``eval.tokenizer``, else the Hugging Face directory's tokenizer.json, else the tokenizer
+    the checkpoint's run was prepared with; None when there is none."""
+    from launcher.engines.weights.sources import (SourceError, checkpoint_meta, step_dir_of,
+                                                  tokenizer_file)
+
+    if tokenizer:
+        return tokenizer
+    if (Path(checkpoint) / "tokenizer.json").is_file():
+        return str(Path(checkpoint) / "tokenizer.json")
+    try:
+        found = tokenizer_file(checkpoint_meta(step_dir_of(Path(checkpoint))))
+    except SourceError:
+        return None
+    return str(found) if found else None
+
+
+def checkpoint_step(checkpoint: str) -> Optional[int]:
+    from launcher.engines.weights.sources import SourceError, checkpoint_meta, step_dir_of
+
+    try:
+        return checkpoint_meta(step_dir_of(Path(checkpoint))).get("step")
+    except SourceError:
+        return None  # a Hugging Face directory
+
+
+def evaluate_rank(rank: Rank, checkpoint: str, tokenizer: str) -> int:
+    """The checkpoint's weights in this layout's model chunks, every task scored (collective);
+    rank 0 prints."""
+    from launcher.engines.megatron.engine import build_model_chunks
+    from launcher.engines.megatron.scoring import ChunkScorer
+    from launcher.engines.weights.fill import fill_chunks
+    from launcher.parallel import collectives
+    from launcher.runtime.evaluation import build_downstream
+
+    cfg, start = rank.job.cfg, time.perf_counter()
+    chunks = build_model_chunks(cfg.model, cfg.parallelism, cfg.trainer)
+    fill_chunks(chunks, checkpoint)
+    scorer = ChunkScorer(chunks, seq_length=cfg.model.seq_length,
+                         micro_batch_size=cfg.trainer.micro_batch_size,
+                         vocab_size=cfg.model.vocab_size)
+    downstream = build_downstream(scorer, ev=cfg.eval, data=cfg.data, seq=cfg.model.seq_length,
+                                  micro_batch=cfg.trainer.micro_batch_size, tokenizer=tokenizer)
+    table = downstream.table()
+    if collectives.rank() == 0:
+        report(table, checkpoint=checkpoint, fmt=cfg.eval.format, out=rank.console.out,
+               seconds=time.perf_counter() - start)
+    return 0
+
+
+def report(table: dict, *, checkpoint: str, fmt: str, out, seconds: float) -> None:
+    if fmt == "json":
+        print(json.dumps({"checkpoint": checkpoint, "step": checkpoint_step(checkpoint),
+                          "tasks": table, "seconds": round(seconds, 3)}), file=out, flush=True)
+        return
+    for task, row in table.items():
+        print(f"{task}: " + ", ".join(f"{k} {v:.4g}" for k, v in row.items()), file=out,
+              flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return 0
+    checkpoint, rest = split_checkpoint(argv)
+    if not checkpoint:
+        print("evaluate: missing checkpoint=<run, step or Hugging Face directory>",
+              file=sys.stderr)
+        return CONFIG_ERROR_EXIT
+    job = prepare(adopt_model(rest, "checkpoint", path=checkpoint), plan=False)
+    tokenizer = checkpoint_tokenizer(job.cfg.eval.tokenizer, checkpoint)
+    problems = eval_problems(job.cfg, tokenizer)
+    if not job.cfg.eval.tasks:
+        problems.append("eval.tasks is empty; name the tasks to score, e.g. eval.tasks=[tw_facts]")
+    if job.cfg.eval.format not in ("text", "json"):
+        problems.append(f"eval.format={job.cfg.eval.format}: use text or json")
+    if problems:
+        print(f"evaluate: {len(problems)} problem(s):\n" + "\n".join(f"- {p}" for p in problems),
+              file=sys.stderr)
+        return CONFIG_ERROR_EXIT
+    return run_ranks(job, functools.partial(evaluate_rank, checkpoint=checkpoint,
+                                            tokenizer=tokenizer), command="evaluate")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())

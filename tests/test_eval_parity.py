@@ -1,0 +1,64 @@
+"""Held against a peer (issue 37): a trainwright checkpoint scored by ``launcher.evaluate`` at
+TP=2 equals lm-evaluation-harness's own Hugging Face backend on the checkpoint's ``to_hf``
+export, for the same task files: accuracy exactly, the log-likelihood metrics to float
+tolerance."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.data_prep import train_hf_tokenizer
+from tests.helpers.training import REPO, train
+
+pytestmark = pytest.mark.slow
+TASKS = ["tw_facts", "tw_paragraphs"]
+LIMIT = 12
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"})
+
+
+def harness_scores(hf_dir, tokenizer) -> dict:
+    """lm-evaluation-harness's HFLM on the export (its own batching, padding and truncation)."""
+    import transformers
+    from lm_eval.models.huggingface import HFLM
+
+    from launcher.evals.harness import run_tasks
+    from launcher.evals.tasks import load_tasks
+
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer))
+    lm = HFLM(pretrained=str(hf_dir), tokenizer=tok, device="cpu", dtype="float32",
+              batch_size=8, max_length=64, prefix_token_id=0)  # prefix: data.eod_token_id
+    return run_tasks(load_tasks(TASKS, []), lm, LIMIT)
+
+
+def test_our_scores_equal_lm_evaluation_harness_on_the_export(tmp_path):
+    tokenizer = train_hf_tokenizer(tmp_path, vocab_size=500)
+    train(tmp_path, "run", "engine=megatron", "trainer.train_steps=3")
+    exported = cli("launcher.convert", "to_hf", f"checkpoint={tmp_path / 'run'}",
+                   f"out={tmp_path / 'hf'}")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    ours = cli("launcher.evaluate", f"checkpoint={tmp_path / 'run'}", f"eval.tasks=[{','.join(TASKS)}]",
+               f"eval.limit={LIMIT}", f"eval.tokenizer={tokenizer}", "eval.format=json",
+               "parallelism.tensor_parallel_size=2", "trainer.precision=fp32")
+    assert ours.returncode == 0, ours.stderr[-3000:]
+    result = json.loads(ours.stdout.strip().splitlines()[-1])
+    assert result["step"] == 3 and set(result["tasks"]) == set(TASKS)
+    theirs = harness_scores(tmp_path / "hf", tokenizer)
+    for task in TASKS:
+        assert set(result["tasks"][task]) == set(theirs[task]), task
+    assert result["tasks"]["tw_facts"]["examples"] == LIMIT  # of 32
+    assert result["tasks"]["tw_paragraphs"]["examples"] == 8  # all there are
+    assert result["tasks"]["tw_facts"]["acc"] == theirs["tw_facts"]["acc"]
+    assert result["tasks"]["tw_facts"]["acc_norm"] == theirs["tw_facts"]["acc_norm"]
+    for metric in ("bits_per_byte", "byte_perplexity", "word_perplexity"):
+        assert result["tasks"]["tw_paragraphs"][metric] == \
+            pytest.approx(theirs["tw_paragraphs"][metric], rel=1e-5), metric
