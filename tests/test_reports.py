@@ -280,3 +280,28 @@ def test_the_search_page_plots_every_candidate_and_greys_what_does_not_fit(tmp_p
     assert grey["x"] and all(x < 0.1 for x in grey["x"])  # less headroom than search.headroom
     assert all("GiB per GPU, over the" in text for text in grey["hovertext"])
     assert f"{listed['searched']:,} layouts searched" in check.text
+
+
+@pytest.mark.slow
+def test_downstream_task_scores_are_drawn_against_tokens_once_per_step(tmp_path, browser):
+    """Task lines of metrics.jsonl (a resumed run scored step 20 twice: the later counts)."""
+    run_dir = tmp_path / "tasks"
+    synthetic_run(run_dir, 40, spike_at=0)
+    scores = [(10, 0.25, 5.1), (20, 0.30, 4.9), (20, 0.35, 4.8), (40, 0.5, 4.2)]
+    with (run_dir / "metrics.jsonl").open("a") as out:
+        for step, acc, bpb in scores:
+            out.write(json.dumps({"step": step, "eval/tw_facts/acc": acc,
+                                  "eval/tw_facts/examples": 32.0,
+                                  "eval/tw_paragraphs/bits_per_byte": bpb,
+                                  "eval/tokens": step * 4096}) + "\n")
+    out = subprocess.run([sys.executable, "-m", "launcher.report", str(run_dir), "--format",
+                          "html"], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    check = open_report(browser, run_dir / "report.html")
+    assert_self_contained(check)
+    assert "Downstream tasks" in check.text
+    by_name = {t["name"]: t for traces in check.data.values() for t in traces}
+    assert by_name["acc"]["x"] == [10 * 4096, 20 * 4096, 40 * 4096]
+    assert by_name["acc"]["y"] == [0.25, 0.35, 0.5]
+    assert by_name["bits_per_byte"]["y"] == [5.1, 4.8, 4.2]
+    assert "examples" not in by_name

@@ -43,6 +43,9 @@ class RunData:
     """Step lines a later attempt logged again (work thrown away by a restart), in file order."""
     evals: list = field(default_factory=list)
     """metrics.jsonl evaluation lines (``eval/loss``)."""
+    tasks: list = field(default_factory=list)
+    """metrics.jsonl downstream-task lines (``eval/tokens`` and ``eval/<task>/<metric>``), one
+    per step (the last, when a restart scored a step again), by step."""
     events: list = field(default_factory=list)
     plan: dict = field(default_factory=dict)
     config_text: str = ""
@@ -74,7 +77,7 @@ class RunData:
 def load_run(run_dir: Path) -> RunData:
     """Read ``run_dir`` (a run directory: metrics.jsonl and/or events.jsonl)."""
     run_dir = Path(run_dir)
-    data, by_step = RunData(run_dir), {}
+    data, by_step, scored = RunData(run_dir), {}, {}
     for row in read_jsonl(run_dir / "metrics.jsonl"):
         if "loss" in row and "step" in row:
             if row["step"] in by_step:
@@ -82,7 +85,10 @@ def load_run(run_dir: Path) -> RunData:
             by_step[row["step"]] = row
         elif "eval/loss" in row:
             data.evals.append(row)
+        elif "eval/tokens" in row and "step" in row:
+            scored[row["step"]] = row
     data.steps = [by_step[step] for step in sorted(by_step)]
+    data.tasks = [scored[step] for step in sorted(scored)]
     data.events = read_jsonl(run_dir / "events.jsonl")
     for name, attr in (("plan.json", "plan"), ("env.json", "env")):
         try:

@@ -108,6 +108,37 @@ def loss_figure(run: RunData):
     return fig
 
 
+def task_metrics(rows: list) -> dict:
+    """{task: [metric, ...]} of the ``eval/<task>/<metric>`` keys (examples left out)."""
+    found: dict = {}
+    for row in rows:
+        for key in row:
+            bits = key.split("/")
+            if len(bits) == 3 and bits[0] == "eval" and bits[2] != "examples" \
+                    and bits[2] not in found.setdefault(bits[1], []):
+                found[bits[1]].append(bits[2])
+    return found
+
+
+def task_figures(run: RunData) -> list:
+    """One chart per downstream task: each of its metrics against the tokens trained."""
+    figures = []
+    tokens = column(run.tasks, "eval/tokens")
+    for task, metrics in task_metrics(run.tasks).items():
+        fig = subplots(len(metrics), metrics)
+        for i, metric in enumerate(metrics):
+            key = f"eval/{task}/{metric}"
+            rows = [r for r in run.tasks if key in r]
+            fig.add_trace(line(column(rows, "eval/tokens"), column(rows, key), metric,
+                               mode="lines+markers", color=COLORS[i]), row=i + 1, col=1)
+        fig.update_layout(title=f"{task} (against tokens trained; last step "
+                                f"{run.tasks[-1]['step']})" if tokens else task,
+                          showlegend=False)
+        fig.update_xaxes(title_text="tokens", row=len(metrics), col=1)
+        figures.append((fig, len(metrics)))
+    return figures
+
+
 def series_figure(run: RunData, keys: tuple, title: str):
     """One chart per key of ``keys`` the step lines have, stacked, against step."""
     keys = [k for k in keys if has(run.steps, k)]
@@ -268,6 +299,10 @@ def run_page(run: RunData) -> Page:
             page.figure(memory, height=320)
     else:
         page.paragraph("No training step was recorded.", "note")
+    if run.tasks:
+        page.heading("Downstream tasks")
+        for fig, rows in task_figures(run):
+            page.figure(fig, height=160 + 180 * rows)
     page.heading("Goodput")
     for fig in goodput_figures(run):
         page.figure(fig, height=260)
