@@ -68,8 +68,19 @@ def loss_summary(run_dir: Path) -> tuple[float, float, int]:
     return steps[0]["loss"], sum(r["loss"] for r in steps[-3:]) / 3, steps[-1]["step"]
 
 
+def task_summary(run_dir: Path) -> str:
+    """The last downstream-task line of the run, as 'task metric value, ...'."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    scored = [r for r in rows if "eval/tokens" in r]
+    if not scored:
+        return ""
+    return ", ".join(f"{k.split('/')[1]} {k.split('/')[2]} {v:.3g}" for k, v in scored[-1].items()
+                     if k.count("/") == 2 and not k.endswith("/examples"))
+
+
 def main() -> int:
     train = ["trainer.eval_interval=40", "trainer.save_interval=60", "trainer.log_interval=5",
+             "eval=demo",  # the shipped downstream tasks every 50 steps and at the end
              "optimizer.warmup_steps=10", "optimizer.lr=2e-3", "optimizer.min_lr=2e-4",
              f"run.name={RUN_NAME}", f"run.output_root={ROOT}", *sys.argv[1:]]
     data = prepare_corpus()
@@ -88,6 +99,10 @@ def main() -> int:
     console.rule("[bold]done[/]")
     console.print(f"loss fell from {first:.2f} (first logged step) to {last:.2f} (last three), "
                   f"{step} steps; run directory: {run_dir.resolve()}")
+    scores = task_summary(run_dir)
+    if scores:
+        console.print(f"downstream tasks at step {step}: {scores}", markup=False,
+                      highlight=False)
     console.print(f"report (open it in a browser): {(run_dir / 'report.html').resolve()}",
                   markup=False, highlight=False, soft_wrap=True)
     if not last < first - 1.0:
