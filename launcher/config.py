@@ -793,6 +793,10 @@ class EvalConfig:
     or the tokenizer of the shards' manifest)."""
     format: str = "text"
     """python -m launcher.evaluate's output: text (a table) or json (one object)."""
+    rows: int = 0
+    """Scored rows of one evaluation of eval.tasks (a request; a rolling text counts its
+    windows): what the plan prices. 0 = counted by the launcher from the tasks before it plans
+    (python -m launcher.plan alone does not count them and leaves them unpriced)."""
 
 
 @dataclass

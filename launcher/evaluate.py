@@ -83,7 +83,7 @@ def evaluate_rank(rank: Rank, checkpoint: str, tokenizer: str) -> int:
                          vocab_size=cfg.model.vocab_size)
     downstream = build_downstream(scorer, ev=cfg.eval, data=cfg.data, seq=cfg.model.seq_length,
                                   micro_batch=cfg.trainer.micro_batch_size, tokenizer=tokenizer)
-    table = downstream.table()
+    table, _ = downstream.table()
     if collectives.rank() == 0:
         report(table, checkpoint=checkpoint, fmt=cfg.eval.format, out=rank.console.out,
                seconds=time.perf_counter() - start)

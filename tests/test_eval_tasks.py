@@ -74,6 +74,9 @@ def test_tasks_scored_every_interval_and_at_the_end_with_tokens(tmp_path, tokeni
     assert [r["step"] for r in scored] == [2, 3]
     tokens = 2 * 2 * 64  # a step: micro-batch 2 x 2 replicas x sequence 64
     assert [r["eval/tokens"] for r in scored] == [2 * tokens, 3 * tokens]
+    plan = json.loads((tmp_path / "every" / "plan.json").read_text())["downstream"]
+    assert plan["evaluations"] == 2 and plan["seconds"] > 0
+    assert plan["rows"] == scored[0]["eval/rows"] > 8 * 4  # the launcher counted what ran
 
 
 def launch(tmp_path, *overrides) -> subprocess.CompletedProcess:
@@ -154,6 +157,17 @@ def test_rolling_windows_cover_every_token_once():
     totals = rolling([Req("abcdefghij"), Req("xyz")], encode, eot=0, max_length=4, score=score)
     assert totals == [-10.0, -3.0]  # every token scored once, each text on its own
     assert all(len(ctx) + len(cont) <= 5 for ctx, cont in seen)
+
+
+def test_evaluations_and_their_price():
+    from launcher.plan.resilience import evaluations, planned_tasks_s
+
+    assert evaluations(200, 50, True) == 4 and evaluations(210, 50, True) == 5
+    assert evaluations(210, 50, False) == 4 and evaluations(30, 0, True) == 1
+    assert evaluations(30, 0, False) == 0
+    # 100 rows on 2 replicas of micro-batch 4: 13 forward passes, each a third of 1/4 step
+    assert planned_tasks_s(1.2, 100, 2, 4, 4) == pytest.approx(13 * 1.2 / 4 / 3)
+    assert planned_tasks_s(1.2, 0, 2, 4, 4) == 0
 
 
 def test_metric_table_keeps_finite_metrics_without_filter_or_stderr():

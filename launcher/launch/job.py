@@ -97,6 +97,8 @@ def planned_job(argv: Sequence[str], raw: DictConfig, *, run_dir: Optional[Path]
     """The job of the composed ``raw``: planned for the world the ranks will form (exit 2 on a
     plan problem) and, with ``check_data``, checked against its data shards."""
     cfg = to_object(raw)
+    if check_data:
+        cfg = with_eval_rows(cfg)  # exit 2 on a task problem, before the plan prices them
     world = launched_world(cfg)
     plan = plan_or_exit(cfg, world)
     if cfg.plan.calibrate and not plan.sources["step time"].startswith("measured") \
@@ -108,13 +110,26 @@ def planned_job(argv: Sequence[str], raw: DictConfig, *, run_dir: Optional[Path]
     cfg, planned, notes = plan_for_this_machine(cfg, plan, world)
     if check_data:
         check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size, cfg.data.split)
-        check_eval_or_exit(cfg)
     run_dir = run_dir or run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name)
     config = to_plain(raw)
     config["trainer"]["precision"] = plan.precision  # what config.yaml records: the one trained
     notes = (f"precision {plan.precision}: {plan.precision_reason}",) + notes \
         if raw.trainer.precision == "auto" else notes
     return Job(tuple(argv), config, cfg, planned, run_dir, notes)
+
+
+def with_eval_rows(cfg: TrainwrightConfig) -> TrainwrightConfig:
+    """``cfg`` with ``eval.rows`` counted from its tasks (checked first: exit 2 on a problem)."""
+    if not cfg.eval.tasks:
+        return cfg
+    check_eval_or_exit(cfg)
+    if cfg.eval.rows:
+        return cfg
+    from launcher.evals.count import count_rows
+    from launcher.evals.tokenizer import eval_tokenizer_path
+
+    rows = count_rows(cfg.eval, eval_tokenizer_path(cfg.eval, cfg.data), cfg.model.seq_length)
+    return dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, rows=rows))
 
 
 def calibrated_plan(argv: Sequence[str], cfg: TrainwrightConfig, world: int) -> Plan:

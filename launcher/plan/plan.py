@@ -28,8 +28,8 @@ from launcher.plan.memory import (ActivationSettings, in_flight_microbatches,
 from launcher.plan.params import ParamCounts, StageParams, count_parameters, stage_params
 from launcher.plan.precision import PrecisionChoice, precision_choice, with_precision
 from launcher.plan.calibrated import Calibration, find_calibration
-from launcher.plan.resilience import (planned_eval_s, planned_first_phase_s,
-                                      resilience_problems, resilience_warnings)
+from launcher.plan.resilience import (evaluations, planned_eval_s, planned_first_phase_s,
+                                      planned_tasks_s, resilience_problems, resilience_warnings)
 from launcher.plan.step_time import StepTime
 from launcher.plan.timing import peak_flops, predict_step
 from launcher.plan.validate import (Problem, check_batch, check_interleaving, check_positive,
@@ -167,6 +167,9 @@ class Plan:
     sources: dict = field(default_factory=dict)
     """Where each figure comes from: "measured: <profile>, <date>", the catalogue, an
     assumption (what: source)."""
+    downstream: dict = field(default_factory=dict)
+    """Downstream tasks (eval.tasks): {"rows": per evaluation, "seconds": one evaluation,
+    "evaluations": in the run}; empty without tasks."""
 
     @property
     def stage_layers(self) -> tuple[int, ...]:
@@ -195,7 +198,8 @@ class Plan:
             "engine_notes": list(self.engine_notes), "warnings": list(self.warnings),
             "goodput": self.goodput.to_dict() if self.goodput else None,
             "precision": self.precision, "precision_reason": self.precision_reason,
-            "first_phase_timeout_s": self.first_phase_timeout_s, "sources": dict(self.sources)}
+            "first_phase_timeout_s": self.first_phase_timeout_s, "sources": dict(self.sources),
+            "downstream": dict(self.downstream)}
 
 
 def _batch_keys(b: Batch) -> dict:
@@ -369,8 +373,11 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: B
                         device.name, device.memory_bytes, peak_flops(cfg, device) / 1e12)
     compute, measured = _compute(cfg, dims, device, batch, flash, most, model, calibration)
     eval_s = planned_eval_s(compute.step_time_s, cfg.trainer.eval_iters, batch.grad_accum_steps)
+    tasks_s = planned_tasks_s(compute.step_time_s, cfg.eval.rows if cfg.eval.tasks else 0,
+                              dims.dp, batch.micro_batch_size, batch.grad_accum_steps)
     goodput = _goodput(cfg, counts, per_gpu, batch, compute, eval_s,
-                       launch_cost(device, calibration))
+                       launch_cost(device, calibration), tasks_s)
+    eval_s = max(eval_s, tasks_s)  # the longest evaluation, for the timeouts
     plan = Plan(
         engine=cfg.engine.name.value, zero_stage=cfg.parallelism.zero_stage, machines=machines,
         model=model, dims=dims, batch=batch,
@@ -389,7 +396,8 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: B
         first_phase_timeout_s=planned_first_phase_s(
             cfg.resilience, startup_s=goodput.startup_s, load_s=goodput.load_s,
             step_s=compute.step_time_s, save_s=goodput.save_s, eval_s=eval_s),
-        sources=_sources(cfg, calibration if measured else None, goodput, choice))
+        sources=_sources(cfg, calibration if measured else None, goodput, choice),
+        downstream=_downstream(cfg, batch, tasks_s))
     problems = _fit_problems(plan) + resilience_problems(
         cfg, step_time_s=compute.step_time_s, eval_s=eval_s, goodput=goodput)
     if problems:
@@ -398,9 +406,11 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: B
 
 
 def _goodput(cfg: TrainwrightConfig, counts: ParamCounts, per_gpu: MemoryPerGPU, batch: Batch,
-             compute: Compute, eval_s: float, launch: LaunchCost) -> GoodputPlan:
+             compute: Compute, eval_s: float, launch: LaunchCost,
+             tasks_s: float = 0.0) -> GoodputPlan:
     """Planned save time, expected goodput (start-up, exit and evaluations counted) and the
-    best save interval; ``eval_s``: one validation pass."""
+    best save interval; ``eval_s``: one validation pass, ``tasks_s``: one evaluation of the
+    downstream tasks."""
     c, t = cfg.cluster, cfg.trainer
     unsharded = state_bytes_per_param(
         precision=t.precision, engine=cfg.engine.name, zero_stage=0,
@@ -413,7 +423,17 @@ def _goodput(cfg: TrainwrightConfig, counts: ParamCounts, per_gpu: MemoryPerGPU,
         node_mtbf_hours=c.mtbf_hours, async_save=t.async_save,
         step_time_s=compute.step_time_s, save_interval=t.save_interval,
         train_steps=batch.train_steps, launch=launch,
-        eval_s=eval_s * (batch.train_steps // t.eval_interval if t.eval_interval else 0))
+        eval_s=eval_s * (batch.train_steps // t.eval_interval if t.eval_interval else 0)
+        + tasks_s * (evaluations(batch.train_steps, cfg.eval.interval, cfg.eval.at_end)
+                     if cfg.eval.tasks else 0))
+
+
+def _downstream(cfg: TrainwrightConfig, batch: Batch, tasks_s: float) -> dict:
+    ev = cfg.eval
+    if not ev.tasks:
+        return {}
+    return {"rows": ev.rows, "seconds": tasks_s,
+            "evaluations": evaluations(batch.train_steps, ev.interval, ev.at_end)}
 
 
 def _sources(cfg: TrainwrightConfig, calibration: Optional[Calibration], goodput: GoodputPlan,

@@ -150,6 +150,18 @@ def _time_rows(p: Plan) -> list[tuple[str, str, str]]:
     ]
 
 
+def _downstream_rows(p: Plan) -> list[tuple[str, str, str]]:
+    d = p.downstream
+    if not d:
+        return []
+    if not d["rows"]:
+        return [("downstream tasks", "not priced", f"{d['evaluations']:,} evaluations; their rows "
+                 "are counted when a run launches (eval.rows)")]
+    return [("downstream tasks", f"{d['seconds'] * d['evaluations']:,.1f} s",
+             f"{d['evaluations']:,} evaluations of {d['rows']:,} rows, {d['seconds']:,.2f} s "
+             "each (a forward pass per micro-batch of rows on every replica)")]
+
+
 def _goodput_rows(p: Plan) -> list[tuple[str, str, str]]:
     g = p.goodput
     if g is None:
@@ -163,6 +175,7 @@ def _goodput_rows(p: Plan) -> list[tuple[str, str, str]]:
         ("launch", f"{g.startup_s + g.shutdown_s:,.0f} s",
          f"start-up {g.startup_s:,.1f} s, exit {g.shutdown_s:,.1f} s with the final save "
          f"({g.launch_source}); evaluations {g.eval_s:,.1f} s in all"),
+        *_downstream_rows(p),
         ("expected goodput", f"{g.expected:.1%}", f"saving {every} (trainer.save_interval); "
                                                   "start-up, exit and evaluations counted"),
         ("best save interval", f"{g.best_save_interval:,}",

@@ -56,6 +56,23 @@ def planned_eval_s(step_time_s: float, eval_iters: int, grad_accum_steps: int) -
     return step_time_s * eval_iters / max(1, grad_accum_steps) / 3.0
 
 
+def planned_tasks_s(step_time_s: float, rows: int, dp: int, micro_batch: int,
+                    grad_accum_steps: int) -> float:
+    """One evaluation of the downstream tasks: every replica runs ceil(rows / dp / micro_batch)
+    forward passes of a micro-batch (each about a third of a micro-batch's share of the step)."""
+    import math
+
+    passes = math.ceil(math.ceil(rows / max(1, dp)) / max(1, micro_batch)) if rows else 0
+    return step_time_s * passes / max(1, grad_accum_steps) / 3.0
+
+
+def evaluations(train_steps: int, interval: int, at_end: bool) -> int:
+    """How many times a run of ``train_steps`` evaluates every ``interval`` steps (0: never on
+    the way), and once more after the last step with ``at_end`` when that is not one of them."""
+    count = train_steps // interval if interval else 0
+    return count + (1 if at_end and (not interval or train_steps % interval) else 0)
+
+
 def resilience_problems(cfg: TrainwrightConfig, *, step_time_s: float, eval_s: float,
                         goodput: GoodputPlan) -> list[Problem]:
     """Settings that cannot work together (module docstring)."""

@@ -64,19 +64,27 @@ class DownstreamEval:
     def due(self, step: int, last: bool) -> bool:
         return bool(self.interval and step % self.interval == 0) or (last and self.at_end)
 
-    def table(self) -> dict:
-        """{task: {metric: value}} (collective)."""
+    def table(self) -> tuple[dict, int]:
+        """({task: {metric: value}}, rows scored) (collective)."""
         from launcher.evals.harness import ScoredLM, run_tasks
 
-        lm = ScoredLM(self.encode, self.eot, self.seq, self.score)
-        return run_tasks(self.tasks, lm, self.limit)
+        scored = []
+
+        def counted(rows):
+            scored.append(len(rows))
+            return self.score(rows)
+
+        lm = ScoredLM(self.encode, self.eot, self.seq, counted)
+        return run_tasks(self.tasks, lm, self.limit), sum(scored)
 
     def __call__(self) -> dict:
-        """{"eval/<task>/<metric>": value, ..., "eval/tasks_s": seconds} (collective)."""
+        """{"eval/<task>/<metric>": value, ..., "eval/rows": rows scored, "eval/tasks_s":
+        seconds} (collective)."""
         start = time.perf_counter()
-        flat = {f"eval/{task}/{metric}": value for task, row in self.table().items()
+        table, rows = self.table()
+        flat = {f"eval/{task}/{metric}": value for task, row in table.items()
                 for metric, value in row.items()}
-        return {**flat, "eval/tasks_s": time.perf_counter() - start}
+        return {**flat, "eval/rows": rows, "eval/tasks_s": time.perf_counter() - start}
 
 
 def build_downstream(engine, *, ev: EvalConfig, data: DataConfig, seq: int, micro_batch: int,
