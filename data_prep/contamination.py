@@ -57,11 +57,13 @@ def window_hashes(tokens: np.ndarray, n: int) -> np.ndarray:
     count = len(tokens) - n + 1
     if count <= 0:
         return np.zeros(0, dtype=np.uint64)
-    ids = tokens.astype(np.uint64) + np.uint64(1)
-    hashes = np.zeros(count, dtype=np.uint64)
+    ids = tokens.astype(np.uint64)
+    ids += np.uint64(1)
+    hashes = ids[:count].copy()
     with np.errstate(over="ignore"):
-        for k in range(n):
-            hashes = hashes * PRIME + ids[k:k + count]
+        for k in range(1, n):
+            hashes *= PRIME
+            hashes += ids[k:k + count]
     return hashes
 
 
@@ -71,9 +73,22 @@ def scan_range(args: tuple) -> np.ndarray:
     path, dtype, start, stop, n, wanted = args
     tokens = np.memmap(path, dtype=dtype, mode="r")
     hashes = window_hashes(np.asarray(tokens[start:min(len(tokens), stop + n - 1)]), n)
+    hashes = hashes[prefilter(wanted)[(hashes >> SHIFT).astype(np.intp)]]
     where = np.searchsorted(wanted, hashes)
     where[where == len(wanted)] = 0
     return np.unique(hashes[wanted[where] == hashes])
+
+
+SHIFT = np.uint64(64 - 24)
+"""The top 24 bits of a hash index :func:`prefilter`'s table."""
+
+
+def prefilter(wanted: np.ndarray) -> np.ndarray:
+    """A table of 2**24 flags, set where some task hash has those top bits: one lookup in 16 MB
+    drops almost every window (at 330,000 task n-grams, 2% pass on to the binary search)."""
+    table = np.zeros(1 << 24, dtype=bool)
+    table[(wanted >> SHIFT).astype(np.intp)] = True
+    return table
 
 
 def shard_ranges(out_dir: str, manifest: dict, n: int, wanted: np.ndarray) -> list:
