@@ -793,6 +793,17 @@ class EvalConfig:
     or the tokenizer of the shards' manifest)."""
     format: str = "text"
     """python -m launcher.evaluate's output: text (a table) or json (one object)."""
+    contamination: bool = False
+    """Check eval.tasks against the run's own shards once before launch (python -m
+    data_prep.contamination, cached beside the shards by their manifest): each score is then
+    reported beside its score on the examples not found there (eval/<task>/<metric>_clean)."""
+    ngram: int = 8
+    """Tokens per n-gram of the contamination check (8: Llama 3's)."""
+    threshold: float = 0.5
+    """Share of an example's n-grams found in the shards from which it counts as contaminated."""
+    contaminated: Dict[str, List[int]] = field(default_factory=dict)
+    """{task: contaminated examples' indices in its evaluation split}: set by the launcher with
+    eval.contamination (empty = none found, or not checked)."""
     rows: int = 0
     """Scored rows of one evaluation of eval.tasks (a request; a rolling text counts its
     windows): what the plan prices. 0 = counted by the launcher from the tasks before it plans

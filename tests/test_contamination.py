@@ -75,3 +75,53 @@ def test_window_hashes_match_equal_windows_only():
     assert len(window_hashes(tokens[:2], 3)) == 0
     wide = window_hashes(np.array([70000, 1, 2], dtype=np.uint32), 2)
     assert wide[0] != window_hashes(np.array([70000 - 65536, 1], dtype=np.uint32), 2)[0]
+
+
+@pytest.fixture(scope="module")
+def hf_shards(tmp_path_factory):
+    """Shards of standard-library code, a byte-level BPE of the tiny model's size, and fact
+    question 5 pasted into one document."""
+    from tests.helpers.data_prep import train_hf_tokenizer
+
+    root = tmp_path_factory.mktemp("run_contam")
+    tokenizer = train_hf_tokenizer(root, vocab_size=500)
+    docs = stdlib_documents(20, offset=80, max_chars=20_000)
+    docs[3] = docs[3][:800] + "\n" + lines("tw_facts")[5]["question"] + "\n" + docs[3][800:]
+    write_jsonl(root / "corpus.jsonl", docs)
+    run_module("data_prep", f"input={root / 'corpus.jsonl'}", f"output={root / 'shards'}",
+               "progress=false", "tokenizer.kind=hf", f"tokenizer.path={tokenizer}", check=True)
+    return root / "shards"
+
+
+def test_a_run_scores_each_task_beside_its_clean_subset(hf_shards, tmp_path):
+    from tests.helpers.training import train
+
+    data = [f"hydra.searchpath=[file://{hf_shards / 'conf'}]", "data=shards",
+            'data.split="80,10,10"']
+    proc = train(tmp_path, "run", *data, "eval.tasks=[tw_facts]", "eval.contamination=true",
+                 "trainer.train_steps=1", "engine=megatron")
+    assert "eval.contamination: examples found in the shards (8-grams, 50%): tw_facts 1" \
+        in proc.stderr
+    [cached] = (hf_shards / "contamination").glob("*.json")
+    assert json.loads(cached.read_text())["tasks"]["tw_facts"]["ids"] == [5]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
+            .splitlines()]
+    [scored] = [r for r in rows if "eval/tw_facts/acc" in r]
+    assert scored["eval/tw_facts/examples"] == 32 and scored["eval/tw_facts/examples_clean"] == 31
+    assert {"eval/tw_facts/acc_clean", "eval/tw_facts/acc_norm_clean"} <= set(scored)
+    recorded = (tmp_path / "run" / "config.yaml").read_text()
+    assert "contaminated:\n    tw_facts:\n    - 5" in recorded
+    again = train(tmp_path, "again", *data, "eval.tasks=[tw_facts]", "eval.contamination=true",
+                  "trainer.train_steps=1", "engine=megatron")
+    assert "tw_facts 1" in again.stderr and len(list((hf_shards / "contamination").glob("*"))) == 1
+
+
+def test_contamination_without_shards_exits_2(tmp_path):
+    from tests.helpers.data_prep import train_hf_tokenizer
+    from tests.helpers.training import train
+
+    tokenizer = train_hf_tokenizer(tmp_path, vocab_size=500)
+    proc = train(tmp_path, "mock", "eval.tasks=[tw_facts]", "eval.contamination=true",
+                 f"eval.tokenizer={tokenizer}", expect=2)
+    assert "eval.contamination needs the run's shards" in proc.stderr
+    assert not (tmp_path / "mock").exists()

@@ -126,6 +126,11 @@ def test_a_split_left_without_documents_is_refused(corpus, tmp_path):
     assert docs == 6  # the corpus fixture's documents
     (problem,) = split_problems(prefixes[:1], "98,1,1")
     assert "leaves the validation split no document of" in problem and prefixes[0] in problem
+    # the fix it suggests composes as written (unquoted commas were a Hydra list: exit 2)
+    suggested = problem.split("(e.g. '")[1].split("'")[0]
+    from launcher.compose import compose_config
+
+    assert compose_config([suggested]).data.split == "80,10,10"
     assert split_problems(prefixes, "34,33,33") == []
     assert split_problems(prefixes, "100,0,0") == []  # an unweighted split is not built
     proc = run_module("launcher.train", f"hydra.searchpath=[file://{corpus / 'conf'}]",

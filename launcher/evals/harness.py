@@ -78,17 +78,38 @@ def rolling(requests, encode, eot: int, max_length: int, score: Scorer) -> list[
     return totals
 
 
-def run_tasks(tasks: dict, lm, limit: int = 0) -> dict:
+def run_tasks(tasks: dict, lm, limit: int = 0, contaminated: dict | None = None) -> dict:
     """{task: {metric: value}} of ``tasks`` (lm-evaluation-harness Tasks) scored by ``lm``;
-    ``limit`` examples per task (0: all). Standard errors are not computed (no bootstrap)."""
+    ``limit`` examples per task (0: all). Standard errors are not computed (no bootstrap). With
+    ``contaminated`` ({task: example indices}), each task also gets ``<metric>_clean`` and
+    ``examples_clean``: its metrics over the examples not in that list."""
     import os
 
     os.environ.setdefault("TQDM_DISABLE", "1")  # per-request progress bars on every rank
     from lm_eval.evaluator import evaluate
 
     out = evaluate(lm=lm, task_dict=tasks, limit=limit or None, bootstrap_iters=0,
-                   log_samples=False, verbosity="WARNING")
-    return metric_table(out["results"])
+                   log_samples=contaminated is not None, verbosity="WARNING")
+    table = metric_table(out["results"])
+    if contaminated is not None:
+        for task, samples in out["samples"].items():
+            table[task].update(clean_metrics(tasks[task], samples,
+                                             set(contaminated.get(task, ()))))
+    return table
+
+
+def clean_metrics(task, samples: list, excluded: set) -> dict:
+    """The task's metrics over its samples whose example is not in ``excluded``, aggregated by
+    the task's own functions (lm-evaluation-harness's: mean, weighted perplexity, ...)."""
+    kept = [s for s in samples if s["doc_id"] not in excluded]
+    out = {"examples_clean": float(len(kept))}
+    for metric, aggregate in task.aggregation().items():
+        values = [s[metric] for s in kept if metric in s]
+        if values:
+            value = float(aggregate(values))
+            if math.isfinite(value):
+                out[f"{metric}_clean"] = value
+    return out
 
 
 def metric_table(results: dict) -> dict:

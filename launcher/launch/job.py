@@ -23,6 +23,7 @@ from launcher.compose import compose_or_exit, config_errors, exit_on_config_erro
 from launcher.config import Precision, TrainwrightConfig
 from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.evals.check import check_eval_or_exit
+from launcher.launch.contamination import with_contamination
 from launcher.launch.model_source import adopt_model
 from launcher.parallel.distributed import in_distributed_launch
 from launcher.plan import Plan, PlanError, compute_plan, plan_or_exit, print_problems
@@ -98,7 +99,7 @@ def planned_job(argv: Sequence[str], raw: DictConfig, *, run_dir: Optional[Path]
     plan problem) and, with ``check_data``, checked against its data shards."""
     cfg = to_object(raw)
     if check_data:
-        cfg = with_eval_rows(cfg)  # exit 2 on a task problem, before the plan prices them
+        cfg = with_contamination(with_eval_rows(cfg))  # exit 2 on a task problem, first
     world = launched_world(cfg)
     plan = plan_or_exit(cfg, world)
     if cfg.plan.calibrate and not plan.sources["step time"].startswith("measured") \
@@ -113,6 +114,7 @@ def planned_job(argv: Sequence[str], raw: DictConfig, *, run_dir: Optional[Path]
     run_dir = run_dir or run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name)
     config = to_plain(raw)
     config["trainer"]["precision"] = plan.precision  # what config.yaml records: the one trained
+    config["eval"].update(rows=cfg.eval.rows, contaminated=dict(cfg.eval.contaminated))
     notes = (f"precision {plan.precision}: {plan.precision_reason}",) + notes \
         if raw.trainer.precision == "auto" else notes
     return Job(tuple(argv), config, cfg, planned, run_dir, notes)

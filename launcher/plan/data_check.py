@@ -84,8 +84,8 @@ def split_problems(prefixes: Sequence[str], split: str) -> list[str]:
                 problems.append(
                     f"data.split={split} leaves the {name} split no document of {prefix} "
                     f"({docs} documents): Megatron-Core would loop forever building it; give "
-                    "that split more weight (e.g. data.split=80,10,10) or the shard more "
-                    "documents")
+                    "that split more weight (e.g. 'data.split=\"80,10,10\"': unquoted, "
+                    "Hydra reads the commas as a list) or the shard more documents")
                 break
     return problems
 

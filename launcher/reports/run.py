@@ -114,14 +114,16 @@ def task_metrics(rows: list) -> dict:
     for row in rows:
         for key in row:
             bits = key.split("/")
-            if len(bits) == 3 and bits[0] == "eval" and bits[2] != "examples" \
+            if len(bits) == 3 and bits[0] == "eval" and not bits[2].startswith("examples") \
+                    and not bits[2].endswith("_clean") \
                     and bits[2] not in found.setdefault(bits[1], []):
                 found[bits[1]].append(bits[2])
     return found
 
 
 def task_figures(run: RunData) -> list:
-    """One chart per downstream task: each of its metrics against the tokens trained."""
+    """One chart per downstream task: each of its metrics against the tokens trained, beside
+    its score on the examples not found in the run's shards (eval.contamination)."""
     figures = []
     tokens = column(run.tasks, "eval/tokens")
     for task, metrics in task_metrics(run.tasks).items():
@@ -131,6 +133,11 @@ def task_figures(run: RunData) -> list:
             rows = [r for r in run.tasks if key in r]
             fig.add_trace(line(column(rows, "eval/tokens"), column(rows, key), metric,
                                mode="lines+markers", color=COLORS[i]), row=i + 1, col=1)
+            clean = [r for r in run.tasks if f"{key}_clean" in r]
+            if clean:  # eval.contamination: the score on the examples not in the shards
+                fig.add_trace(line(column(clean, "eval/tokens"), column(clean, f"{key}_clean"),
+                                   f"{metric} (clean)", mode="lines+markers",
+                                   color=COLORS[5]), row=i + 1, col=1)
         fig.update_layout(title=f"{task} (against tokens trained; last step "
                                 f"{run.tasks[-1]['step']})" if tokens else task,
                           showlegend=False)

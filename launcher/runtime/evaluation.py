@@ -60,6 +60,9 @@ class DownstreamEval:
     interval: int
     at_end: bool
     limit: int
+    contaminated: dict | None = None
+    """{task: example indices found in the run's shards} (eval.contamination), or None: no
+    clean-subset scores."""
 
     def due(self, step: int, last: bool) -> bool:
         return bool(self.interval and step % self.interval == 0) or (last and self.at_end)
@@ -75,7 +78,7 @@ class DownstreamEval:
             return self.score(rows)
 
         lm = ScoredLM(self.encode, self.eot, self.seq, counted)
-        return run_tasks(self.tasks, lm, self.limit), sum(scored)
+        return run_tasks(self.tasks, lm, self.limit, self.contaminated), sum(scored)
 
     def __call__(self) -> dict:
         """{"eval/<task>/<metric>": value, ..., "eval/rows": rows scored, "eval/tasks_s":
@@ -101,4 +104,5 @@ def build_downstream(engine, *, ev: EvalConfig, data: DataConfig, seq: int, micr
         tasks=load_tasks(ev.tasks, ev.include_path),
         score=lambda rows: score_rows(engine, rows, seq=seq, micro_batch=micro_batch),
         encode=tokenizer.encode, eot=data.eod_token_id, seq=seq, interval=ev.interval,
-        at_end=ev.at_end, limit=ev.limit)
+        at_end=ev.at_end, limit=ev.limit,
+        contaminated=dict(ev.contaminated) if ev.contamination else None)

@@ -99,7 +99,7 @@ def task_parts(m: Mapping[str, Any]) -> list[str]:
     tasks: dict = {}
     for key, value in m.items():
         bits = key.split("/")
-        if len(bits) == 3 and bits[0] == "eval" and bits[2] != "examples":
+        if len(bits) == 3 and bits[0] == "eval" and not bits[2].startswith("examples"):
             tasks.setdefault(bits[1], []).append(f"{bits[2]} {_fmt(value, '.4g')}")
     return [f"{task} {' '.join(values)}" for task, values in tasks.items()]
 
