@@ -806,8 +806,8 @@ class EvalConfig:
     eval.contamination (empty = none found, or not checked)."""
     rows: int = 0
     """Scored rows of one evaluation of eval.tasks (a request; a rolling text counts its
-    windows): what the plan prices. 0 = counted by the launcher from the tasks before it plans
-    (python -m launcher.plan alone does not count them and leaves them unpriced)."""
+    windows), what the plan prices; 0 means the launcher counts them from the tasks before it
+    plans (python -m launcher.plan alone does not count them and leaves them unpriced)."""
 
 
 @dataclass
