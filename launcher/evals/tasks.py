@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-SHIPPED = Path(__file__).parent / "tasks"
+SHIPPED = Path(__file__).parent / "shipped"
 """The tasks trainwright ships (written for its tests and demo): always on the include path."""
 LOCAL_BUILDERS = ("json", "csv", "text", "parquet")
 """``dataset_path`` values that read ``data_files`` from disk."""
