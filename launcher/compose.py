@@ -31,6 +31,23 @@ class ConfigError(Exception):
     """A config that cannot be composed or does not validate; the message says how to fix it."""
 
 
+KEY_ALIASES = {"eval.async": "eval.asynchronous"}
+"""Override keys that cannot be field names (``async`` is a Python keyword) -> their field."""
+
+
+def with_aliases(overrides: Sequence[str]) -> list[str]:
+    """``overrides`` with every aliased key (:data:`KEY_ALIASES`) spelled as its field, prefixes
+    (``+``, ``++``, ``~``) kept."""
+    out = []
+    for override in overrides:
+        body = override.lstrip("+~")
+        key, sep, value = body.partition("=")
+        if key in KEY_ALIASES:
+            override = override[:len(override) - len(body)] + KEY_ALIASES[key] + sep + value
+        out.append(override)
+    return out
+
+
 def compose_config(overrides: Sequence[str] = (), config_name: str = "config",
                    schema: str = "launcher.config") -> DictConfig:
     """Compose ``conf/<config_name>.yaml`` with Hydra override strings; raise ConfigError.
@@ -39,7 +56,7 @@ def compose_config(overrides: Sequence[str] = (), config_name: str = "config",
     importlib.import_module(schema)
     with config_errors():
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name=config_name, overrides=list(overrides))
+            cfg = compose(config_name=config_name, overrides=with_aliases(overrides))
         OmegaConf.resolve(cfg)
         missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:

@@ -804,6 +804,18 @@ class EvalConfig:
     contaminated: Dict[str, List[int]] = field(default_factory=dict)
     """{task: contaminated examples' indices in its evaluation split}: set by the launcher with
     eval.contamination (empty = none found, or not checked)."""
+    asynchronous: bool = False
+    """Score every saved checkpoint in its own job instead of in the loop (also written
+    eval.async=true): the run's launch path starts it (a local process, a Slurm job, a Kubernetes
+    Job; training never waits on it); scores land in <run>/evals/ keyed by step and tokens and
+    are merged once into metrics.jsonl, wandb, TensorBoard and the report."""
+    job_overrides: List[str] = field(default_factory=list)
+    """Overrides of each checkpoint's eval job (python -m launcher.evaluate: its layout and
+    cluster, e.g. [cluster.gpus_per_node=2,parallelism.tensor_parallel_size=2]); empty = one
+    process at the default layout on the training's cluster."""
+    output: str = ""
+    """JSON file python -m launcher.evaluate also writes its scores to (atomically); empty =
+    printed only."""
     rows: int = 0
     """Scored rows of one evaluation of eval.tasks (a request; a rolling text counts its
     windows), what the plan prices; 0 means the launcher counts them from the tasks before it

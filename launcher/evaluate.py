@@ -8,12 +8,17 @@ directory, at any layout its weights load into (``parallelism.*`` with
 checkpoint). The tasks are encoded with ``eval.tokenizer``, else the checkpoint's own tokenizer
 (its Hugging Face directory's, or the one its run's data was prepared with). Tasks, tokenizer
 and data files are checked before any rank starts. ``eval.format=json`` prints one object:
-``{"checkpoint": ..., "step": ..., "tasks": {task: {metric: value}}, "seconds": ...}``.
-Exit codes: 0 scored, 2 config error.
+``{"checkpoint": ..., "step": ..., "tasks": {task: {metric: value}}, "seconds": ...}``;
+``eval.output=<file>`` also writes it there. For a run directory, the run's own ``eval.*``
+settings (tasks, include path, limit, clean-subset ids) apply unless given here.
+``checkpoint=<run dir> eval.asynchronous=true`` is the eval job of ``eval.asynchronous``
+(:mod:`launcher.launch.eval_worker`): every checkpoint the run asked for and has no scores for,
+scored once, merged into the run. Exit codes: 0 scored, 2 config error.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -22,9 +27,11 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from launcher.core.atomic import atomic_write_json
 from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.evals.check import eval_problems
 from launcher.launch.bootstrap import Rank, run_ranks
+from launcher.launch.eval_worker import checkpoint_scorer, score_waiting, with_run_eval
 from launcher.launch.job import prepare
 from launcher.launch.model_source import adopt_model
 
@@ -69,35 +76,40 @@ def checkpoint_step(checkpoint: str) -> Optional[int]:
 def evaluate_rank(rank: Rank, checkpoint: str, tokenizer: str) -> int:
     """The checkpoint's weights in this layout's model chunks, every task scored (collective);
     rank 0 prints."""
-    from launcher.engines.megatron.engine import build_model_chunks
-    from launcher.engines.megatron.scoring import ChunkScorer
     from launcher.engines.weights.fill import fill_chunks
     from launcher.parallel import collectives
-    from launcher.runtime.evaluation import build_downstream
 
     cfg, start = rank.job.cfg, time.perf_counter()
-    chunks = build_model_chunks(cfg.model, cfg.parallelism, cfg.trainer)
+    chunks, downstream = checkpoint_scorer(cfg, tokenizer)
     fill_chunks(chunks, checkpoint)
-    scorer = ChunkScorer(chunks, seq_length=cfg.model.seq_length,
-                         micro_batch_size=cfg.trainer.micro_batch_size,
-                         vocab_size=cfg.model.vocab_size)
-    downstream = build_downstream(scorer, ev=cfg.eval, data=cfg.data, seq=cfg.model.seq_length,
-                                  micro_batch=cfg.trainer.micro_batch_size, tokenizer=tokenizer)
     table, _ = downstream.table()
     if collectives.rank() == 0:
-        report(table, checkpoint=checkpoint, fmt=cfg.eval.format, out=rank.console.out,
+        report(table, checkpoint=checkpoint, ev=cfg.eval, out=rank.console.out,
                seconds=time.perf_counter() - start)
     return 0
 
 
-def report(table: dict, *, checkpoint: str, fmt: str, out, seconds: float) -> None:
-    if fmt == "json":
-        print(json.dumps({"checkpoint": checkpoint, "step": checkpoint_step(checkpoint),
-                          "tasks": table, "seconds": round(seconds, 3)}), file=out, flush=True)
+def report(table: dict, *, checkpoint: str, ev, out, seconds: float) -> None:
+    """The scores on ``out`` (eval.format) and, with eval.output, as JSON in that file."""
+    record = {"checkpoint": checkpoint, "step": checkpoint_step(checkpoint), "tasks": table,
+              "seconds": round(seconds, 3)}
+    if ev.output:
+        atomic_write_json(Path(ev.output), record)
+    if ev.format == "json":
+        print(json.dumps(record), file=out, flush=True)
         return
     for task, row in table.items():
         print(f"{task}: " + ", ".join(f"{k} {v:.4g}" for k, v in row.items()), file=out,
               flush=True)
+
+
+def rewrite_report(run_dir: Path) -> None:
+    """A run that keeps an HTML report (run.report) gets it again with the merged scores."""
+    from launcher.launch.eval_worker import run_config
+    from launcher.reports.run import write_run_report
+
+    if (run_config(run_dir).get("run") or {}).get("report"):
+        print(f"[report] {write_run_report(run_dir)}", file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -111,6 +123,15 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return CONFIG_ERROR_EXIT
     job = prepare(adopt_model(rest, "checkpoint", path=checkpoint), plan=False)
+    waiting = job.cfg.eval.asynchronous
+    if waiting and not (Path(checkpoint) / "checkpoints").is_dir():
+        print(f"evaluate: eval.asynchronous=true scores a run's waiting checkpoints; "
+              f"checkpoint={checkpoint} is not a run directory (it has no checkpoints/)",
+              file=sys.stderr)
+        return CONFIG_ERROR_EXIT
+    if (Path(checkpoint) / "config.yaml").is_file():  # a run: its eval settings, unless given
+        job = dataclasses.replace(job, cfg=dataclasses.replace(
+            job.cfg, eval=with_run_eval(job.cfg.eval, Path(checkpoint), rest)))
     tokenizer = checkpoint_tokenizer(job.cfg.eval.tokenizer, checkpoint)
     problems = eval_problems(job.cfg, tokenizer)
     if not job.cfg.eval.tasks:
@@ -121,6 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"evaluate: {len(problems)} problem(s):\n" + "\n".join(f"- {p}" for p in problems),
               file=sys.stderr)
         return CONFIG_ERROR_EXIT
+    if waiting:
+        return score_waiting(job, Path(checkpoint), tokenizer, on_merged=rewrite_report)
     return run_ranks(job, functools.partial(evaluate_rank, checkpoint=checkpoint,
                                             tokenizer=tokenizer), command="evaluate")
 

@@ -139,6 +139,8 @@ def resume_build_train(rank: Rank, metrics: Metrics) -> int:
     from launcher.runtime import resume as resume_safety
     from launcher.runtime.checkpoint import CheckpointManager
     from launcher.runtime.data import build_data
+    from launcher.launch.eval_jobs import dispatcher
+    from launcher.runtime.eval_jobs import make_eval_jobs
     from launcher.runtime.evaluation import build_downstream
     from launcher.runtime.loop import TrainLoop
     from launcher.runtime.rundir import redact
@@ -154,17 +156,23 @@ def resume_build_train(rank: Rank, metrics: Metrics) -> int:
     engine_spec, subs = spec(cfg.engine.name), engine_inputs(cfg)
     engine = engine_spec.build(batch=plan.batch, model=cfg.model, **subs)
     rank.clock.mark("build")
+    eval_jobs = make_eval_jobs(rank.rank, run_dir=job.run_dir, metrics=metrics,
+                               asynchronous=cfg.eval.asynchronous and bool(cfg.eval.tasks),
+                               seq_length=cfg.model.seq_length,
+                               dispatch=dispatcher(cfg, plan, job.run_dir))
     checkpoints = CheckpointManager(
         job.run_dir / "checkpoints", engine.checkpoint_io, keep_last=cfg.trainer.keep_last,
         async_save=cfg.trainer.async_save, final_step=plan.batch.train_steps, record=record,
-        report=metrics.log_event)
+        report=metrics.log_event, on_complete=eval_jobs.saved)
     state = resume_safety.resume_state(checkpoints, resume, record, metrics, cfg.optimizer)
     resume_safety.started(job.run_dir, config=job.config, plan=plan,
                           files=engine_spec.run_files(batch=plan.batch, **subs))
     rank.clock.mark("checkpoint")
     next_batch, eval_batches = build_data(cfg, plan, job.run_dir, state.consumed_samples)
-    downstream = build_downstream(engine, ev=cfg.eval, data=cfg.data, seq=cfg.model.seq_length,
-                                  micro_batch=plan.batch.micro_batch_size)
+    downstream = None if cfg.eval.asynchronous else build_downstream(
+        engine, ev=cfg.eval, data=cfg.data, seq=cfg.model.seq_length,
+        micro_batch=plan.batch.micro_batch_size)
+    eval_jobs.catch_up()
     rank.clock.mark("data")
     metrics.log_event("startup", rank.clock.text(),
                       **{f"{k}_s": round(v, 3) for k, v in rank.clock.parts().items()})
@@ -176,6 +184,7 @@ def resume_build_train(rank: Rank, metrics: Metrics) -> int:
                      downstream=downstream, metrics=metrics,
                      timer=PhaseTimer(sync=sync, on_phase=beat), stop=rank.stop,
                      checkpoints=checkpoints, state=state, heartbeat=rank.heartbeat,
+                     eval_jobs=eval_jobs,
                      saved_extras={"config": redact(job.config), "plan": plan.to_dict()}).run()
 
 

@@ -43,6 +43,7 @@ class Holder:
     started: float
     job: str = ""  # SLURM_JOB_ID of the holder ("" outside Slurm)
     restart: int = 0  # its SLURM_RESTART_COUNT
+    role: str = ""  # "" = a run; MERGE_ROLE = an eval job merging its scores (seconds)
 
     def alive(self) -> Optional[bool]:
         """True/False for a holder on this host or an earlier incarnation of this Slurm job;
@@ -89,15 +90,33 @@ def holder(run_dir: Path) -> Optional[Holder]:
     try:
         data = json.loads((Path(run_dir) / LOCK_NAME).read_text())
         return Holder(str(data["host"]), int(data["pid"]), float(data.get("started", 0)),
-                      str(data.get("job", "")), int(data.get("restart", 0)))
+                      str(data.get("job", "")), int(data.get("restart", 0)),
+                      str(data.get("role", "")))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
+MERGE_ROLE = "eval merge"
+"""The role of an eval job that holds a finished run's lock to merge its scores
+(launcher.evaluate): a launch waits up to :data:`MERGE_WAIT_S` for it instead of refusing."""
+MERGE_WAIT_S = 120.0
+
+
+def _wait_for_merge(run_dir: Path, current: Holder) -> Optional[Holder]:
+    """The holder once an eval job's merge is over (None: the lock is gone)."""
+    deadline = time.monotonic() + MERGE_WAIT_S
+    while current is not None and current.role == MERGE_ROLE and current.alive() \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+        current = holder(run_dir)
+    return current
+
+
 def check_free(run_dir: Path) -> Optional[Holder]:
     """Raise :class:`RunLocked` when a live (or unverifiable) process holds ``run_dir``; return
-    a dead holder (a stale lock that :func:`acquire` will take over), else None."""
-    current = holder(run_dir)
+    a dead holder (a stale lock that :func:`acquire` will take over), else None. An eval job
+    merging its scores is waited for (:data:`MERGE_ROLE`)."""
+    current = _wait_for_merge(run_dir, holder(run_dir))
     if current is None:
         return None
     alive = current.alive()
@@ -111,9 +130,10 @@ def check_free(run_dir: Path) -> Optional[Holder]:
         + ("" if alive else f"; if it is gone, delete {Path(run_dir) / LOCK_NAME}"))
 
 
-def acquire(run_dir: Path) -> Optional[Holder]:
-    """Take ``run_dir``'s lock for this process; returns the dead holder taken over, if any.
-    Raises :class:`RunLocked` when a live process holds it."""
+def acquire(run_dir: Path, role: str = "") -> Optional[Holder]:
+    """Take ``run_dir``'s lock for this process (``role``: "" for a run, :data:`MERGE_ROLE`);
+    returns the dead holder taken over, if any. Raises :class:`RunLocked` when a live process
+    holds it."""
     path = Path(run_dir) / LOCK_NAME
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     stale = check_free(run_dir)
@@ -121,7 +141,7 @@ def acquire(run_dir: Path) -> Optional[Holder]:
         path.unlink(missing_ok=True)
     job, restart = job_identity()
     mine = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
-            "job": job, "restart": restart}
+            "job": job, "restart": restart, **({"role": role} if role else {})}
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:  # another launch won the race between the check and the create

@@ -377,7 +377,8 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: B
                               dims.dp, batch.micro_batch_size, batch.grad_accum_steps)
     goodput = _goodput(cfg, counts, per_gpu, batch, compute, eval_s,
                        launch_cost(device, calibration), tasks_s)
-    eval_s = max(eval_s, tasks_s)  # the longest evaluation, for the timeouts
+    if not cfg.eval.asynchronous:  # eval jobs do not stall the run's heartbeat
+        eval_s = max(eval_s, tasks_s)  # the longest evaluation, for the timeouts
     plan = Plan(
         engine=cfg.engine.name.value, zero_stage=cfg.parallelism.zero_stage, machines=machines,
         model=model, dims=dims, batch=batch,
@@ -425,13 +426,17 @@ def _goodput(cfg: TrainwrightConfig, counts: ParamCounts, per_gpu: MemoryPerGPU,
         train_steps=batch.train_steps, launch=launch,
         eval_s=eval_s * (batch.train_steps // t.eval_interval if t.eval_interval else 0)
         + tasks_s * (evaluations(batch.train_steps, cfg.eval.interval, cfg.eval.at_end)
-                     if cfg.eval.tasks else 0))
+                     if cfg.eval.tasks and not cfg.eval.asynchronous else 0))
 
 
 def _downstream(cfg: TrainwrightConfig, batch: Batch, tasks_s: float) -> dict:
     ev = cfg.eval
     if not ev.tasks:
         return {}
+    if ev.asynchronous:  # one eval job per checkpoint, outside the run's time
+        saves = batch.train_steps // t_save if (t_save := cfg.trainer.save_interval) else 0
+        return {"rows": ev.rows, "seconds": tasks_s, "evaluations": 0,
+                "jobs": saves + (1 if not t_save or batch.train_steps % t_save else 0)}
     return {"rows": ev.rows, "seconds": tasks_s,
             "evaluations": evaluations(batch.train_steps, ev.interval, ev.at_end)}
 

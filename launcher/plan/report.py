@@ -154,6 +154,10 @@ def _downstream_rows(p: Plan) -> list[tuple[str, str, str]]:
     d = p.downstream
     if not d:
         return []
+    if "jobs" in d:  # eval.asynchronous
+        return [("downstream tasks", "0 s in the run", f"{d['jobs']:,} eval jobs, one per "
+                 "checkpoint, outside the run" + (f" ({d['seconds']:,.2f} s of scoring each at "
+                                                  "the training's layout)" if d["rows"] else ""))]
     if not d["rows"]:
         return [("downstream tasks", "not priced", f"{d['evaluations']:,} evaluations; their rows "
                  "are counted when a run launches (eval.rows)")]

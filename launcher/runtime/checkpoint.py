@@ -109,13 +109,17 @@ class CheckpointManager:
 
     def __init__(self, checkpoints_dir: Path, io, *, keep_last: int, async_save: bool = False,
                  final_step: int = 0, record: Optional[dict] = None,
-                 report: Optional[Callable] = None):
+                 report: Optional[Callable] = None,
+                 on_complete: Optional[Callable[[Path, int], None]] = None):
         self.dir, self.io = Path(checkpoints_dir), io
         # metrics.log_event: one line per save and load (the no-op logger's without one)
         self.report = report or NullMetricsLogger().log_event
         self.keep_last, self.async_save, self.final_step = keep_last, async_save, final_step
         self.record = dict(record or {})  # architecture, layout, training (runtime.resume)
         self._pending: Optional[_Pending] = None
+        self.on_complete = on_complete
+        """Rank 0, once a checkpoint has its final name and ``latest``, before keep-k prunes:
+        (step directory, step) (e.g. :meth:`launcher.runtime.eval_jobs.EvalJobs.saved`)."""
 
     def warm_up(self) -> None:
         """Let the engine's IO start what its first save needs (after any resume load, which
@@ -213,6 +217,8 @@ class CheckpointManager:
             self.report("checkpoint", f"checkpoint step {pending.step} saved{how}: "
                         f"{_rate(nbytes, seconds)}", step=pending.step, bytes=nbytes,
                         seconds=round(seconds, 3))
+            if self.on_complete is not None:
+                self.on_complete(pending.final, pending.step)
             prune(self.dir, self.keep_last)
         collectives.barrier()
         return pending.final

@@ -33,6 +33,7 @@ from launcher.core.stop import StopRequest
 from launcher.engines.base import Engine, StepResult
 from launcher.plan import Plan
 from launcher.runtime.checkpoint import CheckpointManager
+from launcher.runtime.eval_jobs import NullEvalJobs
 from launcher.runtime.heartbeat import Heartbeat
 from launcher.runtime.metrics import Metrics
 from launcher.runtime.schedule import lr_at
@@ -90,6 +91,10 @@ class TrainLoop:
     """Downstream tasks (:class:`launcher.runtime.evaluation.DownstreamEval`: ``due(step,
     last)`` and a call that scores them, collective); None: no eval.tasks."""
 
+    eval_jobs: NullEvalJobs = field(default_factory=NullEvalJobs)
+    """Checkpoints scored in their own jobs (eval.asynchronous): their scores merged back every
+    log interval and before the run ends (a no-op off rank 0)."""
+
     def run(self) -> int:
         """Train to the plan's train_steps; returns 0, or REQUEUE_EXIT after a stop request."""
         self.state.window_start = time.perf_counter()  # throughput excludes start-up
@@ -100,8 +105,10 @@ class TrainLoop:
                 self.metrics.log_event("stop", f"stop requested; saving at step {self.state.step}"
                                        f" and exiting {REQUEUE_EXIT} for requeue")
                 self.save(background=False)
+                self.eval_jobs.merge()
                 return REQUEUE_EXIT
         self.save(background=False)
+        self.eval_jobs.merge()
         return 0
 
     def _one_step(self) -> None:
@@ -128,6 +135,7 @@ class TrainLoop:
             self.save()
         if s.step % self.trainer.log_interval == 0 or s.step == self.plan.batch.train_steps:
             self._log(result, lr, events)
+            self.eval_jobs.merge()
         if self.trainer.eval_interval and s.step % self.trainer.eval_interval == 0:
             self.evaluate()
         if self.downstream is not None and \

@@ -136,6 +136,9 @@ class NullMetricsLogger:
     def log_event(self, kind: str, message: str, echo: bool = True, **fields: Any) -> None:
         """Do nothing."""
 
+    def log_late(self, step: int, metrics: Mapping[str, Any], x_key: str) -> None:
+        """Do nothing."""
+
     def write_json(self, name: str, content: Any) -> None:
         """Do nothing."""
 
@@ -187,6 +190,25 @@ class MetricsLogger(NullMetricsLogger):
         logged = {k: v for k, v in record.items() if k not in ("step", "time") and v is not None}
         if self.wandb_run is not None:
             self.wandb_run.log(logged, step=int(step))
+        if self.tensorboard is not None:
+            self.tensorboard.log(int(step), logged)
+
+    def log_late(self, step: int, metrics: Mapping[str, Any], x_key: str) -> None:
+        """A line about an earlier ``step`` (a checkpoint's scores from its own eval job):
+        metrics.jsonl and TensorBoard at ``step``; wandb, which drops a step below its last, at
+        its current one, each key charted against ``x_key`` (e.g. eval/tokens)."""
+        record = {"step": int(step), "time": round(time.time(), 3)}
+        record.update({str(k): _scalar(v) for k, v in metrics.items()})
+        self._metrics.write((json.dumps(record) + "\n").encode())
+        print(f"[eval] checkpoint step {step}: " + " | ".join(task_parts(record)),
+              file=self._console, flush=True)
+        logged = {k: v for k, v in record.items() if k not in ("step", "time") and v is not None}
+        if self.wandb_run is not None:
+            self.wandb_run.define_metric(x_key)
+            for key in logged:
+                if key != x_key:
+                    self.wandb_run.define_metric(key, step_metric=x_key)
+            self.wandb_run.log(logged)
         if self.tensorboard is not None:
             self.tensorboard.log(int(step), logged)
 
