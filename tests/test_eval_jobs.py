@@ -219,3 +219,29 @@ def test_on_kubernetes_a_checkpoint_starts_a_checked_batch_job(tmp_path, monkeyp
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[:6] == ["python", "-u", "-m", "launcher.evaluate", f"checkpoint={run_dir}",
                            "eval.asynchronous=true"]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("slurm")
+def test_under_slurm_each_checkpoint_starts_an_eval_job_of_its_own(slurm, tmp_path, tokenizer):
+    from tests.helpers.slurm import job_env, read_logs, wait_job
+    from tests.test_slurm_jobs import submit
+
+    run_dir = tmp_path / "tiny_1x2_cpu"
+    job = submit(tmp_path, *TASKS, "eval.async=true", ONE_PROCESS, f"eval.tokenizer={tokenizer}",
+                 "trainer.train_steps=4", "trainer.save_interval=2", "trainer.keep_last=0",
+                 "trainer.eval_interval=0", env=job_env())
+    info = wait_job(job, timeout=240, logs=run_dir / "logs")
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), read_logs(run_dir /
+                                                                                   "logs")
+    started = [e["message"] for e in events(run_dir, "eval_job") if "scored by" in e["message"]]
+    eval_jobs = [m.split("Slurm job ")[1].split()[0] for m in started]
+    assert len(eval_jobs) == 2, started  # one per checkpoint, sbatch-ed by the run's rank 0
+    for eval_job in eval_jobs:
+        done = wait_job(eval_job, timeout=240, logs=ledger.evals_dir(run_dir))
+        assert (done["JobState"], done["ExitCode"]) == ("COMPLETED", "0:0"), done
+    wait_settled(run_dir, [2, 4], timeout=60)
+    assert sorted(r["step"] for r in merged_lines(run_dir)) == [2, 4]
+    script = (ledger.evals_dir(run_dir) / "eval.sbatch").read_text()
+    assert "#SBATCH --dependency=singleton" in script and "#SBATCH --job-name=tw_tiny_1x2_cpu_eval" \
+        in script
