@@ -94,6 +94,7 @@ def report(table: dict, *, checkpoint: str, ev, out, seconds: float) -> None:
     record = {"checkpoint": checkpoint, "step": checkpoint_step(checkpoint), "tasks": table,
               "seconds": round(seconds, 3)}
     if ev.output:
+        Path(ev.output).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(Path(ev.output), record)
     if ev.format == "json":
         print(json.dumps(record), file=out, flush=True)

@@ -47,13 +47,20 @@ def worker_busy(run_dir: Path) -> bool:
     return False
 
 
+def local_jobs(run_dir: Path) -> list[int]:
+    """The pids of the local eval jobs the run started (its eval_job events)."""
+    return [int(e["message"].split("local process ")[1].split()[0])
+            for e in events(run_dir, "eval_job") if "local process " in e["message"]]
+
+
 def wait_settled(run_dir: Path, steps: list, timeout: float = 240) -> None:
     """Until every step is merged or skipped and no eval job is at work."""
     evals, deadline = ledger.evals_dir(run_dir), time.monotonic() + timeout
     while time.monotonic() < deadline:
         done = all((evals / f"step_{s:06d}.merged").exists()
                    or (evals / f"step_{s:06d}.skipped.json").exists() for s in steps)
-        if done and not worker_busy(run_dir):
+        if done and not worker_busy(run_dir) and not (run_dir / "run.lock").exists() \
+                and not [p for p in local_jobs(run_dir) if Path(f"/proc/{p}").exists()]:
             return
         time.sleep(0.5)
     log = evals / "worker.log"
@@ -101,9 +108,11 @@ def test_every_checkpoint_scored_once_across_a_resume_in_the_same_wandb_run(tmp_
     plan = json.loads((run_dir / "plan.json").read_text())["downstream"]
     assert plan["evaluations"] == 0 and plan["jobs"] == 3  # steps 2, 4, 6; none in the loop
 
+    output = tmp_path / "scores" / "six.json"
     alone = evaluate_json(f"checkpoint={run_dir / 'checkpoints' / 'step_000006'}",
                           *TASKS, f"eval.tokenizer={tokenizer}", "cluster.gpus_per_node=1",
-                          "trainer.precision=fp32")
+                          "trainer.precision=fp32", f"eval.output={output}")
+    assert json.loads(output.read_text()) == alone and alone["step"] == 6
     [six] = [r for r in lines if r["step"] == 6]
     for task, row in alone["tasks"].items():
         assert six[f"eval/{task}/{'acc' if task == 'tw_facts' else 'examples'}"] == \
