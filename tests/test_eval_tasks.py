@@ -46,11 +46,15 @@ def test_the_same_checkpoint_scores_the_same_at_every_layout_and_engine(tmp_path
         "dp2": ["engine=megatron"],
         "tp2": ["engine=megatron", "parallelism.tensor_parallel_size=2"],
         "pp2": ["engine=megatron", "parallelism.pipeline_parallel_size=2"],
+        "pp2_vpp2": ["engine=megatron", "parallelism.pipeline_parallel_size=2",
+                     "parallelism.virtual_pipeline_parallel_size=2"],
         "ds_dp2": ["engine=deepspeed"],
     }
     scores = {}
-    for name, layout in layouts.items():
-        proc = train(tmp_path, name, *TASKS, *FROZEN, f"eval.tokenizer={tokenizer}", *layout)
+    for name, layout in layouts.items():  # 4 layers (VPP: 2 chunks of 1 layer per stage) and
+        # 2 micro-batches a step at every layout (the interleaved schedule needs PP of them)
+        proc = train(tmp_path, name, *TASKS, *FROZEN, f"eval.tokenizer={tokenizer}",
+                     "model.num_layers=4", "trainer.global_batch_size=4", *layout)
         scores[name] = task_scores(tmp_path / name)
         assert "tw_facts acc" in proc.stdout + proc.stderr  # the console line shows them
     base = scores["dp2"]
@@ -62,6 +66,24 @@ def test_the_same_checkpoint_scores_the_same_at_every_layout_and_engine(tmp_path
             assert got[key] == base[key], (name, key, got[key], base[key])  # exactly
         for key in ("eval/tw_paragraphs/bits_per_byte", "eval/tw_paragraphs/word_perplexity"):
             assert got[key] == pytest.approx(base[key], rel=1e-5), (name, key)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("eval_layouts")
+def test_a_mixture_of_experts_scores_the_same_with_its_experts_split(tmp_path, tokenizer):
+    """EP2 (each rank 2 of the 4 experts, tokens sent to their expert's rank) against DP2 (every
+    rank all 4): the same initial weights, the same scores."""
+    scores = {}
+    for name, layout in {"moe_dp2": [], "moe_ep2": ["parallelism.expert_parallel_size=2"]}.items():
+        train(tmp_path, name, *TASKS, *FROZEN, f"eval.tokenizer={tokenizer}", "engine=megatron",
+              "model.num_experts=4", *layout)
+        scores[name] = task_scores(tmp_path / name)
+    base, split = scores["moe_dp2"], scores["moe_ep2"]
+    assert set(base) == set(split) and base["eval/tw_facts/examples"] == 8
+    assert split["eval/tw_facts/acc"] == base["eval/tw_facts/acc"]
+    assert split["eval/tw_facts/acc_norm"] == base["eval/tw_facts/acc_norm"]
+    assert split["eval/tw_paragraphs/bits_per_byte"] == pytest.approx(
+        base["eval/tw_paragraphs/bits_per_byte"], rel=1e-5)
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """Each validation rule: triggered, message names keys, values and a fix, exit code 2."""
 
+import os
 import subprocess
 import sys
 
@@ -194,3 +195,24 @@ def test_warmup_not_below_steps_is_a_warning_not_a_refusal(capsys):
 def test_gpu_names_are_case_insensitive(capsys):
     assert main(["cluster=slurm_h100", "cluster.gpu=h200", "plan.format=json"]) == 0
     assert '"gpu": "H200"' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("layout, fragment", [
+    (["parallelism.pipeline_parallel_size=2", "parallelism.virtual_pipeline_parallel_size=2",
+      "model.num_layers=4"], "to be a multiple of pipeline_parallel_size=2"),
+    (["parallelism.context_parallel_size=2"], "context_parallel_size=2 runs attention through "
+                                              "Transformer Engine"),
+])
+def test_a_layout_no_step_survives_here_is_refused_before_any_rank_starts(layout, fragment,
+                                                                          tmp_path):
+    """Both used to start two ranks and fail in Megatron-Core (its interleaved schedule at the
+    first step; its attention's assert for context parallelism without Transformer Engine)."""
+    from tests.helpers.training import REPO, TINY
+
+    proc = subprocess.run([sys.executable, "-m", "launcher.train", *TINY, "engine=megatron",
+                           f"run.output_root={tmp_path}", "run.name=r", *layout],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert fragment in proc.stderr
+    assert not (tmp_path / "r" / "logs").exists()  # no rank was started

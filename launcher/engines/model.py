@@ -85,6 +85,20 @@ def runnable_attention(trainer: TrainerConfig, *, planned_flash: bool, gpu: Opti
     return dataclasses.replace(trainer, attention_backend=AttentionBackend.unfused), note
 
 
+def context_parallel_unavailable(parallelism: ParallelismConfig,
+                                 te: Optional[bool] = None) -> Optional[str]:
+    """Why this process cannot run ``parallelism.context_parallel_size`` > 1 (None when it can):
+    Megatron-Core 0.16 splits attention over context-parallel ranks only in Transformer Engine's
+    attention (``TEDotProductAttention``; its own asserts so when the layer is built)."""
+    te = use_transformer_engine() if te is None else te
+    if parallelism.context_parallel_size == 1 or te:
+        return None
+    return (f"parallelism.context_parallel_size={parallelism.context_parallel_size} runs "
+            "attention through Transformer Engine (Megatron-Core's only context-parallel "
+            "attention), which is not usable here (it needs a CUDA GPU and transformer-engine"
+            "[pytorch]); set parallelism.context_parallel_size=1")
+
+
 FP8_CAPABILITY = (8, 9)
 """CUDA compute capability of the first FP8 tensor cores (Ada; Hopper is 9.0)."""
 MXFP8_CAPABILITY = (10, 0)

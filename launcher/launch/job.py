@@ -28,6 +28,7 @@ from launcher.launch.model_source import adopt_model
 from launcher.parallel.distributed import in_distributed_launch
 from launcher.plan import Plan, PlanError, compute_plan, plan_or_exit, print_problems
 from launcher.plan.data_check import check_data_or_exit
+from launcher.plan.validate import check_interleaving
 from launcher.plan.precision import resolve_precision, with_precision
 from launcher.runtime.rundir import run_dir_path, to_plain
 from launcher.runtime.startup import process_start_time
@@ -101,7 +102,7 @@ def planned_job(argv: Sequence[str], raw: DictConfig, *, run_dir: Optional[Path]
     if check_data:
         cfg = with_contamination(with_eval_rows(cfg))  # exit 2 on a task problem, first
     world = launched_world(cfg)
-    plan = plan_or_exit(cfg, world)
+    plan = trainable_or_exit(plan_or_exit(cfg, world))
     if cfg.plan.calibrate and not plan.sources["step time"].startswith("measured") \
             and not in_distributed_launch():
         plan = calibrated_plan(argv, cfg, world)
@@ -118,6 +119,17 @@ def planned_job(argv: Sequence[str], raw: DictConfig, *, run_dir: Optional[Path]
     notes = (f"precision {plan.precision}: {plan.precision_reason}",) + notes \
         if raw.trainer.precision == "auto" else notes
     return Job(tuple(argv), config, cfg, planned, run_dir, notes)
+
+
+def trainable_or_exit(plan: Plan) -> Plan:
+    """``plan``, or exit 2 on what the plan only warns about but no step survives: an
+    interleaved pipeline with fewer micro-batches per step than stages, or a remainder
+    (Megatron-Core's schedule raises at the first step, after the whole start-up)."""
+    refused = check_interleaving(plan.dims, plan.batch.grad_accum_steps)
+    if refused:
+        print_problems(PlanError(refused, plan))
+        raise SystemExit(CONFIG_ERROR_EXIT)
+    return plan
 
 
 def with_eval_rows(cfg: TrainwrightConfig) -> TrainwrightConfig:
@@ -171,10 +183,13 @@ def plan_for_this_machine(cfg: TrainwrightConfig, plan: Plan,
     Transformer Engine's (flash attention, TE's fused loss) and TE is not importable; exit 2
     when an explicitly asked-for kernel is unavailable (FP8 included: no TE, an older GPU) or
     the re-plan no longer fits."""
-    from launcher.engines.model import KernelUnavailable, runnable_attention
+    from launcher.engines.model import (KernelUnavailable, context_parallel_unavailable,
+                                        runnable_attention)
 
     try:
         trainer, note = runnable_attention(cfg.trainer, planned_flash=plan.memory.flash_attention)
+        if (refused := context_parallel_unavailable(cfg.parallelism)) is not None:
+            raise KernelUnavailable(refused)
     except KernelUnavailable as exc:
         print(f"train: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(CONFIG_ERROR_EXIT) from None
