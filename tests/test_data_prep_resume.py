@@ -58,7 +58,10 @@ def _assert_no_partial_final_files(out):
 
 def _kill_tree(proc):
     for child in psutil.Process(proc.pid).children(recursive=True):
-        child.kill()
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:  # exited between the listing and the kill (a worker done)
+            pass
     proc.kill()
     proc.wait()
 
