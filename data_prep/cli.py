@@ -84,6 +84,18 @@ def dry_run(cfg) -> int:
     return 0
 
 
+def run_chat(cfg) -> int:
+    """format=chat (data_prep.chat_prep): conversations into packed, masked shards."""
+    from data_prep.chat_prep import execute_chat, print_chat_summary
+    from data_prep.run import check_bad_fraction
+
+    manifest = execute_chat(cfg)
+    print_chat_summary(manifest)
+    check_bad_fraction(manifest, cfg.max_bad_fraction)
+    print(f"wrote {manifest['totals']['shards']} shard(s) and the manifest to {cfg.output}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
@@ -99,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if cfg.dry_run:
             return dry_run(cfg)
+        if str(cfg.format) == "chat":
+            return run_chat(cfg)
         manifest = execute(cfg)
         print_summary(manifest)
         for warning in small_shard_warnings(manifest, cfg.split) + task_warnings(manifest):

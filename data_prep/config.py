@@ -25,6 +25,26 @@ class InputFormat(StrEnum):
     """One document per row of the string column ``text_key``."""
     text = "text"
     """Plain UTF-8 text; ``text_unit`` says whether a file or a line is one document."""
+    chat = "chat"
+    """Conversations for fine-tuning (JSONL or Parquet, each file's format from its name): a
+    ``messages`` list of {role, content}, or ``prompt``/``completion`` strings; rendered with a chat
+    template, written with a loss mask and packed (see ChatConfig, docs/fine_tuning.md)."""
+
+
+class ChatMask(StrEnum):
+    assistant = "assistant"
+    """Every assistant turn's tokens and each one's end-of-turn token."""
+    last = "last"
+    """The last assistant turn only (and its end-of-turn token)."""
+    all = "all"
+    """Every token of the conversation."""
+
+
+class Overlong(StrEnum):
+    truncate = "truncate"
+    """Keep a conversation's first seq_length + 1 tokens (dropped when none of them is a target)."""
+    drop = "drop"
+    """Leave out a conversation longer than seq_length + 1 tokens."""
 
 
 class TextUnit(StrEnum):
@@ -70,6 +90,22 @@ class TokenizerConfig:
     """Put a beginning-of-sequence token before every document."""
     bos_token_id: int = -1
     """BOS token id; -1 = the tokenizer's own (<s>, <|begin_of_text|>, bos piece, 257)."""
+
+
+@dataclass
+class ChatConfig:
+    template: str = ""
+    """Chat template: empty = the tokenizer's own (tokenizer_config.json's chat_template); a
+    shipped name (llama3, chatml, plain); or a .jinja file."""
+    mask: ChatMask = ChatMask.assistant
+    """Which tokens are trained (see ChatMask)."""
+    pack: bool = True
+    """Pack conversations into rows of seq_length + 1 tokens (best-fit decreasing); false = one
+    conversation per row (padded when trained)."""
+    overlong: Overlong = Overlong.truncate
+    """What becomes of a conversation longer than a row (see Overlong); either way it is counted."""
+    pack_window: int = 200_000
+    """Conversations packed together at a time (bounds memory; larger packs a little tighter)."""
 
 
 @dataclass
@@ -125,6 +161,11 @@ class PrepareConfig:
     time; nothing is written."""
     split: str = "98,1,1"
     """Train, validation, test proportions written into the generated data.yaml."""
+    seq_length: int = 0
+    """format=chat: tokens per training sequence (a row holds seq_length + 1: the inputs and the
+    labels shifted by one); 0 = not given (required with format=chat)."""
+    chat: ChatConfig = field(default_factory=ChatConfig)
+    """format=chat: template, loss mask and packing."""
 
 
 def register_configs() -> None:

@@ -24,14 +24,17 @@ DTYPE_CODES = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 
 TMP_SUFFIX = ".tmp"
 
 
-def index_bytes(lengths: np.ndarray, dtype) -> bytes:
-    """The .idx contents for documents of ``lengths`` ids (one sequence per document)."""
+def index_bytes(lengths: np.ndarray, dtype, document_indices=None) -> bytes:
+    """The .idx contents for sequences of ``lengths`` ids; ``document_indices``: where each
+    document starts among them, and their count last (default: one sequence per document)."""
     lengths = np.asarray(lengths, dtype=np.int32)
     itemsize = np.dtype(dtype).itemsize
     pointers = np.zeros(len(lengths), dtype=np.int64)
     if len(lengths) > 1:
         np.cumsum(lengths[:-1].astype(np.int64) * itemsize, out=pointers[1:])
-    document_indices = np.arange(len(lengths) + 1, dtype=np.int64)
+    if document_indices is None:
+        document_indices = np.arange(len(lengths) + 1, dtype=np.int64)
+    document_indices = np.asarray(document_indices, dtype=np.int64)
     return b"".join([INDEX_HEADER, struct.pack("<Q", 1), struct.pack("<B", DTYPE_CODES[np.dtype(dtype)]),
                      struct.pack("<Q", len(lengths)), struct.pack("<Q", len(document_indices)),
                      lengths.tobytes(), pointers.tobytes(), document_indices.tobytes()])
@@ -51,6 +54,7 @@ class ShardWriter:
         self._settle = settle
         self._crc = 0
         self._lengths: List[np.ndarray] = []
+        self._row_sizes: List[np.ndarray] = []
         self.tokens = 0
         self.documents = 0
 
@@ -75,6 +79,18 @@ class ShardWriter:
         self._crc = crc32_combine(self._crc, crc32, nbytes)
         self._counted(token_count, lengths)
 
+    def add_rows(self, tokens: np.ndarray, lengths: np.ndarray, row_sizes: np.ndarray) -> None:
+        """Sequences (``lengths``) grouped into documents of ``row_sizes`` sequences each (packed
+        rows of conversations: the .idx's document indices say where each row starts)."""
+        self._row_sizes.append(np.asarray(row_sizes, dtype=np.int64))
+        self.add(tokens, lengths)
+
+    def _document_indices(self, sequences: int):
+        if not self._row_sizes:
+            return None
+        sizes = np.concatenate(self._row_sizes)
+        return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
     def _counted(self, tokens: int, lengths: np.ndarray) -> None:
         self._lengths.append(lengths)
         self.tokens += tokens
@@ -86,7 +102,7 @@ class ShardWriter:
         os.fsync(self._handle.fileno())
         self._handle.close()
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int32)
-        index = index_bytes(lengths, self.dtype)
+        index = index_bytes(lengths, self.dtype, self._document_indices(len(lengths)))
         with open(self.idx_path + TMP_SUFFIX, "wb") as handle:
             handle.write(index)
             handle.flush()

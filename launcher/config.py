@@ -302,6 +302,9 @@ class DataConfig:
     """End-of-document token id written by data_prep."""
     tokenizer_path: str = ""
     """Tokenizer file used by data_prep (for decoding samples); empty = none."""
+    format: str = "text"
+    """What the shards hold: text (documents, every token trained) or chat (data_prep
+    format=chat: conversations packed into rows with a loss mask in <prefix>.mask.bin/.idx)."""
     num_workers: int = 2
     """DataLoader worker processes per rank; 0 = load in the training process."""
     cache_dir: str = ""

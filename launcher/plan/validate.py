@@ -260,7 +260,21 @@ def check_static(cfg: TrainwrightConfig, dims: ParallelDims) -> list[Problem]:
     """Every check that needs no derived numbers beyond the layout ``dims`` (built once
     check_positive has passed; its own problems come first)."""
     return (dims.problems(cfg.cluster, moe=bool(cfg.model.num_experts))
-            + check_model_shapes(cfg, dims) + check_engine(cfg) + check_cluster(cfg))
+            + check_model_shapes(cfg, dims) + check_engine(cfg) + check_cluster(cfg)
+            + check_data_format(cfg.data.format))
+
+
+def check_data_format(fmt: str) -> list[Problem]:
+    """data.format: text trains; chat shards (masked, packed conversations) cannot be trained on
+    yet, and training them as text would teach the prompts and cross sample boundaries."""
+    if fmt == "text":
+        return []
+    if fmt == "chat":
+        return [Problem(("data.format",), (
+            "data.format=chat: these shards hold packed conversations with a loss mask, and "
+            "training on them (per-token masked loss, samples isolated in a row) is not built "
+            "yet; it would train every token as text. Fine-tune on format=text shards for now"))]
+    return [Problem(("data.format",), f"data.format={fmt!r}: use text or chat")]
 
 
 def check_interleaving(dims: ParallelDims, grad_accum: int) -> list[Problem]:

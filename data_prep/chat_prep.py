@@ -1,0 +1,391 @@
+"""``python -m data_prep format=chat ...``: conversations into packed, masked shards.
+
+Records (JSONL or Parquet: ``messages``, or ``prompt``/``completion``) are rendered with the chat
+template and tokenized in a worker pool (:mod:`data_prep.chat_render`: ids and a loss mask),
+fitted to a row of ``seq_length + 1`` tokens (``chat.overlong``), packed best-fit decreasing a
+window of ``chat.pack_window`` conversations at a time (:mod:`data_prep.packing`) and written as
+two Megatron indexed datasets per shard (docs/fine_tuning.md):
+
+    <name>_00000.bin/.idx         token ids; a sequence per conversation, a document per row
+    <name>_00000.mask.bin/.idx    the loss mask (uint8, 1 = trained), the same sequences and rows
+
+Bad records (not JSON, no assistant turn, an unknown role, ...) are counted by reason with
+file:line examples, as in pretraining data_prep (``strict``, ``max_bad_fraction``). Files reach
+their final names only complete (written under ``.tmp``, fsynced, renamed); the manifest comes last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterator, List, Optional
+
+import numpy as np
+
+from data_prep.errors import BadDataError, ConfigError
+from data_prep.packing import best_fit_decreasing
+
+CHUNK = 256
+"""Records per task handed to a worker."""
+_STATE: dict = {}
+
+
+@dataclass
+class Sample:
+    ids: np.ndarray
+    mask: np.ndarray
+
+
+@dataclass
+class ChatTally:
+    """What became of the records."""
+
+    records: int = 0
+    samples: int = 0
+    tokens: int = 0
+    target_tokens: int = 0
+    truncated: int = 0
+    dropped_long: int = 0
+    no_target: int = 0
+    """Conversations left without a trained token (after truncation, or a mask policy that
+    trains none of them): not written."""
+    rows: int = 0
+    packed_tokens: int = 0
+    counts: Counter = field(default_factory=Counter)
+    """Skip reason -> records."""
+    examples: dict = field(default_factory=dict)
+    """Skip reason -> up to examples_per_reason [path, line, detail]."""
+
+    def skip(self, reason: str, path: str, line: int, detail: str, keep: int) -> None:
+        self.counts[reason] += 1
+        found = self.examples.setdefault(reason, [])
+        if len(found) < keep:
+            found.append([path, line, detail[:300]])
+
+
+def read_records(files) -> Iterator[tuple]:
+    """(path, line, record or None, error) of every record, in input order."""
+    import orjson
+
+    from data_prep.decompress import read_whole
+
+    for f in files:
+        if f.format == "parquet":
+            import pyarrow.parquet as pq
+
+            for row, record in enumerate(pq.read_table(f.path).to_pylist(), 1):
+                yield f.path, row, record, ""
+            continue
+        for line, raw in enumerate(read_whole(f.path, f.compression).splitlines(), 1):
+            if not raw.strip():
+                continue
+            try:
+                yield f.path, line, orjson.loads(raw), ""
+            except ValueError as exc:
+                yield f.path, line, None, f"not JSON: {exc}"
+
+
+def _init_worker(tokenizer_path: str, template: str, mask: str) -> None:
+    from data_prep.chat_render import ChatTokenizer, MaskPolicy
+
+    _STATE["tokenizer"] = ChatTokenizer(tokenizer_path, template)
+    _STATE["policy"] = MaskPolicy(mask)
+
+
+def render_chunk(chunk: list) -> list:
+    """[(path, line, ids, mask, reason, detail)] for a chunk of read records (in a worker)."""
+    from data_prep.chat_render import ChatError, messages_of
+
+    out = []
+    for path, line, record, error in chunk:
+        if error:
+            out.append((path, line, None, None, "invalid_json", error))
+            continue
+        try:
+            if not isinstance(record, dict):
+                raise ChatError("a record must be a JSON object")
+            rendered = _STATE["tokenizer"].render(messages_of(record), _STATE["policy"])
+        except ChatError as exc:
+            out.append((path, line, None, None, "bad_conversation", str(exc)))
+            continue
+        out.append((path, line, rendered.ids, rendered.mask, "", ""))
+    return out
+
+
+def fit(ids: np.ndarray, mask: np.ndarray, capacity: int, overlong: str,
+        tally: ChatTally) -> Optional[Sample]:
+    """The sample as it goes into a row, or None (counted) when it does not."""
+    if len(ids) > capacity:
+        if overlong == "drop":
+            tally.dropped_long += 1
+            return None
+        ids, mask = ids[:capacity], mask[:capacity]
+        tally.truncated += 1
+    if len(ids) < 2 or not mask[1:].any():  # the first token is never a label
+        tally.no_target += 1
+        return None
+    return Sample(ids, mask)
+
+
+class ChatShards:
+    """Shards of packed rows: a token and a mask dataset each, cut at ``shard_bytes``."""
+
+    def __init__(self, out_dir: str, stem: str, dtype, shard_bytes: int):
+        self.out_dir, self.stem, self.dtype, self.shard_bytes = out_dir, stem, dtype, shard_bytes
+        self.entries: List[dict] = []
+        self._open: Optional[tuple] = None
+
+    def _writers(self) -> tuple:
+        from data_prep.shards import ShardWriter
+
+        if self._open is None:
+            prefix = f"{self.stem}_{len(self.entries):05d}"
+            self._open = (ShardWriter(self.out_dir, prefix, self.dtype),
+                          ShardWriter(self.out_dir, prefix + ".mask", np.uint8))
+        return self._open
+
+    def add(self, samples: List[Sample], rows: List[List[int]]) -> None:
+        """Rows of ``samples`` (indices), each row's samples back to back."""
+        tokens, masks = self._writers()
+        order = [i for row in rows for i in row]
+        lengths = np.array([len(samples[i].ids) for i in order], dtype=np.int32)
+        sizes = np.array([len(row) for row in rows], dtype=np.int64)
+        tokens.add_rows(np.concatenate([samples[i].ids for i in order]), lengths, sizes)
+        masks.add_rows(np.concatenate([samples[i].mask for i in order]), lengths, sizes)
+        if self.shard_bytes and tokens.bin_bytes >= self.shard_bytes:
+            self.commit()
+
+    def commit(self) -> None:
+        if self._open is None:
+            return
+        tokens, masks = self._open
+        self._open = None
+        entry, mask_entry = tokens.commit(), masks.commit()
+        entry.update(samples=entry.pop("documents"), rows=int(sum(map(len, tokens._row_sizes))),
+                     mask={k: mask_entry[k] for k in ("bin_bytes", "idx_bytes", "bin_crc32",
+                                                       "idx_crc32")})
+        self.entries.append(entry)
+
+    def abandon(self) -> None:
+        if self._open is not None:
+            for writer in self._open:
+                writer.abandon()
+            self._open = None
+
+
+def chunks(items: Iterator, size: int) -> Iterator[list]:
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def check_settings(cfg) -> None:
+    """ConfigError (exit 2) for what format=chat cannot run with, every problem at once."""
+    problems = []
+    if cfg.seq_length <= 0:
+        problems.append("seq_length=0: format=chat packs rows of seq_length + 1 tokens; set "
+                        "seq_length to the model's (e.g. seq_length=4096)")
+    if str(cfg.tokenizer.kind) != "hf" or not cfg.tokenizer.path:
+        problems.append(f"tokenizer.kind={cfg.tokenizer.kind}: format=chat renders with a Hugging "
+                        "Face tokenizer and chat template; set tokenizer.kind=hf "
+                        "tokenizer.path=<tokenizer directory>")
+    if cfg.chat.pack_window < 1:
+        problems.append(f"chat.pack_window={cfg.chat.pack_window}: use 1 or more")
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def chat_files(cfg) -> list:
+    from data_prep.inputs import expand_inputs
+
+    files = expand_inputs(cfg.input, "auto", exclude_dir=os.path.abspath(cfg.output))
+    other = [f.path for f in files if f.format not in ("jsonl", "parquet")]
+    if other:
+        raise ConfigError(f"format=chat reads JSONL or Parquet conversations; not one of them: "
+                          f"{', '.join(other[:5])}" + (" ..." if len(other) > 5 else ""))
+    return files
+
+
+def fingerprint(cfg, files, template: str) -> str:
+    """What the output depends on: inputs (path, size, mtime), tokenizer, template, settings."""
+    parts = [f"{f.path}|{f.size}|{f.mtime_ns}" for f in files] + [
+        os.path.abspath(cfg.tokenizer.path), template, str(cfg.chat.mask), str(cfg.chat.pack),
+        str(cfg.chat.overlong), str(cfg.seq_length), str(cfg.chat.pack_window),
+        str(cfg.shard_bytes)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _flush(window: List[Sample], shards: ChatShards, capacity: int, pack: bool,
+           tally: ChatTally) -> None:
+    """Pack the window's samples (or a row each) and write them."""
+    if not window:
+        return
+    if pack:
+        rows = best_fit_decreasing([len(s.ids) for s in window], capacity).rows
+    else:
+        rows = [[i] for i in range(len(window))]
+    shards.add(window, rows)
+    tally.rows += len(rows)
+    tally.packed_tokens += sum(len(s.ids) for s in window)
+    window.clear()
+
+
+def _take(result: tuple, cfg, capacity: int, tally: ChatTally) -> Optional[Sample]:
+    """One rendered record counted: its sample, or None (skipped, dropped)."""
+    path, line, ids, mask, reason, detail = result
+    tally.records += 1
+    if reason:
+        if cfg.strict:
+            raise BadDataError(f"{path}:{line}: {reason}: {detail} (strict=true)")
+        tally.skip(reason, path, line, detail, cfg.examples_per_reason)
+        return None
+    sample = fit(ids, mask, capacity, str(cfg.chat.overlong), tally)
+    if sample is not None:
+        tally.samples += 1
+        tally.tokens += len(sample.ids)
+        tally.target_tokens += int(sample.mask[1:].sum())
+    return sample
+
+
+def _rendered(files, cfg) -> Iterator[tuple]:
+    """Every record rendered, in input order (a pool of ``workers`` processes; 1 = here)."""
+    workers = cfg.workers or os.cpu_count() or 1
+    args = (cfg.tokenizer.path, cfg.chat.template, str(cfg.chat.mask))
+    if workers == 1:
+        _init_worker(*args)
+        for chunk in chunks(read_records(files), CHUNK):
+            yield from render_chunk(chunk)
+        return
+    with multiprocessing.get_context("fork").Pool(workers, _init_worker, args) as pool:
+        for results in pool.imap(render_chunk, chunks(read_records(files), CHUNK), chunksize=2):
+            yield from results
+
+
+def _write_all(files, cfg, shards: ChatShards, tally: ChatTally) -> None:
+    capacity, window = cfg.seq_length + 1, []
+    last = time.monotonic()
+    for result in _rendered(files, cfg):
+        sample = _take(result, cfg, capacity, tally)
+        if sample is not None:
+            window.append(sample)
+        if len(window) >= cfg.chat.pack_window:
+            _flush(window, shards, capacity, cfg.chat.pack, tally)
+        if cfg.progress and time.monotonic() - last >= max(1.0, cfg.progress_every_s):
+            last = time.monotonic()
+            print(f"data_prep: {tally.records:,} conversations read, {tally.samples:,} kept, "
+                  f"{tally.tokens:,} tokens", file=sys.stderr, flush=True)
+    _flush(window, shards, capacity, cfg.chat.pack, tally)
+    shards.commit()
+
+
+def chat_manifest(cfg, files, tally: ChatTally, shards: ChatShards, tokenizer,
+                  identity: str, wall: float, dtype) -> dict:
+    import data_prep
+
+    capacity = cfg.seq_length + 1
+    bad = sum(tally.counts.values())
+    return {
+        "tool": "data_prep", "version": data_prep.__version__, "format": "chat",
+        "complete": True, "name": shards.stem, "wall_time_s": round(wall, 3),
+        "dtype": np.dtype(dtype).name, "eod_id": int(tokenizer.eot_ids[0]),
+        "tokenizer": {"path": os.path.abspath(cfg.tokenizer.path), "kind": "hf"},
+        "chat": {"template": tokenizer.template_name, "mask": str(cfg.chat.mask),
+                 "pack": bool(cfg.chat.pack), "overlong": str(cfg.chat.overlong),
+                 "seq_length": cfg.seq_length, "row_tokens": capacity,
+                 "end_of_turn_ids": [int(i) for i in tokenizer.eot_ids],
+                 "packing_efficiency": round(tally.packed_tokens / (tally.rows * capacity), 6)
+                 if tally.rows else 0.0},
+        "inputs": [{"path": f.path, "size": f.size, "format": f.format} for f in files],
+        "totals": {"records": tally.records, "conversations": tally.samples,
+                   "rows": tally.rows, "tokens": tally.tokens,
+                   "target_tokens": tally.target_tokens, "truncated": tally.truncated,
+                   "dropped_long": tally.dropped_long, "no_target": tally.no_target,
+                   "bad_records": bad, "skipped": dict(tally.counts),
+                   "examples": tally.examples, "shards": len(shards.entries)},
+        "shards": shards.entries, "fingerprint": identity}
+
+
+def execute_chat(cfg) -> dict:
+    """Run format=chat; the manifest. Raises DataPrepError subclasses (ConfigError: exit 2)."""
+    from data_prep.assemble import token_dtype
+    from data_prep.chat_render import ChatError, ChatTokenizer
+    from data_prep.manifest import MANIFEST, load_manifest, write_manifest
+    from data_prep.output_lock import OutputLock, lock_name
+
+    started = time.perf_counter()
+    check_settings(cfg)
+    files = chat_files(cfg)
+    try:
+        tokenizer = ChatTokenizer(cfg.tokenizer.path, cfg.chat.template)
+    except ChatError as exc:
+        raise ConfigError(str(exc)) from None
+    out_dir = os.path.abspath(cfg.output)
+    os.makedirs(out_dir, exist_ok=True)
+    lock = OutputLock(out_dir, lock_name(1, 0))
+    lock.acquire()
+    try:
+        identity = fingerprint(cfg, files, tokenizer.template_name)
+        previous = load_manifest(os.path.join(out_dir, MANIFEST))
+        if previous and previous.get("fingerprint") == identity and previous.get("complete"):
+            return previous
+        if previous and not cfg.overwrite:
+            raise ConfigError(f"{out_dir} holds the output of another run (other inputs or "
+                              "settings); set overwrite=true to replace it, or use another output")
+        dtype = token_dtype(vocab_size(cfg.tokenizer.path))
+        shards, tally = ChatShards(out_dir, cfg.name or os.path.basename(out_dir), dtype,
+                                   cfg.shard_bytes), ChatTally()
+        try:
+            _write_all(files, cfg, shards, tally)
+        except BaseException:
+            shards.abandon()
+            raise
+        if not tally.samples:
+            raise BadDataError(f"no conversation to train on in {len(files)} file(s): "
+                               f"skipped {dict(tally.counts)}, no trained token "
+                               f"{tally.no_target}, too long {tally.dropped_long}")
+        manifest = chat_manifest(cfg, files, tally, shards, tokenizer, identity,
+                                 time.perf_counter() - started, dtype)
+        write_manifest(os.path.join(out_dir, MANIFEST), manifest)
+        write_chat_data_config(out_dir, manifest, cfg.split)
+        return manifest
+    finally:
+        lock.release()
+
+
+def vocab_size(path: str) -> int:
+    """Ids of the tokenizer, added tokens included (the shards' dtype follows)."""
+    from tokenizers import Tokenizer
+
+    file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    return Tokenizer.from_file(file).get_vocab_size(with_added_tokens=True)
+
+
+def write_chat_data_config(out_dir: str, manifest: dict, split: str) -> None:
+    from data_prep.data_config import data_config, write_data_config
+
+    config = data_config(manifest["name"], out_dir, manifest["shards"], split,
+                         manifest["eod_id"], manifest["tokenizer"]["path"])
+    config["format"] = "chat"
+    write_data_config(out_dir, config)
+
+
+def print_chat_summary(manifest: dict) -> None:
+    t, c = manifest["totals"], manifest["chat"]
+    print(f"{t['conversations']:,} of {t['records']:,} conversations in {t['rows']:,} rows of "
+          f"{c['row_tokens']:,} tokens ({c['packing_efficiency']:.2%} packed): {t['tokens']:,} "
+          f"tokens, {t['target_tokens']:,} trained (mask={c['mask']}, template "
+          f"{c['template']}); truncated {t['truncated']:,}, too long {t['dropped_long']:,}, "
+          f"nothing to train {t['no_target']:,}, skipped {t['bad_records']:,}")
+    for reason, examples in t["examples"].items():
+        for path, line, detail in examples:
+            print(f"  {reason}: {path}:{line}: {detail}", file=sys.stderr)

@@ -1,0 +1,178 @@
+"""``python -m data_prep format=chat``: conversations (JSONL and Parquet, messages and
+prompt/completion) into packed shards with a loss mask that megatron-core's own reader loads;
+rows never over seq_length + 1; bad records counted with file:line; the manifest and the data
+config; the plan refuses to train chat shards as text."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from megatron.core.datasets.indexed_dataset import IndexedDataset
+from tokenizers import Tokenizer
+
+from tests.helpers.data_prep import train_hf_tokenizer
+from tests.helpers.training import REPO
+
+ROLE_TOKENS = ["<|im_start|>", "<|im_end|>"]
+WORDS = "the cat sat on a mat while rain fell over quiet hills and rivers ran to the sea".split()
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("chat_tok")
+    tokenizer = Tokenizer.from_file(str(train_hf_tokenizer(root, 600)))
+    tokenizer.add_special_tokens(ROLE_TOKENS)
+    tokenizer.save(str(root / "tokenizer.json"))
+    (root / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    return root
+
+
+def sentence(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def conversations(n: int, seed: int = 0) -> list:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        if i % 5 == 0:
+            out.append({"prompt": sentence(rng, rng.randint(3, 20)),
+                        "completion": f"answer {i}: " + sentence(rng, rng.randint(2, 40))})
+            continue
+        turns = [{"role": "system", "content": "be brief"}] if i % 2 else []
+        for t in range(rng.randint(1, 3)):
+            turns += [{"role": "user", "content": sentence(rng, rng.randint(2, 30))},
+                      {"role": "assistant", "content": f"reply {i}.{t}: " +
+                       sentence(rng, int(rng.lognormvariate(3, 0.8)) + 1)}]
+        out.append({"messages": turns})
+    return out
+
+
+def prepare(tmp_path, tokenizer_dir, *extra, inputs=None, expect=0, out="out"):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "data_prep", f"input={inputs or tmp_path / 'in'}",
+                           f"output={tmp_path / out}", "format=chat", "tokenizer.kind=hf",
+                           f"tokenizer.path={tokenizer_dir}", "chat.template=chatml",
+                           "seq_length=255", "progress=false", *extra],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == expect, proc.stdout + proc.stderr
+    return proc
+
+
+def write_inputs(tmp_path, records: list) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "in").mkdir()
+    half = len(records) // 2
+    with open(tmp_path / "in" / "a.jsonl", "w") as handle:
+        for record in records[:half]:
+            handle.write(json.dumps(record) + "\n")
+    rows = records[half:]  # Parquet: one column per key, nulls where a record lacks it
+    pq.write_table(pa.Table.from_pylist([{"messages": r.get("messages"), "prompt": r.get("prompt"),
+                                          "completion": r.get("completion")} for r in rows]),
+                   tmp_path / "in" / "b.parquet")
+
+
+@pytest.mark.slow
+def test_conversations_become_packed_masked_shards_megatron_reads(tmp_path, tokenizer_dir):
+    records = conversations(400)
+    write_inputs(tmp_path, records)
+    prepare(tmp_path, tokenizer_dir, "workers=2")
+    out = tmp_path / "out"
+    manifest = json.loads((out / "manifest.json").read_text())
+    totals, chat = manifest["totals"], manifest["chat"]
+    assert manifest["format"] == "chat" and totals["records"] == 400 and totals["bad_records"] == 0
+    assert totals["conversations"] + totals["no_target"] + totals["dropped_long"] == 400
+    assert chat["template"] == "chatml" and chat["row_tokens"] == 256 and chat["pack"] is True
+
+    tokens = IndexedDataset(str(out / "out_00000"))
+    masks = IndexedDataset(str(out / "out_00000.mask"))
+    assert len(tokens) == len(masks) == totals["conversations"]  # a sequence per conversation
+    rows = tokens.document_indices
+    assert len(rows) - 1 == totals["rows"] and (rows == masks.document_indices).all()
+    lengths = tokens.sequence_lengths
+    row_tokens = [int(lengths[a:b].sum()) for a, b in zip(rows[:-1], rows[1:])]
+    assert max(row_tokens) <= 256 and sum(row_tokens) == totals["tokens"]
+    assert chat["packing_efficiency"] == pytest.approx(totals["tokens"] / (256 * totals["rows"]),
+                                                       abs=1e-6)
+    assert chat["packing_efficiency"] > 0.95
+
+    decoder = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    end = decoder.token_to_id("<|im_end|>")
+    replies = {m["content"] for r in records for m in r.get("messages", [])
+               if m["role"] == "assistant"} | {r["completion"] for r in records if "completion" in r}
+    trained = 0
+    for i in range(len(tokens)):
+        ids, mask = tokens[i], masks[i]
+        assert len(ids) == len(mask) and set(np.unique(mask)) <= {0, 1}
+        runs = np.split(np.arange(len(ids)), np.flatnonzero(np.diff(mask.astype(int))) + 1)
+        for run in runs:
+            if not mask[run[0]]:
+                continue
+            trained += len(run)
+            text = decoder.decode(ids[run].tolist(), skip_special_tokens=False)
+            if len(ids) == 256 and run[-1] == 255 and ids[-1] != end:  # a truncated reply
+                assert any(r.startswith(text) for r in replies), text
+                continue
+            assert ids[run[-1]] == end  # one assistant reply and its end-of-turn token
+            assert text[:-len("<|im_end|>")] in replies, text
+    assert trained == totals["target_tokens"] and mask[0] == 0
+
+    data = (out / "conf" / "data" / "out.yaml").read_text()
+    assert "format: chat" in data and str(out / "out_00000") in data
+
+
+def test_bad_records_are_counted_with_file_and_line(tmp_path, tokenizer_dir):
+    (tmp_path / "in").mkdir()
+    good = conversations(6)
+    lines = [json.dumps(r) for r in good] + ["{not json", json.dumps({"messages": [
+        {"role": "user", "content": "hi"}]}), json.dumps({"messages": [
+        {"role": "robot", "content": "x"}, {"role": "assistant", "content": "y"}]})]
+    (tmp_path / "in" / "c.jsonl").write_text("\n".join(lines) + "\n")
+    proc = prepare(tmp_path, tokenizer_dir, "workers=1", "max_bad_fraction=0.5")
+    totals = json.loads((tmp_path / "out" / "manifest.json").read_text())["totals"]
+    assert totals["records"] == 9 and totals["bad_records"] == 3
+    assert totals["skipped"] == {"invalid_json": 1, "bad_conversation": 2}
+    examples = totals["examples"]["bad_conversation"]
+    assert [e[1] for e in examples] == [8, 9] and "assistant" in examples[0][2]
+    assert f"{tmp_path / 'in' / 'c.jsonl'}:7" in proc.stderr
+    strict = prepare(tmp_path, tokenizer_dir, "workers=1", "strict=true", out="strict", expect=3)
+    assert not list((tmp_path / "strict").glob("*.bin"))  # nothing left under a final name
+    assert "c.jsonl:7: invalid_json" in strict.stderr
+
+
+def test_long_conversations_truncated_or_dropped_and_counted(tmp_path, tokenizer_dir):
+    (tmp_path / "in").mkdir()
+    long = {"messages": [{"role": "user", "content": "tell me"},
+                         {"role": "assistant", "content": " ".join(WORDS * 40)}]}
+    short = [{"prompt": f"hi {i}", "completion": "hello there"} for i in range(4)]
+    (tmp_path / "in" / "l.jsonl").write_text("\n".join(json.dumps(r) for r in
+                                                       [long] + short) + "\n")
+    prepare(tmp_path, tokenizer_dir, "workers=1")
+    totals = json.loads((tmp_path / "out" / "manifest.json").read_text())["totals"]
+    assert totals["truncated"] == 1 and totals["conversations"] == 5
+    prepare(tmp_path, tokenizer_dir, "workers=1", "chat.overlong=drop", "overwrite=true")
+    totals = json.loads((tmp_path / "out" / "manifest.json").read_text())["totals"]
+    assert totals["dropped_long"] == 1 and totals["conversations"] == 4
+
+
+def test_chat_without_seq_length_or_hf_tokenizer_is_a_config_error(tmp_path, tokenizer_dir):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "c.jsonl").write_text(json.dumps(conversations(1)[0]) + "\n")
+    proc = prepare(tmp_path, tokenizer_dir, "seq_length=0", "tokenizer.kind=byte", expect=2)
+    assert "seq_length=0" in proc.stderr and "tokenizer.kind=byte" in proc.stderr
+
+
+def test_the_plan_refuses_to_train_chat_shards_as_text():
+    from launcher.compose import compose_config, to_object
+    from launcher.plan import PlanError, compute_plan
+
+    with pytest.raises(PlanError, match="data.format=chat"):
+        compute_plan(to_object(compose_config(["data.format=chat"])))
