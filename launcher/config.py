@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Dict, List
+from typing import Optional, Dict, List
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -386,6 +386,12 @@ class TrainerConfig:
     """Draw every random weight from (seed, the tensor's global name, its tile), so every
     TP/PP/VPP/EP/CP layout and both engines start from the same weights; false = Megatron-Core's
     per-rank draw (different per layout). Ignored with init_from."""
+    per_token_loss: Optional[bool] = None
+    """Normalise the loss per target token over the whole global batch (Megatron-Core's
+    calculate_per_token_loss: summed over micro-batches and replicas, divided by their target
+    tokens), instead of a mean per micro-batch averaged over micro-batches; null = on for
+    data.format=chat (where micro-batches hold different numbers of target tokens), off
+    otherwise. engine=megatron only."""
     log_interval: int = 1
     """Optimizer steps between metric lines."""
     eval_interval: int = 0

@@ -26,5 +26,14 @@ def spec(name: EngineName | str) -> EngineSpec:
 def engine_inputs(cfg: TrainwrightConfig) -> dict:
     """The narrow sub-configs an engine is built from (keyword arguments of ``build`` and
     ``run_files`` besides the batch and the model)."""
-    return dict(parallelism=cfg.parallelism, optimizer=cfg.optimizer, trainer=cfg.trainer,
-                engine=cfg.engine)
+    return dict(parallelism=cfg.parallelism, optimizer=cfg.optimizer,
+                trainer=with_per_token_loss(cfg.trainer, cfg.data.format), engine=cfg.engine)
+
+
+def with_per_token_loss(trainer, data_format: str):
+    """``trainer`` with ``per_token_loss`` resolved (null: on for data.format=chat)."""
+    import dataclasses
+
+    if trainer.per_token_loss is not None:
+        return trainer
+    return dataclasses.replace(trainer, per_token_loss=data_format == "chat")

@@ -99,6 +99,20 @@ def context_parallel_unavailable(parallelism: ParallelismConfig,
             "[pytorch]); set parallelism.context_parallel_size=1")
 
 
+def packed_attention_unavailable(data_format: str, te: Optional[bool] = None) -> Optional[str]:
+    """Why this process cannot train ``data.format=chat`` rows (None when it can): their
+    conversations are kept apart by an explicit attention mask, which Megatron-Core's local
+    attention applies; Transformer Engine's wants the packed THD layout (cu_seqlens), not wired
+    here yet."""
+    te = use_transformer_engine() if te is None else te
+    if data_format != "chat" or not te:
+        return None
+    return ("data.format=chat with Transformer Engine: packed conversations go through TE's "
+            "attention only in its THD layout (PackedSeqParams with cu_seqlens), which trainwright "
+            "does not build yet; run without TE (TRAINWRIGHT_DISABLE_TE=1: Megatron-Core's local "
+            "attention applies the conversations' mask)")
+
+
 FP8_CAPABILITY = (8, 9)
 """CUDA compute capability of the first FP8 tensor cores (Ada; Hopper is 9.0)."""
 MXFP8_CAPABILITY = (10, 0)
@@ -323,6 +337,7 @@ def transformer_config(model: ModelConfig, parallelism: ParallelismConfig, train
         **_parallel_fields(parallelism, dtype),
         **_recompute_fields(Recompute(trainer.activation_recompute)),
         **cross_entropy_fields(trainer),
+        calculate_per_token_loss=bool(trainer.per_token_loss),
     )
 
 

@@ -261,20 +261,32 @@ def check_static(cfg: TrainwrightConfig, dims: ParallelDims) -> list[Problem]:
     check_positive has passed; its own problems come first)."""
     return (dims.problems(cfg.cluster, moe=bool(cfg.model.num_experts))
             + check_model_shapes(cfg, dims) + check_engine(cfg) + check_cluster(cfg)
-            + check_data_format(cfg.data.format))
+            + check_data_format(cfg))
 
 
-def check_data_format(fmt: str) -> list[Problem]:
-    """data.format: text trains; chat shards (masked, packed conversations) cannot be trained on
-    yet, and training them as text would teach the prompts and cross sample boundaries."""
+def check_data_format(cfg: TrainwrightConfig) -> list[Problem]:
+    """data.format=chat (packed conversations, a loss mask) trains on engine=megatron only, from
+    shards (no mock data)."""
+    fmt = cfg.data.format
+    if fmt not in ("text", "chat"):
+        return [Problem(("data.format",), f"data.format={fmt!r}: use text or chat")]
     if fmt == "text":
+        if cfg.trainer.per_token_loss and cfg.engine.name.value != "megatron":
+            return [Problem(("trainer.per_token_loss", "engine.name"), (
+                "trainer.per_token_loss=true is Megatron-Core's calculate_per_token_loss; "
+                "set engine=megatron, or trainer.per_token_loss=null"))]
         return []
-    if fmt == "chat":
-        return [Problem(("data.format",), (
-            "data.format=chat: these shards hold packed conversations with a loss mask, and "
-            "training on them (per-token masked loss, samples isolated in a row) is not built "
-            "yet; it would train every token as text. Fine-tune on format=text shards for now"))]
-    return [Problem(("data.format",), f"data.format={fmt!r}: use text or chat")]
+    problems = []
+    if cfg.engine.name.value != "megatron":
+        problems.append(Problem(("data.format", "engine.name"), (
+            f"data.format=chat on engine={cfg.engine.name.value}: packed conversations need "
+            "attention cut at their boundaries and a loss summed per target token over the "
+            "global batch, which trainwright builds on Megatron-Core only; set engine=megatron")))
+    if not cfg.data.prefixes:
+        problems.append(Problem(("data.format", "data.prefixes"), (
+            "data.format=chat needs the shards of data_prep format=chat in data.prefixes "
+            "(data=<the name data_prep wrote>); mock data has no conversations")))
+    return problems
 
 
 def check_interleaving(dims: ParallelDims, grad_accum: int) -> list[Problem]:

@@ -194,11 +194,18 @@ def build_data(cfg, plan, run_dir, consumed_samples: int):
     t, dp_size = cfg.trainer, plan.dims.dp
     dp_rank = parallel_state.get_data_parallel_rank()
     eval_samples = t.eval_iters * t.micro_batch_size * dp_size
-    train, valid, _ = build_datasets(
-        cfg.data, seq_length=cfg.model.seq_length, vocab_size=cfg.model.vocab_size,
-        seed=t.seed, cache_dir=cfg.data.cache_dir or str(run_dir / "cache"),
-        sizes=split_sizes(train_samples=plan.batch.train_steps * plan.batch.global_batch_size,
-                          eval_samples=eval_samples))
+    train_samples = plan.batch.train_steps * plan.batch.global_batch_size
+    if cfg.data.format == "chat":  # packed conversations with their loss mask
+        from launcher.runtime.chat_data import build_chat_datasets
+
+        train, valid, _ = build_chat_datasets(cfg.data, seq_length=cfg.model.seq_length,
+                                              seed=t.seed, train_samples=train_samples,
+                                              eval_samples=eval_samples)
+    else:
+        train, valid, _ = build_datasets(
+            cfg.data, seq_length=cfg.model.seq_length, vocab_size=cfg.model.vocab_size,
+            seed=t.seed, cache_dir=cfg.data.cache_dir or str(run_dir / "cache"),
+            sizes=split_sizes(train_samples=train_samples, eval_samples=eval_samples))
     common = dict(micro_batch_size=t.micro_batch_size, dp_rank=dp_rank, dp_size=dp_size,
                   stop_signal=t.stop_signal)
     iterator = iter(make_loader(train, consumed_samples=consumed_samples,

@@ -189,6 +189,8 @@ class MegatronEngine:
 
         self.chunks, self.optimizer = chunks, optimizer
         self.grad_accum_steps, self.nan_policy = batch.grad_accum_steps, trainer.nan_policy
+        self.per_token = bool(trainer.per_token_loss)
+        """The loss summed per target token over the global batch (trainer.per_token_loss)."""
         self.micro_batch_size, self.moe_layers = batch.micro_batch_size, moe_layers
         self.vocab_size = vocab_size
         """The model's vocabulary before padding (label scores give padding no probability)."""
@@ -217,6 +219,11 @@ class MegatronEngine:
         from megatron.core import parallel_state
 
         start = time.perf_counter()
+        if self.per_token:  # the sum and its tokens; the schedule and DDP divide by the total
+            count = loss_mask.float().sum().detach()
+            total = (token_losses.float() * loss_mask.float()).sum()
+            clock.add("loss", start)
+            return total, count.int(), {"lm loss": torch.stack([total.detach(), count])}
         count = loss_mask.float().sum().detach()
         if self.cp > 1:
             collectives.sum_(count, parallel_state.get_context_parallel_group())
@@ -229,7 +236,8 @@ class MegatronEngine:
         def forward_step(data_iterator, model):
             batch = next(data_iterator)
             start = time.perf_counter()
-            output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+            output = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"),
+                           labels=batch["labels"])
             clock.add("forward", start)
             return output, functools.partial(self._loss_func, batch["loss_mask"], clock)
         return forward_step
@@ -245,14 +253,20 @@ class MegatronEngine:
             seq_length=self.seq_length, micro_batch_size=self.micro_batch_size,
             forward_only=forward_only)
 
-    @staticmethod
-    def _agree(losses: list) -> tuple[float, bool]:
-        """(mean loss over micro-batches and ranks that computed one, all finite); ranks without
-        a loss (every pipeline stage but the last) contribute nothing."""
+    def _agree(self, losses: list) -> tuple[float, bool, float]:
+        """(mean loss over micro-batches and ranks that computed one, all finite, target tokens
+        per replica); ranks without a loss (every pipeline stage but the last) contribute
+        nothing. With per-token loss, the mean is over every target token of the step."""
+        if self.per_token:
+            pair = torch.stack([d["lm loss"].float() for d in losses]).sum(0) if losses \
+                else torch.zeros(2)
+            local, tokens = float(pair[0]), float(pair[1])
+            total, count, finite = collectives.agree_loss(local, tokens, math.isfinite(local))
+            return total / max(count, 1.0), finite, count
         local = float(torch.stack([d["lm loss"].float() for d in losses]).sum()) if losses \
             else 0.0
         total, count, finite = collectives.agree_loss(local, len(losses), math.isfinite(local))
-        return total / max(count, 1.0), finite
+        return total / max(count, 1.0), finite, 0.0
 
     def train_step(self, next_batch: Callable[[], dict], lr: float, timer) -> StepResult:
         """One optimizer step over ``grad_accum_steps`` micro-batches from ``next_batch``."""
@@ -266,8 +280,10 @@ class MegatronEngine:
         start = time.perf_counter()
         losses = self._run_schedule(batches, clock, forward_only=False)
         self._charge(timer, clock, time.perf_counter() - start)
-        loss, finite = self._agree(losses)
+        loss, finite, tokens = self._agree(losses)
         extra = self._moe_metrics()
+        if self.per_token:  # counted on every last-stage rank: TP and CP ranks repeat a replica's
+            extra["target_tokens"] = tokens / self._loss_ranks_per_replica()
         if not finite:
             if self.nan_policy != "skip":
                 raise NonFiniteLoss("non-finite loss on at least one rank")
@@ -278,6 +294,14 @@ class MegatronEngine:
         return StepResult(loss=loss, grad_norm=self._grad_norm,
                           loss_scale=self.loss_scale(), skipped=False,
                           micro_batches=len(batches), extra=extra)
+
+    @staticmethod
+    def _loss_ranks_per_replica() -> int:
+        """Ranks of one data-parallel replica that report its loss (the last stage's TP ranks;
+        their CP ranks each count their part of the tokens)."""
+        from megatron.core import parallel_state
+
+        return parallel_state.get_tensor_model_parallel_world_size()
 
     def _charge(self, timer, clock: _Clock, schedule_seconds: float) -> None:
         """Split the schedule's wall time into forward, loss, grad_sync and backward."""
@@ -342,5 +366,5 @@ class MegatronEngine:
         losses = self._run_schedule(batches, _Clock(), forward_only=True) if batches else []
         for chunk in self.chunks:
             chunk.train()
-        loss, _ = self._agree(losses)
+        loss, _, _ = self._agree(losses)
         return loss
