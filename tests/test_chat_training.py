@@ -1,0 +1,172 @@
+"""Fine-tuning on packed conversations (issue 38, data.format=chat): a row keeps its
+conversations apart (positions restart, attention cut, no label across a boundary), so a
+conversation packed after another gives the logits and the summed loss it gives alone (RoPE and
+learned positions); the per-token loss and gradients are the same for micro-batch 1 x 8
+accumulations, 8 x 1 and DP2, with a micro-batch that holds no target token; a resumed epoch sees
+every row once; engine=deepspeed and mock data are refused before anything starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from launcher.config import Arch, ParallelismConfig
+from launcher.runtime.chat_data import PackedChatDataset, packed_sample
+from tests.helpers.dist import gloo_group
+from tests.helpers.models import build, in_process, small
+from tests.helpers.training import REPO, TINY, train
+
+
+def test_a_packed_row_keeps_its_conversations_apart():
+    ids = np.array([10, 11, 12, 20, 21, 22, 23], dtype=np.int64)
+    mask = np.array([0, 1, 1, 0, 0, 1, 1], dtype=np.uint8)
+    seg = np.array([0, 0, 0, 1, 1, 1, 1])
+    s = packed_sample(ids, mask, seg, seq_length=8, pad_id=0)
+    assert s["tokens"].tolist() == [10, 11, 12, 20, 21, 22, 23, 0]
+    assert s["labels"].tolist() == [11, 12, 20, 21, 22, 23, 0, 0]
+    assert s["position_ids"].tolist() == [0, 1, 2, 0, 1, 2, 3, 0]
+    # label 20 starts the second conversation: never predicted from the first; padding untrained
+    assert s["loss_mask"].tolist() == [1, 1, 0, 0, 1, 1, 0, 0]
+    cut = s["attention_mask"][0]
+    assert cut.shape == (8, 8)
+    assert not cut[5, 3] and cut[5, 2] and cut[3, 4]  # within, across, the future
+    assert not cut[7, 7] and cut[7, 6]  # padding attends to itself only
+
+
+@pytest.fixture(scope="module")
+def megatron_tp1():
+    with gloo_group():
+        from launcher.engines.model import init_parallel_state
+
+        init_parallel_state(ParallelismConfig(), seed=1234)
+        yield
+
+
+def forward(gpt, sample: dict):
+    import torch
+
+    with torch.no_grad():
+        logits = gpt(sample["tokens"][None], sample["position_ids"][None],
+                     sample["attention_mask"][None])
+        losses = gpt(sample["tokens"][None], sample["position_ids"][None],
+                     sample["attention_mask"][None], labels=sample["labels"][None])
+    return logits[0], losses[0]
+
+
+@in_process
+@pytest.mark.parametrize("arch", [Arch.llama, Arch.gpt2])
+def test_a_conversation_packed_after_another_gives_its_logits_alone(megatron_tp1, arch):
+    """``arch``: RoPE (relative by construction) and learned absolute positions (restarted)."""
+    rng = np.random.default_rng(0)
+    model = small(arch=arch, seq_length=48, vocab_size=512)
+    gpt = build(model)
+    gpt.eval()
+    a, b = rng.integers(0, 512, 17), rng.integers(0, 512, 23)
+    mask_a, mask_b = np.r_[0, np.ones(16)].astype(np.uint8), np.r_[0, np.ones(22)].astype(
+        np.uint8)
+    packed = packed_sample(np.r_[a, b], np.r_[mask_a, mask_b],
+                           np.r_[np.zeros(17, int), np.ones(23, int)], 48, pad_id=0)
+    alone = packed_sample(b, mask_b, np.zeros(23, int), 48, pad_id=0)
+    logits_packed, losses_packed = forward(gpt, packed)
+    logits_alone, losses_alone = forward(gpt, alone)
+    np.testing.assert_allclose(logits_packed[17:17 + 23].numpy(), logits_alone[:23].numpy(),
+                               rtol=1e-5, atol=1e-5)
+    # the summed per-sample losses: packed (masked) against each conversation alone
+    a_alone = packed_sample(a, mask_a, np.zeros(17, int), 48, pad_id=0)
+    _, losses_a = forward(gpt, a_alone)
+    summed_packed = float((losses_packed * packed["loss_mask"]).sum())
+    summed_alone = float((losses_a * a_alone["loss_mask"]).sum()
+                         + (losses_alone * alone["loss_mask"]).sum())
+    assert summed_packed == pytest.approx(summed_alone, rel=1e-6)
+
+
+def test_a_resumed_epoch_sees_every_row_once():
+    rows = [(0, i, i + 1) for i in range(10)]
+    dataset = PackedChatDataset(None, rows, samples=25, seq_length=8, pad_id=0, seed=3)
+    order = [dataset.row_of(i) for i in range(25)]
+    assert sorted(order[:10]) == rows and sorted(order[10:20]) == rows  # each once per epoch
+    assert order[:10] != order[10:20]  # a fresh permutation per epoch
+    resumed = PackedChatDataset(None, rows, samples=25, seq_length=8, pad_id=0, seed=3)
+    assert [resumed.row_of(i) for i in range(7, 25)] == order[7:]  # a resume at sample 7
+
+
+def write_chat_shards(root: Path, rows: list, vocab: int = 512) -> Path:
+    """Chat shards of ``rows`` (each a list of (ids, mask) conversations) and their data config."""
+    from data_prep.shards import ShardWriter
+
+    root.mkdir(parents=True, exist_ok=True)
+    tokens, masks = ShardWriter(str(root), "chat_00000", np.uint16), \
+        ShardWriter(str(root), "chat_00000.mask", np.uint8)
+    for row in rows:
+        lengths = np.array([len(ids) for ids, _ in row], dtype=np.int32)
+        tokens.add_rows(np.concatenate([ids for ids, _ in row]), lengths, np.array([len(row)]))
+        masks.add_rows(np.concatenate([m for _, m in row]), lengths, np.array([len(row)]))
+    tokens.commit(), masks.commit()
+    conf = root / "conf" / "data"
+    conf.mkdir(parents=True)
+    (conf / "chat.yaml").write_text(
+        f"name: chat\nprefixes: ['{root / 'chat_00000'}']\nsplit: '100,0,0'\n"
+        "eod_token_id: 0\nformat: chat\n")
+    return root
+
+
+def split_rows(seed: int = 0) -> list:
+    """8 rows of 1-3 conversations of different lengths; row 5 has no target token at all."""
+    rng, rows = np.random.default_rng(seed), []
+    for r in range(8):
+        row = []
+        for _ in range(rng.integers(1, 4)):
+            n = int(rng.integers(6, 20))
+            mask = (rng.random(n) < 0.6).astype(np.uint8) * (r != 5)
+            mask[0] = 0
+            row.append((rng.integers(1, 512, n).astype(np.uint16), mask))
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("chat_splits")
+def test_the_loss_and_gradients_are_the_same_however_the_batch_is_split(tmp_path):
+    data = write_chat_shards(tmp_path / "data", split_rows())
+    common = [*TINY, "model.seq_length=64", "engine=megatron", "trainer.train_steps=1",
+              "trainer.global_batch_size=8", "optimizer.warmup_steps=0", "trainer.eval_interval=0",
+              "model.hidden_dropout=0", "model.attention_dropout=0",
+              f"hydra.searchpath=[file://{data / 'conf'}]", "data=chat"]
+    splits = {"mb1x8": ["cluster.gpus_per_node=1", "trainer.micro_batch_size=1"],
+              "mb8x1": ["cluster.gpus_per_node=1", "trainer.micro_batch_size=8"],
+              "dp2": ["trainer.micro_batch_size=2"]}
+    lines = {}
+    for name, split in splits.items():
+        train(tmp_path, name, *common, *split)
+        [lines[name]] = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl")
+                         .read_text().splitlines() if '"loss"' in line]
+    base = lines["mb1x8"]  # (per-micro-batch means would give 5.47, 6.26 and 6.26 here)
+    masks = [np.concatenate([m for _, m in row]) for row in split_rows()]
+    # the targets: each row's mask less its first token (never a label), in the global batch
+    assert base["target_tokens"] == sum(int(m[1:].sum()) for m in masks)
+    for name, got in lines.items():
+        assert got["loss"] == pytest.approx(base["loss"], rel=1e-6), name
+        assert got["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-6), name
+        assert got["target_tokens"] == base["target_tokens"], name
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["engine=deepspeed"], "data.format=chat on engine=deepspeed"),
+    (["engine=megatron", "data.prefixes=[]"], "mock data has no conversations"),
+])
+def test_what_cannot_train_chat_rows_is_refused_before_any_rank_starts(overrides, fragment,
+                                                                       tmp_path):
+    data = write_chat_shards(tmp_path / "data", split_rows())
+    proc = subprocess.run([sys.executable, "-m", "launcher.train", *TINY, "data=chat",
+                           f"hydra.searchpath=[file://{data / 'conf'}]",
+                           f"run.output_root={tmp_path}", "run.name=r", *overrides],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert fragment in proc.stderr
