@@ -1,7 +1,7 @@
 """``python -m data_prep format=chat ...``: conversations into packed, masked shards.
 
 Records (JSONL or Parquet: ``messages``, or ``prompt``/``completion``) are rendered with the chat
-template and tokenized in a worker pool (:mod:`data_prep.chat_render`: ids and a loss mask),
+template and tokenized in a worker pool (:mod:`launcher.core.chat_render`: ids and a loss mask),
 fitted to a row of ``seq_length + 1`` tokens (``chat.overlong``), packed best-fit decreasing a
 window of ``chat.pack_window`` conversations at a time (:mod:`data_prep.packing`) and written as
 two Megatron indexed datasets per shard (docs/fine_tuning.md):
@@ -91,7 +91,7 @@ def read_records(files) -> Iterator[tuple]:
 
 
 def _init_worker(tokenizer_path: str, template: str, mask: str) -> None:
-    from data_prep.chat_render import ChatTokenizer, MaskPolicy
+    from launcher.core.chat_render import ChatTokenizer, MaskPolicy
 
     _STATE["tokenizer"] = ChatTokenizer(tokenizer_path, template)
     _STATE["policy"] = MaskPolicy(mask)
@@ -99,7 +99,7 @@ def _init_worker(tokenizer_path: str, template: str, mask: str) -> None:
 
 def render_chunk(chunk: list) -> list:
     """[(path, line, ids, mask, reason, detail)] for a chunk of read records (in a worker)."""
-    from data_prep.chat_render import ChatError, messages_of
+    from launcher.core.chat_render import ChatError, messages_of
 
     out = []
     for path, line, record, error in chunk:
@@ -298,8 +298,10 @@ def chat_manifest(cfg, files, tally: ChatTally, shards: ChatShards, tokenizer,
         "tool": "data_prep", "version": data_prep.__version__, "format": "chat",
         "complete": True, "name": shards.stem, "wall_time_s": round(wall, 3),
         "dtype": np.dtype(dtype).name, "eod_id": int(tokenizer.eot_ids[0]),
-        "tokenizer": {"path": os.path.abspath(cfg.tokenizer.path), "kind": "hf"},
-        "chat": {"template": tokenizer.template_name, "mask": str(cfg.chat.mask),
+        "tokenizer": {"path": os.path.abspath(tokenizer.json_file), "kind": "hf",
+                      "directory": os.path.abspath(cfg.tokenizer.path)},
+        "chat": {"template": tokenizer.template_name, "template_text": tokenizer.template_text,
+                 "mask": str(cfg.chat.mask),
                  "pack": bool(cfg.chat.pack), "overlong": str(cfg.chat.overlong),
                  "seq_length": cfg.seq_length, "row_tokens": capacity,
                  "end_of_turn_ids": [int(i) for i in tokenizer.eot_ids],
@@ -318,7 +320,7 @@ def chat_manifest(cfg, files, tally: ChatTally, shards: ChatShards, tokenizer,
 def execute_chat(cfg) -> dict:
     """Run format=chat; the manifest. Raises DataPrepError subclasses (ConfigError: exit 2)."""
     from data_prep.assemble import token_dtype
-    from data_prep.chat_render import ChatError, ChatTokenizer
+    from launcher.core.chat_render import ChatError, ChatTokenizer
     from data_prep.manifest import MANIFEST, load_manifest, write_manifest
     from data_prep.output_lock import OutputLock, lock_name
 

@@ -26,8 +26,7 @@ PROBE_TEXTS = [
 ]
 """Texts on which an automatically chosen gigatoken backend must match the native library."""
 
-EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>", "[SEP]")
-BOS_CANDIDATES = ("<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>", "[CLS]")
+from launcher.core.special_tokens import BOS_CANDIDATES, EOD_CANDIDATES  # noqa: F401
 BYTE_EOD, BYTE_BOS, BYTE_VOCAB = 256, 257, 258
 
 

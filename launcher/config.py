@@ -748,6 +748,13 @@ class GenerateConfig:
     directory's, or the tokenizer the run's data was prepared with)."""
     logits_file: str = ""
     """Write the prompt's logits (fp32, [prompt tokens, vocab], .npy) here; empty = none."""
+    chat: bool = False
+    """Render generate.prompt as one user turn with the chat template (and its generation
+    prompt), and stop at the template's end-of-turn token."""
+    chat_template: str = ""
+    """generate.chat's template: empty = the checkpoint's (a Hugging Face directory's
+    tokenizer_config.json, or the one a data.format=chat run was prepared with); a shipped name
+    (llama3, chatml, plain) or a .jinja file."""
 
 
 @dataclass

@@ -8,6 +8,8 @@ checkpoint (an explicit model that disagrees exits 2). Each new token re-runs th
 over the whole sequence through Megatron-Core's schedule (no KV cache: a tool to look at a
 model and to prove its forward pass, not a server). ``generate.format=json`` prints
 ``{"prompt_ids": [...], "output_ids": [...], "text": "..."}`` (output_ids = the new tokens).
+``generate.chat=true`` renders the prompt as one user turn with the checkpoint's chat template
+(``generate.chat_template`` to choose another) and stops at its end-of-turn token.
 Exit codes: 0 done, 2 config error, 128 + N stopped by signal N (SIGTERM, SIGINT, ...) before
 the output was printed.
 """
@@ -55,7 +57,38 @@ def tokenizer_path(gen, checkpoint: str) -> Optional[Path]:
     return tokenizer_file(checkpoint_meta(step_dir_of(Path(checkpoint))))
 
 
-def prompt_ids(gen, tokenizer: Optional[Path]) -> list[int]:
+def chat_tokenizer(gen, tokenizer: Optional[Path], checkpoint: str):
+    """generate.chat's ChatTokenizer: generate.chat_template, else the tokenizer's own template,
+    else the one the checkpoint's run was prepared with; ValueError naming the fix."""
+    from launcher.core.chat_render import ChatError, ChatTokenizer
+
+    if tokenizer is None:
+        raise ValueError("generate.chat needs the checkpoint's tokenizer (a Hugging Face "
+                         "tokenizer.json); pass generate.tokenizer=<tokenizer directory>")
+    template = gen.chat_template or run_chat_template(checkpoint)
+    try:
+        return ChatTokenizer(str(tokenizer), template)
+    except ChatError as exc:
+        raise ValueError(f"generate.chat: {exc}") from None
+
+
+def run_chat_template(checkpoint: str) -> str:
+    """The chat template of a trainwright checkpoint's run ('' for a Hugging Face directory,
+    whose tokenizer_config.json holds its own)."""
+    from launcher.engines.weights.sources import (SourceError, chat_template_text,
+                                                  checkpoint_meta, step_dir_of)
+
+    if (Path(checkpoint) / "config.json").is_file():
+        return ""
+    try:
+        return chat_template_text(checkpoint_meta(step_dir_of(Path(checkpoint))))
+    except SourceError:
+        return ""
+
+
+def prompt_ids(gen, tokenizer: Optional[Path], chat=None) -> list[int]:
+    if chat is not None and gen.prompt:  # one user turn, then the assistant's header
+        return [int(t) for t in chat.render_prompt([{"role": "user", "content": gen.prompt}])]
     if gen.prompt_ids:
         return [int(t) for t in gen.prompt_ids]
     if not gen.prompt:
@@ -89,12 +122,14 @@ def generate_rank(rank: Rank, checkpoint: str) -> int:
 
     cfg = rank.job.cfg
     tokenizer = tokenizer_path(cfg.generate, checkpoint)
-    ids = prompt_ids(cfg.generate, tokenizer)
+    chat = chat_tokenizer(cfg.generate, tokenizer, checkpoint) if cfg.generate.chat else None
+    ids = prompt_ids(cfg.generate, tokenizer, chat)
     chunks = build_model_chunks(cfg.model, cfg.parallelism, cfg.trainer)
     fill_chunks(chunks, checkpoint)
     generator = Generator(chunks, vocab_size=cfg.model.vocab_size)
     with torch.no_grad():
-        new, logits = generator.generate(ids, cfg.generate, stop=rank.stop.agree)
+        new, logits = generator.generate(ids, cfg.generate, stop=rank.stop.agree,
+                                         stop_ids=frozenset(chat.eot_ids) if chat else frozenset())
     if rank.stop.decided:
         rank.console.error(f"generate: stopped by signal {rank.stop.signal_received} after "
                            f"{len(new)} token(s); nothing written")
@@ -120,7 +155,7 @@ def _report(gen, ids, new, logits, tokenizer, generator, out) -> None:
         atomic_write_bytes(gen.logits_file, buffer.getvalue())
     if not generator.prints():
         return
-    text = decode(new, tokenizer)
+    text = decode(new, tokenizer)  # an end-of-turn token is special: decoding skips it
     if gen.format == "json":
         print(json.dumps({"prompt_ids": ids, "output_ids": new, "text": text}), file=out,
               flush=True)
@@ -143,6 +178,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"generate: generate.format={job.cfg.generate.format}: use text or json",
               file=sys.stderr)
         return CONFIG_ERROR_EXIT
+    if job.cfg.generate.chat:  # the template and tokenizer checked before any rank starts
+        try:
+            chat_tokenizer(job.cfg.generate, tokenizer_path(job.cfg.generate, checkpoint),
+                           checkpoint)
+        except ValueError as exc:
+            print(f"generate: {exc}", file=sys.stderr)
+            return CONFIG_ERROR_EXIT
     return run_ranks(job, functools.partial(generate_rank, checkpoint=checkpoint),
                      command="generate")
 

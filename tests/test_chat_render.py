@@ -1,4 +1,4 @@
-"""data_prep.chat_render: conversations into ids and loss masks, under every shipped template.
+"""launcher.core.chat_render: conversations into ids and loss masks, under every shipped template.
 
 The tokenizer is a byte-level BPE trained here (tests/helpers/data_prep.py) with the special
 tokens the templates need added; the expected texts are written out by hand from each format.
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from data_prep.chat_render import (TEMPLATE_DIR, ChatError, ChatTokenizer, MaskPolicy, Rendered,
+from launcher.core.chat_render import (TEMPLATE_DIR, ChatError, ChatTokenizer, MaskPolicy, Rendered,
                                    messages_of)
 from tests.helpers.data_prep import train_hf_tokenizer
 

@@ -133,6 +133,8 @@ def split_rows(seed: int = 0) -> list:
 @pytest.mark.slow
 @pytest.mark.xdist_group("chat_splits")
 def test_the_loss_and_gradients_are_the_same_however_the_batch_is_split(tmp_path):
+    """Micro-batch 1 x 8 accumulations, 8 x 1, DP2, and the same rows at TP2 with sequence
+    parallelism and at PP2 (the mask reaches every stage)."""
     data = write_chat_shards(tmp_path / "data", split_rows())
     common = [*TINY, "model.seq_length=64", "engine=megatron", "trainer.train_steps=1",
               "trainer.global_batch_size=8", "optimizer.warmup_steps=0", "trainer.eval_interval=0",
@@ -140,7 +142,10 @@ def test_the_loss_and_gradients_are_the_same_however_the_batch_is_split(tmp_path
               f"hydra.searchpath=[file://{data / 'conf'}]", "data=chat"]
     splits = {"mb1x8": ["cluster.gpus_per_node=1", "trainer.micro_batch_size=1"],
               "mb8x1": ["cluster.gpus_per_node=1", "trainer.micro_batch_size=8"],
-              "dp2": ["trainer.micro_batch_size=2"]}
+              "dp2": ["trainer.micro_batch_size=2"],
+              "tp2_sp": ["trainer.micro_batch_size=2", "parallelism.tensor_parallel_size=2",
+                         "parallelism.sequence_parallel=true"],
+              "pp2": ["trainer.micro_batch_size=2", "parallelism.pipeline_parallel_size=2"]}
     lines = {}
     for name, split in splits.items():
         train(tmp_path, name, *common, *split)
@@ -170,3 +175,87 @@ def test_what_cannot_train_chat_rows_is_refused_before_any_rank_starts(overrides
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert fragment in proc.stderr
+
+
+def cli(module: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+           "WANDB_MODE": "disabled"}
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+@pytest.mark.slow
+def test_published_weights_in_fine_tuned_on_chats_out_to_transformers_and_back_in_a_chat(
+        tmp_path):
+    """A tiny Llama in (trainer.init_from), fine-tuned on chatml conversations, exported
+    (launcher.convert to_hf): transformers loads it with the chat template and gives our logits;
+    launcher.generate generate.chat=true renders the prompt as transformers does."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer
+
+    from tests.helpers.data_prep import train_hf_tokenizer
+    from tests.test_data_prep_chat import conversations
+
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    tok = Tokenizer.from_file(str(train_hf_tokenizer(tok_dir, 280)))
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    tok.save(str(tok_dir / "tokenizer.json"))
+    (tok_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    assert tok.get_vocab_size() <= 300
+    torch.manual_seed(0)
+    hf = tmp_path / "hf_in"
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        initializer_range=0.2, tie_word_embeddings=False)).save_pretrained(str(hf))
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "c.jsonl").write_text("\n".join(json.dumps(r) for r in
+                                                       conversations(120)) + "\n")
+    cli("data_prep", f"input={tmp_path / 'in'}", f"output={tmp_path / 'chat'}", "format=chat",
+        "tokenizer.kind=hf", f"tokenizer.path={tok_dir}", "chat.template=chatml",
+        "seq_length=64", "progress=false", "split='90,10,0'")
+    cli("launcher.train", f"trainer.init_from={hf}", "engine=megatron", "trainer.precision=fp32",
+        "model.seq_length=64", "trainer.train_steps=3", "optimizer.warmup_steps=0",
+        "data.num_workers=0", f"hydra.searchpath=[file://{tmp_path / 'chat' / 'conf'}]",
+        "data=chat", f"run.output_root={tmp_path}", "run.name=ft", "run.report=false")
+    out = tmp_path / "hf_out"
+    cli("launcher.convert", "to_hf", f"checkpoint={tmp_path / 'ft'}", f"out={out}")
+
+    theirs_tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    turn = [{"role": "user", "content": "the cat sat on a mat"}]
+    prompt = theirs_tok.apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
+    assert prompt == "<|im_start|>user\nthe cat sat on a mat<|im_end|>\n<|im_start|>assistant\n"
+    expected = theirs_tok(prompt, add_special_tokens=False)["input_ids"]
+    logits_file = tmp_path / "ours.npy"
+    gen = cli("launcher.generate", f"checkpoint={tmp_path / 'ft'}", "generate.chat=true",
+              f"generate.prompt={turn[0]['content']}", "generate.max_new_tokens=4",
+              "generate.format=json", f"generate.logits_file={logits_file}",
+              "trainer.precision=fp32", "cluster.gpus_per_node=1")
+    result = json.loads(gen.stdout.strip().splitlines()[-1])
+    assert result["prompt_ids"] == expected  # one user turn and the assistant's header
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    with torch.no_grad():
+        theirs = model.eval()(torch.tensor([expected])).logits[0].numpy()
+    assert np.abs(np.load(logits_file) - theirs).max() < 1e-4
+    assert theirs_tok.eos_token == "<|im_end|>"  # generation stops at the end of the turn
+
+
+@in_process
+def test_generation_stops_after_an_end_of_turn_token(megatron_tp1):
+    from launcher.config import GenerateConfig
+    from launcher.engines.megatron.generation import Generator
+
+    model = small(seq_length=48, vocab_size=512)
+    gpt = build(model)
+    gpt.eval()
+    generator, prompt = Generator([gpt], vocab_size=512), [5, 17, 42, 99]
+    free, _ = generator.generate(prompt, GenerateConfig(max_new_tokens=6))
+    assert len(free) == 6
+    cut = free.index(free[2])  # the first place that token comes
+    stopped, _ = generator.generate(prompt, GenerateConfig(max_new_tokens=6),
+                                    stop_ids=frozenset({free[2]}))
+    assert stopped == free[:cut + 1]  # up to and including the end-of-turn token

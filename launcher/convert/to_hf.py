@@ -21,7 +21,7 @@ from launcher.convert import hf_writer
 from launcher.core.atomic import atomic_write_json
 from launcher.engines.weights import mapping
 from launcher.engines.weights.hf_config import hf_config
-from launcher.engines.weights.sources import checkpoint_meta, tokenizer_file
+from launcher.engines.weights.sources import chat_template_text, checkpoint_meta, tokenizer_file
 from launcher.shape import ResolvedModel
 
 
@@ -72,8 +72,9 @@ def convert_tensors(source, out: Path, *, dtype: Optional[torch.dtype], max_shar
     return {"dtype": seen_dtype, "bytes": writer.total_bytes, "shards": len(writer.files)}
 
 
-def write_tokenizer(tokenizer_json: Path, out: Path, eod_id: int) -> dict:
-    """tokenizer.json + tokenizer_config.json; returns the special token ids found."""
+def write_tokenizer(tokenizer_json: Path, out: Path, eod_id: int, chat_template: str = "") -> dict:
+    """tokenizer.json + tokenizer_config.json (with ``chat_template``: a fine-tuned run's, so
+    transformers renders conversations as the model was trained); the special token ids found."""
     import tokenizers
 
     shutil.copyfile(tokenizer_json, out / "tokenizer.json")
@@ -83,6 +84,8 @@ def write_tokenizer(tokenizer_json: Path, out: Path, eod_id: int) -> dict:
               "model_max_length": 1_000_000_000}
     if eos:
         config["eos_token"] = eos
+    if chat_template:
+        config["chat_template"] = chat_template
     atomic_write_json(out / "tokenizer_config.json", config)
     return {"eos": eod_id if eos else -1}
 
@@ -99,7 +102,8 @@ def export(source, step_dir: Path, out: Path, *, dtype_name: str = "auto",
         progress=lambda done, total: log(f"to_hf: {done}/{total} tensor groups written"))
     eod = int(((meta.get("config") or {}).get("data") or {}).get("eod_token_id", -1))
     tokenizer = tokenizer_file(meta)
-    eos = write_tokenizer(tokenizer, partial, eod)["eos"] if tokenizer else -1
+    eos = write_tokenizer(tokenizer, partial, eod, chat_template_text(meta))["eos"] \
+        if tokenizer else -1
     atomic_write_json(partial / "config.json", hf_config(
         source.model, dtype=hf_writer.DTYPE_NAMES[report["dtype"]], eos_id=eos))
     atomic_write_json(partial / "generation_config.json",

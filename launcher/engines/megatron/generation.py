@@ -81,10 +81,11 @@ class Generator:
         return collectives.broadcast_int(token, self.ps.get_pipeline_model_parallel_last_rank(),
                                          self.ps.get_pipeline_model_parallel_group())
 
-    def generate(self, ids: list[int], gen: GenerateConfig,
-                 stop: Callable[[], bool] = bool) -> tuple[list[int], Optional[torch.Tensor]]:
+    def generate(self, ids: list[int], gen: GenerateConfig, stop: Callable[[], bool] = bool,
+                 stop_ids: frozenset = frozenset()) -> tuple[list[int], Optional[torch.Tensor]]:
         """(new token ids, the prompt's logits on the last stage). ``stop()`` is asked before
-        each token (a collective: every rank asks at the same token); True ends the loop."""
+        each token (a collective: every rank asks at the same token); True ends the loop. A
+        token of ``stop_ids`` (an end-of-turn) ends it after that token."""
         rng = torch.Generator().manual_seed(gen.seed)
         sequence, new = list(ids), []
         logits = self._logits(sequence)  # collective: every rank runs each forward
@@ -98,4 +99,6 @@ class Generator:
             token = self._share(token)
             sequence.append(token)
             new.append(token)
+            if token in stop_ids:  # the same token on every rank: every rank stops here
+                break
         return new, prompt_logits

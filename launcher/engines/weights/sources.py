@@ -323,3 +323,15 @@ def tokenizer_file(meta: dict) -> Optional[Path]:
         if candidate and Path(candidate).name.endswith(".json") and Path(candidate).is_file():
             return Path(candidate)
     return None
+
+
+def chat_template_text(meta: dict) -> str:
+    """The chat template the run's conversations were rendered with (data.format=chat: the
+    manifest next to its first data prefix records it); '' for any other run."""
+    data = (meta.get("config") or {}).get("data") or {}
+    for prefix in data.get("prefixes") or []:
+        manifest = Path(prefix).parent / "manifest.json"
+        if manifest.is_file():
+            return ((json.loads(manifest.read_text()).get("chat") or {})
+                    .get("template_text") or "")
+    return ""

@@ -15,7 +15,7 @@ target when its characters overlap such a span: a token that straddles the start
 (``"Assistant: Hi"`` tokenized ``" Hi"``) carries the reply's first word, which the model must
 learn to produce. A turn that gets no token is an error, never an untrained turn.
 
-Templates shipped in ``data_prep/chat_templates/`` (llama3, chatml, plain) were written for
+Templates shipped in ``launcher/core/chat_templates/`` (llama3, chatml, plain) were written for
 trainwright from the formats' descriptions; no template file was copied from anywhere.
 """
 
@@ -135,8 +135,8 @@ class ChatTokenizer:
 
     ``tokenizer_path`` is a tokenizer directory (tokenizer.json, optionally tokenizer_config.json
     with eos/bos tokens and a ``chat_template``) or a tokenizer.json file. ``template`` is ""
-    (the tokenizer's own chat template), a shipped name (llama3, chatml, plain) or a path to a
-    .jinja file.
+    (the tokenizer's own chat template), a shipped name (llama3, chatml, plain), a path to a
+    .jinja file, or the Jinja text itself (a run's recorded template).
     """
 
     eot_ids: list[int]
@@ -149,10 +149,21 @@ class ChatTokenizer:
     def __init__(self, tokenizer_path: str, template: str = "") -> None:
         self.tokenizer_path = str(tokenizer_path)
         json_file, self._hf = _load_hf(self.tokenizer_path)
+        self._json_file = json_file
         self._tok = _offset_encoder(json_file)
         self.template_name, self._template = self._resolve_template(template)
         self._check_template_tokens()
         self.eot_ids = self._end_of_turn_ids()
+
+    @property
+    def template_text(self) -> str:
+        """The Jinja text of the template in use."""
+        return self._template or self._hf.chat_template
+
+    @property
+    def json_file(self) -> str:
+        """The tokenizer.json this tokenizer was read from."""
+        return str(self._json_file)
 
     def render(self, messages: list[dict], policy: MaskPolicy = MaskPolicy.assistant) -> Rendered:
         """``messages`` rendered and tokenized, with the loss mask of ``policy``."""
@@ -235,6 +246,8 @@ class ChatTokenizer:
                                 "choose one with chat.template=llama3, chatml, plain or a path to a "
                                 ".jinja file")
             return "tokenizer", None
+        if "{{" in template or "{%" in template:  # the text itself (e.g. a run's recorded one)
+            return "recorded", template
         if template in SHIPPED_TEMPLATES:
             return template, (TEMPLATE_DIR / f"{template}.jinja").read_text(encoding="utf-8")
         path = Path(template)
@@ -300,7 +313,7 @@ def _load_hf(tokenizer_path: str):
 def _eos_candidate(hf) -> Optional[str]:
     """The first of data_prep's end-of-document tokens the vocabulary holds (as data_prep does
     for pretraining), for a tokenizer whose configuration names no eos token."""
-    from data_prep.tokenizer_spec import EOD_CANDIDATES
+    from launcher.core.special_tokens import EOD_CANDIDATES
 
     vocab = hf.get_vocab()
     return next((t for t in EOD_CANDIDATES if t in vocab), None)
