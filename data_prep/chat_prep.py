@@ -17,16 +17,18 @@ their final names only complete (written under ``.tmp``, fsynced, renamed); the 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import multiprocessing
 import os
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional
 
 import numpy as np
 
+from data_prep.chat_shards import ChatShards, intact_prefix, remove_other_files
 from data_prep.errors import BadDataError, ConfigError
 from data_prep.packing import best_fit_decreasing
 
@@ -61,11 +63,27 @@ class ChatTally:
     examples: dict = field(default_factory=dict)
     """Skip reason -> up to examples_per_reason [path, line, detail]."""
 
+    def to_dict(self) -> dict:
+        return {**{k: getattr(self, k) for k in COUNTS}, "counts": dict(self.counts),
+                "examples": self.examples}
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> "ChatTally":
+        tally = cls(**{k: int(saved.get(k, 0)) for k in COUNTS})
+        tally.counts.update(saved.get("counts") or {})
+        tally.examples = dict(saved.get("examples") or {})
+        return tally
+
     def skip(self, reason: str, path: str, line: int, detail: str, keep: int) -> None:
         self.counts[reason] += 1
         found = self.examples.setdefault(reason, [])
         if len(found) < keep:
             found.append([path, line, detail[:300]])
+
+
+COUNTS = ("records", "samples", "tokens", "target_tokens", "truncated", "dropped_long",
+          "no_target", "rows", "packed_tokens")
+"""ChatTally's numbers, as a shard's entry records them (where a re-run resumes)."""
 
 
 def read_records(files) -> Iterator[tuple]:
@@ -132,52 +150,6 @@ def fit(ids: np.ndarray, mask: np.ndarray, capacity: int, overlong: str,
     return Sample(ids, mask)
 
 
-class ChatShards:
-    """Shards of packed rows: a token and a mask dataset each, cut at ``shard_bytes``."""
-
-    def __init__(self, out_dir: str, stem: str, dtype, shard_bytes: int):
-        self.out_dir, self.stem, self.dtype, self.shard_bytes = out_dir, stem, dtype, shard_bytes
-        self.entries: List[dict] = []
-        self._open: Optional[tuple] = None
-
-    def _writers(self) -> tuple:
-        from data_prep.shards import ShardWriter
-
-        if self._open is None:
-            prefix = f"{self.stem}_{len(self.entries):05d}"
-            self._open = (ShardWriter(self.out_dir, prefix, self.dtype),
-                          ShardWriter(self.out_dir, prefix + ".mask", np.uint8))
-        return self._open
-
-    def add(self, samples: List[Sample], rows: List[List[int]]) -> None:
-        """Rows of ``samples`` (indices), each row's samples back to back."""
-        tokens, masks = self._writers()
-        order = [i for row in rows for i in row]
-        lengths = np.array([len(samples[i].ids) for i in order], dtype=np.int32)
-        sizes = np.array([len(row) for row in rows], dtype=np.int64)
-        tokens.add_rows(np.concatenate([samples[i].ids for i in order]), lengths, sizes)
-        masks.add_rows(np.concatenate([samples[i].mask for i in order]), lengths, sizes)
-        if self.shard_bytes and tokens.bin_bytes >= self.shard_bytes:
-            self.commit()
-
-    def commit(self) -> None:
-        if self._open is None:
-            return
-        tokens, masks = self._open
-        self._open = None
-        entry, mask_entry = tokens.commit(), masks.commit()
-        entry.update(samples=entry.pop("documents"), rows=int(sum(map(len, tokens._row_sizes))),
-                     mask={k: mask_entry[k] for k in ("bin_bytes", "idx_bytes", "bin_crc32",
-                                                       "idx_crc32")})
-        self.entries.append(entry)
-
-    def abandon(self) -> None:
-        if self._open is not None:
-            for writer in self._open:
-                writer.abandon()
-            self._open = None
-
-
 def chunks(items: Iterator, size: int) -> Iterator[list]:
     chunk = []
     for item in items:
@@ -226,18 +198,19 @@ def fingerprint(cfg, files, template: str) -> str:
 
 
 def _flush(window: List[Sample], shards: ChatShards, capacity: int, pack: bool,
-           tally: ChatTally) -> None:
-    """Pack the window's samples (or a row each) and write them."""
-    if not window:
-        return
-    if pack:
-        rows = best_fit_decreasing([len(s.ids) for s in window], capacity).rows
-    else:
-        rows = [[i] for i in range(len(window))]
-    shards.add(window, rows)
-    tally.rows += len(rows)
-    tally.packed_tokens += sum(len(s.ids) for s in window)
-    window.clear()
+           tally: ChatTally, on_commit: Callable[[], None], last: bool = False) -> None:
+    """Pack the window's samples (or a row each) and write them; commit the shard when it is
+    full (or ``last``), then ``on_commit`` (the manifest: a re-run resumes after this shard)."""
+    if window:
+        rows = best_fit_decreasing([len(s.ids) for s in window], capacity).rows if pack \
+            else [[i] for i in range(len(window))]
+        shards.add(window, rows)
+        tally.rows += len(rows)
+        tally.packed_tokens += sum(len(s.ids) for s in window)
+        window.clear()
+    if shards.full or last:
+        if shards.commit(tally=tally.to_dict()) is not None:
+            on_commit()
 
 
 def _take(result: tuple, cfg, capacity: int, tally: ChatTally) -> Optional[Sample]:
@@ -257,46 +230,49 @@ def _take(result: tuple, cfg, capacity: int, tally: ChatTally) -> Optional[Sampl
     return sample
 
 
-def _rendered(files, cfg) -> Iterator[tuple]:
-    """Every record rendered, in input order (a pool of ``workers`` processes; 1 = here)."""
+def _rendered(files, cfg, skip: int) -> Iterator[tuple]:
+    """Every record after the first ``skip`` rendered, in input order (a pool of ``workers``
+    processes; 1 = here)."""
     workers = cfg.workers or os.cpu_count() or 1
     args = (cfg.tokenizer.path, cfg.chat.template, str(cfg.chat.mask))
+    records = itertools.islice(read_records(files), skip, None)
     if workers == 1:
         _init_worker(*args)
-        for chunk in chunks(read_records(files), CHUNK):
+        for chunk in chunks(records, CHUNK):
             yield from render_chunk(chunk)
         return
     with multiprocessing.get_context("fork").Pool(workers, _init_worker, args) as pool:
-        for results in pool.imap(render_chunk, chunks(read_records(files), CHUNK), chunksize=2):
+        for results in pool.imap(render_chunk, chunks(records, CHUNK), chunksize=2):
             yield from results
 
 
-def _write_all(files, cfg, shards: ChatShards, tally: ChatTally) -> None:
+def _write_all(files, cfg, shards: ChatShards, tally: ChatTally,
+               on_commit: Callable[[], None]) -> None:
+    """Every record after those the kept shards hold (``tally.records``), into shards."""
     capacity, window = cfg.seq_length + 1, []
     last = time.monotonic()
-    for result in _rendered(files, cfg):
+    for result in _rendered(files, cfg, skip=tally.records):
         sample = _take(result, cfg, capacity, tally)
         if sample is not None:
             window.append(sample)
         if len(window) >= cfg.chat.pack_window:
-            _flush(window, shards, capacity, cfg.chat.pack, tally)
+            _flush(window, shards, capacity, cfg.chat.pack, tally, on_commit)
         if cfg.progress and time.monotonic() - last >= max(1.0, cfg.progress_every_s):
             last = time.monotonic()
             print(f"data_prep: {tally.records:,} conversations read, {tally.samples:,} kept, "
                   f"{tally.tokens:,} tokens", file=sys.stderr, flush=True)
-    _flush(window, shards, capacity, cfg.chat.pack, tally)
-    shards.commit()
+    _flush(window, shards, capacity, cfg.chat.pack, tally, on_commit, last=True)
 
 
 def chat_manifest(cfg, files, tally: ChatTally, shards: ChatShards, tokenizer,
-                  identity: str, wall: float, dtype) -> dict:
+                  identity: str, wall: float, dtype, complete: bool = True) -> dict:
     import data_prep
 
     capacity = cfg.seq_length + 1
     bad = sum(tally.counts.values())
     return {
         "tool": "data_prep", "version": data_prep.__version__, "format": "chat",
-        "complete": True, "name": shards.stem, "wall_time_s": round(wall, 3),
+        "complete": complete, "name": shards.stem, "wall_time_s": round(wall, 3),
         "dtype": np.dtype(dtype).name, "eod_id": int(tokenizer.eot_ids[0]),
         "tokenizer": {"path": os.path.abspath(tokenizer.json_file), "kind": "hf",
                       "directory": os.path.abspath(cfg.tokenizer.path)},
@@ -318,11 +294,10 @@ def chat_manifest(cfg, files, tally: ChatTally, shards: ChatShards, tokenizer,
 
 
 def execute_chat(cfg) -> dict:
-    """Run format=chat; the manifest. Raises DataPrepError subclasses (ConfigError: exit 2)."""
-    from data_prep.assemble import token_dtype
-    from launcher.core.chat_render import ChatError, ChatTokenizer
-    from data_prep.manifest import MANIFEST, load_manifest, write_manifest
+    """Run format=chat (or resume it); the manifest. Raises DataPrepError subclasses
+    (ConfigError: exit 2). The output is locked from the first write to the end."""
     from data_prep.output_lock import OutputLock, lock_name
+    from launcher.core.chat_render import ChatError, ChatTokenizer
 
     started = time.perf_counter()
     check_settings(cfg)
@@ -336,32 +311,64 @@ def execute_chat(cfg) -> dict:
     lock = OutputLock(out_dir, lock_name(1, 0))
     lock.acquire()
     try:
-        identity = fingerprint(cfg, files, tokenizer.template_name)
-        previous = load_manifest(os.path.join(out_dir, MANIFEST))
-        if previous and previous.get("fingerprint") == identity and previous.get("complete"):
-            return previous
-        if previous and not cfg.overwrite:
-            raise ConfigError(f"{out_dir} holds the output of another run (other inputs or "
-                              "settings); set overwrite=true to replace it, or use another output")
-        dtype = token_dtype(vocab_size(cfg.tokenizer.path))
-        shards, tally = ChatShards(out_dir, cfg.name or os.path.basename(out_dir), dtype,
-                                   cfg.shard_bytes), ChatTally()
-        try:
-            _write_all(files, cfg, shards, tally)
-        except BaseException:
-            shards.abandon()
-            raise
-        if not tally.samples:
-            raise BadDataError(f"no conversation to train on in {len(files)} file(s): "
-                               f"skipped {dict(tally.counts)}, no trained token "
-                               f"{tally.no_target}, too long {tally.dropped_long}")
-        manifest = chat_manifest(cfg, files, tally, shards, tokenizer, identity,
-                                 time.perf_counter() - started, dtype)
-        write_manifest(os.path.join(out_dir, MANIFEST), manifest)
-        write_chat_data_config(out_dir, manifest, cfg.split)
-        return manifest
+        return _run(cfg, files, tokenizer, out_dir, started)
     finally:
         lock.release()
+
+
+def _starting_point(cfg, out_dir: str, stem: str, identity: str):
+    """(the previous manifest when it is this run's and complete, the shards kept, the tally
+    after them): an interrupted run of the same inputs and settings resumes after its last whole
+    shard; another run's output needs overwrite=true."""
+    from data_prep.manifest import MANIFEST, load_manifest
+
+    previous = load_manifest(os.path.join(out_dir, MANIFEST))
+    if previous and previous.get("fingerprint") == identity:
+        if previous.get("complete"):
+            return previous, [], None
+        kept = intact_prefix(out_dir, previous.get("shards") or [])
+        tally = ChatTally.from_dict(kept[-1]["tally"]) if kept else ChatTally()
+        return None, kept, tally
+    if previous and not cfg.overwrite:
+        raise ConfigError(f"{out_dir} holds the output of another run (other inputs or "
+                          "settings); set overwrite=true to replace it, or use another output")
+    return None, [], ChatTally()
+
+
+def _run(cfg, files, tokenizer, out_dir: str, started: float) -> dict:
+    from data_prep.assemble import token_dtype
+    from data_prep.manifest import MANIFEST, write_manifest
+
+    stem, identity = cfg.name or os.path.basename(out_dir), fingerprint(cfg, files,
+                                                                        tokenizer.template_name)
+    done, kept, tally = _starting_point(cfg, out_dir, stem, identity)
+    if done is not None:
+        return done
+    if kept:
+        print(f"data_prep: resuming after {len(kept)} shard(s) ({tally.records:,} records) of an "
+              "interrupted run", file=sys.stderr)
+    remove_other_files(out_dir, stem, kept)
+    dtype = token_dtype(vocab_size(cfg.tokenizer.path))
+    shards = ChatShards(out_dir, stem, dtype, cfg.shard_bytes, kept)
+    path = os.path.join(out_dir, MANIFEST)
+
+    def manifest(complete: bool) -> dict:
+        return chat_manifest(cfg, files, tally, shards, tokenizer, identity,
+                             time.perf_counter() - started, dtype, complete=complete)
+
+    try:
+        _write_all(files, cfg, shards, tally, lambda: write_manifest(path, manifest(False)))
+    except BaseException:
+        shards.abandon()
+        raise
+    if not tally.samples:
+        raise BadDataError(f"no conversation to train on in {len(files)} file(s): "
+                           f"skipped {dict(tally.counts)}, no trained token "
+                           f"{tally.no_target}, too long {tally.dropped_long}")
+    final = manifest(True)
+    write_manifest(path, final)
+    write_chat_data_config(out_dir, final, cfg.split)
+    return final
 
 
 def vocab_size(path: str) -> int:

@@ -176,3 +176,40 @@ def test_the_plan_refuses_to_train_chat_shards_as_text():
 
     with pytest.raises(PlanError, match="data.format=chat"):
         compute_plan(to_object(compose_config(["data.format=chat"])))
+
+
+@pytest.mark.slow
+def test_killed_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path, tokenizer_dir):
+    import signal
+    import time
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "c.jsonl").write_text("\n".join(json.dumps(r) for r in
+                                                       conversations(3000, seed=2)) + "\n")
+    small = ["workers=1", "shard_bytes=4000", "chat.pack_window=40"]
+    prepare(tmp_path, tokenizer_dir, *small, out="ref")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "data_prep", f"input={tmp_path / 'in'}",
+                             f"output={run}", "format=chat", "tokenizer.kind=hf",
+                             f"tokenizer.path={tokenizer_dir}", "chat.template=chatml",
+                             "seq_length=255", "progress=false", *small], cwd=REPO, env=env,
+                            start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while len(list(run.glob("*.mask.idx"))) < 3 and proc.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed = json.loads((run / "manifest.json").read_text())
+    assert killed["complete"] is False and len(killed["shards"]) >= 2  # cut off part-way
+    again = prepare(tmp_path, tokenizer_dir, *small, out="run")
+    assert "resuming after" in again.stderr
+    ref, got = (json.loads((d / "manifest.json").read_text()) for d in (tmp_path / "ref", run))
+    assert got["complete"] and got["totals"] == ref["totals"]
+    files = sorted(p.name for p in (tmp_path / "ref").glob("ref_*"))
+    assert sorted(p.name.replace("run_", "ref_") for p in run.glob("run_*")) == files
+    for name in files:
+        assert (run / name.replace("ref_", "run_")).read_bytes() == \
+            (tmp_path / "ref" / name).read_bytes(), name
