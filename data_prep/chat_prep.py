@@ -17,24 +17,20 @@ their final names only complete (written under ``.tmp``, fsynced, renamed); the 
 from __future__ import annotations
 
 import hashlib
-import itertools
-import multiprocessing
 import os
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, List, Optional
+from typing import Callable, List, Optional
 
 import numpy as np
 
+from data_prep.chat_records import rendered
 from data_prep.chat_shards import ChatShards, intact_prefix, remove_other_files
 from data_prep.errors import BadDataError, ConfigError
 from data_prep.packing import best_fit_decreasing
 
-CHUNK = 256
-"""Records per task handed to a worker."""
-_STATE: dict = {}
 
 
 @dataclass
@@ -86,55 +82,6 @@ COUNTS = ("records", "samples", "tokens", "target_tokens", "truncated", "dropped
 """ChatTally's numbers, as a shard's entry records them (where a re-run resumes)."""
 
 
-def read_records(files) -> Iterator[tuple]:
-    """(path, line, record or None, error) of every record, in input order."""
-    import orjson
-
-    from data_prep.decompress import read_whole
-
-    for f in files:
-        if f.format == "parquet":
-            import pyarrow.parquet as pq
-
-            for row, record in enumerate(pq.read_table(f.path).to_pylist(), 1):
-                yield f.path, row, record, ""
-            continue
-        for line, raw in enumerate(read_whole(f.path, f.compression).splitlines(), 1):
-            if not raw.strip():
-                continue
-            try:
-                yield f.path, line, orjson.loads(raw), ""
-            except ValueError as exc:
-                yield f.path, line, None, f"not JSON: {exc}"
-
-
-def _init_worker(tokenizer_path: str, template: str, mask: str) -> None:
-    from launcher.core.chat_render import ChatTokenizer, MaskPolicy
-
-    _STATE["tokenizer"] = ChatTokenizer(tokenizer_path, template)
-    _STATE["policy"] = MaskPolicy(mask)
-
-
-def render_chunk(chunk: list) -> list:
-    """[(path, line, ids, mask, reason, detail)] for a chunk of read records (in a worker)."""
-    from launcher.core.chat_render import ChatError, messages_of
-
-    out = []
-    for path, line, record, error in chunk:
-        if error:
-            out.append((path, line, None, None, "invalid_json", error))
-            continue
-        try:
-            if not isinstance(record, dict):
-                raise ChatError("a record must be a JSON object")
-            rendered = _STATE["tokenizer"].render(messages_of(record), _STATE["policy"])
-        except ChatError as exc:
-            out.append((path, line, None, None, "bad_conversation", str(exc)))
-            continue
-        out.append((path, line, rendered.ids, rendered.mask, "", ""))
-    return out
-
-
 def fit(ids: np.ndarray, mask: np.ndarray, capacity: int, overlong: str,
         tally: ChatTally) -> Optional[Sample]:
     """The sample as it goes into a row, or None (counted) when it does not."""
@@ -148,17 +95,6 @@ def fit(ids: np.ndarray, mask: np.ndarray, capacity: int, overlong: str,
         tally.no_target += 1
         return None
     return Sample(ids, mask)
-
-
-def chunks(items: Iterator, size: int) -> Iterator[list]:
-    chunk = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
 
 
 def check_settings(cfg) -> None:
@@ -230,28 +166,12 @@ def _take(result: tuple, cfg, capacity: int, tally: ChatTally) -> Optional[Sampl
     return sample
 
 
-def _rendered(files, cfg, skip: int) -> Iterator[tuple]:
-    """Every record after the first ``skip`` rendered, in input order (a pool of ``workers``
-    processes; 1 = here)."""
-    workers = cfg.workers or os.cpu_count() or 1
-    args = (cfg.tokenizer.path, cfg.chat.template, str(cfg.chat.mask))
-    records = itertools.islice(read_records(files), skip, None)
-    if workers == 1:
-        _init_worker(*args)
-        for chunk in chunks(records, CHUNK):
-            yield from render_chunk(chunk)
-        return
-    with multiprocessing.get_context("fork").Pool(workers, _init_worker, args) as pool:
-        for results in pool.imap(render_chunk, chunks(records, CHUNK), chunksize=2):
-            yield from results
-
-
 def _write_all(files, cfg, shards: ChatShards, tally: ChatTally,
                on_commit: Callable[[], None]) -> None:
     """Every record after those the kept shards hold (``tally.records``), into shards."""
     capacity, window = cfg.seq_length + 1, []
     last = time.monotonic()
-    for result in _rendered(files, cfg, skip=tally.records):
+    for result in rendered(files, cfg, skip=tally.records):
         sample = _take(result, cfg, capacity, tally)
         if sample is not None:
             window.append(sample)
