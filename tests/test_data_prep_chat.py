@@ -127,6 +127,18 @@ def test_conversations_become_packed_masked_shards_megatron_reads(tmp_path, toke
 
     data = (out / "conf" / "data" / "out.yaml").read_text()
     assert "format: chat" in data and str(out / "out_00000") in data
+    # the plan counts conversation tokens and padding apart, from the manifest
+    from launcher.compose import compose_config, to_object
+    from launcher.plan import compute_plan
+    from launcher.plan.data_check import vocab_problems
+
+    cfg = to_object(compose_config([f"hydra.searchpath=[file://{out / 'conf'}]", "data=out",
+                                    "engine=megatron", "model.vocab_size=640",
+                                    "model.seq_length=255"]))
+    shares = compute_plan(cfg).chat_tokens
+    assert shares["real"] == pytest.approx(totals["tokens"] / (256 * totals["rows"]))
+    assert shares["trained"] == pytest.approx(totals["target_tokens"] / (256 * totals["rows"]))
+    assert vocab_problems([str(out / "out_00000")], 100)  # the manifest's vocabulary is checked
 
 
 def test_bad_records_are_counted_with_file_and_line(tmp_path, tokenizer_dir):

@@ -135,6 +135,24 @@ def vocab_problems(prefixes: Sequence[str], vocab_size: int) -> list[str]:
     return problems
 
 
+def chat_token_shares(prefixes: Sequence[str]) -> dict:
+    """{"real", "trained"}: the shares of the rows' tokens that are conversation and targets,
+    over the data_prep format=chat manifests beside ``prefixes`` ({} when none says)."""
+    tokens = trained = capacity = 0
+    for path in sorted({Path(p).parent / "manifest.json" for p in prefixes}):
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        totals, chat = manifest.get("totals") or {}, manifest.get("chat") or {}
+        if manifest.get("format") != "chat" or not totals.get("rows"):
+            continue
+        tokens += totals["tokens"]
+        trained += totals["target_tokens"]
+        capacity += totals["rows"] * chat["row_tokens"]
+    return {"real": tokens / capacity, "trained": trained / capacity} if capacity else {}
+
+
 def check_data_or_exit(prefixes: Sequence[str], vocab_size: int, split: str = "98,1,1") -> None:
     """Print every problem of :func:`shard_problems`, :func:`split_problems` and
     :func:`vocab_problems` and exit 2 when there is any."""

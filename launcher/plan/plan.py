@@ -28,6 +28,7 @@ from launcher.plan.memory import (ActivationSettings, in_flight_microbatches,
 from launcher.plan.params import ParamCounts, StageParams, count_parameters, stage_params
 from launcher.plan.precision import PrecisionChoice, precision_choice, with_precision
 from launcher.plan.calibrated import Calibration, find_calibration
+from launcher.plan.data_check import chat_token_shares
 from launcher.plan.resilience import (evaluations, planned_eval_s, planned_first_phase_s,
                                       planned_tasks_s, resilience_problems, resilience_warnings)
 from launcher.plan.step_time import StepTime
@@ -170,6 +171,10 @@ class Plan:
     downstream: dict = field(default_factory=dict)
     """Downstream tasks (eval.tasks): {"rows": per evaluation, "seconds": one evaluation,
     "evaluations": in the run}; empty without tasks."""
+    chat_tokens: dict = field(default_factory=dict)
+    """data.format=chat: {"real": share of a row's tokens that are conversation (the rest is
+    padding), "trained": share that are targets} from the shards' manifests; empty otherwise
+    (or without manifests)."""
 
     @property
     def stage_layers(self) -> tuple[int, ...]:
@@ -199,7 +204,7 @@ class Plan:
             "goodput": self.goodput.to_dict() if self.goodput else None,
             "precision": self.precision, "precision_reason": self.precision_reason,
             "first_phase_timeout_s": self.first_phase_timeout_s, "sources": dict(self.sources),
-            "downstream": dict(self.downstream)}
+            "downstream": dict(self.downstream), "chat_tokens": dict(self.chat_tokens)}
 
 
 def _batch_keys(b: Batch) -> dict:
@@ -398,7 +403,8 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: B
             cfg.resilience, startup_s=goodput.startup_s, load_s=goodput.load_s,
             step_s=compute.step_time_s, save_s=goodput.save_s, eval_s=eval_s),
         sources=_sources(cfg, calibration if measured else None, goodput, choice),
-        downstream=_downstream(cfg, batch, tasks_s))
+        downstream=_downstream(cfg, batch, tasks_s),
+        chat_tokens=chat_token_shares(cfg.data.prefixes) if cfg.data.format == "chat" else {})
     problems = _fit_problems(plan) + resilience_problems(
         cfg, step_time_s=compute.step_time_s, eval_s=eval_s, goodput=goodput)
     if problems:

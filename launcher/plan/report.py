@@ -146,8 +146,20 @@ def _time_rows(p: Plan) -> list[tuple[str, str, str]]:
         ("throughput", f"{_si(c.tokens_per_s)} tok/s",
          f"pipeline bubble (PP-1)/(VPP x accumulation) = {c.bubble_fraction:.1%} of compute"
          if p.dims.pp > 1 else ""),
+        *_chat_rows(p),
         ("time to train", f"{c.time_to_train_days:,.2f} days", f"{p.batch.train_steps:,} steps"),
     ]
+
+
+def _chat_rows(p: Plan) -> list[tuple[str, str, str]]:
+    """data.format=chat: the planned tokens/s that are conversation, and those trained."""
+    shares, tps = p.chat_tokens, p.compute.tokens_per_s
+    if not shares:
+        return []
+    return [("  conversation tokens", f"{_si(tps * shares['real'])} tok/s",
+             f"{shares['real']:.2%} of each row (the rest padding; the shards' manifests)"),
+            ("  trained tokens", f"{_si(tps * shares['trained'])} tok/s",
+             f"{shares['trained']:.2%} of each row are targets (chat.mask)")]
 
 
 def _downstream_rows(p: Plan) -> list[tuple[str, str, str]]:
