@@ -170,10 +170,12 @@ def test_a_merge_cut_off_before_its_marker_is_not_merged_twice(tmp_path):
 
 
 def test_eval_async_on_the_command_line_sets_the_field():
-    from launcher.compose import compose_config
+    from launcher.compose import compose_config, with_aliases
 
     assert compose_config(["eval.async=true"]).eval.asynchronous is True
     assert compose_config([]).eval.asynchronous is False
+    assert with_aliases(["eval.async=true,false", "+eval.async=1", "eval.limit=2"]) == [
+        "eval.asynchronous=true,false", "+eval.asynchronous=1", "eval.limit=2"]  # sweeps too
 
 
 def test_a_training_launch_waits_for_an_eval_job_merging_into_its_run(tmp_path):

@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from launcher.compose import CONF_DIR, compose_or_exit, to_object
+from launcher.compose import CONF_DIR, compose_or_exit, to_object, with_aliases
 from launcher.core.durations import slurm_time_limit_s
 from launcher.core.exits import BAD_DATA_EXIT, REQUEUE_EXIT
 from launcher.core.stop import forward_stop_signals, resolve_signal, restore_handlers
@@ -177,7 +177,7 @@ def main(argv: Sequence[str], on_end: Optional[Callable[[Path], None]] = None) -
     ``on_end(sweep_dir)`` runs however it ends (the command writes the sweep report)."""
     import hydra
 
-    overrides = [a for a in argv if a not in SWEEP_FLAGS]
+    overrides = with_aliases([a for a in argv if a not in SWEEP_FLAGS])  # eval.async, ...
     swept, plain = split_overrides(overrides)
     cfg = to_object(compose_or_exit(plain))
     stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
