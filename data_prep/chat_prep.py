@@ -149,7 +149,7 @@ def _flush(window: List[Sample], shards: ChatShards, capacity: int, pack: bool,
             on_commit()
 
 
-def _take(result: tuple, cfg, capacity: int, tally: ChatTally) -> Optional[Sample]:
+def take_result(result: tuple, cfg, capacity: int, tally: ChatTally) -> Optional[Sample]:
     """One rendered record counted: its sample, or None (skipped, dropped)."""
     path, line, ids, mask, reason, detail = result
     tally.records += 1
@@ -172,7 +172,7 @@ def _write_all(files, cfg, shards: ChatShards, tally: ChatTally,
     capacity, window = cfg.seq_length + 1, []
     last = time.monotonic()
     for result in rendered(files, cfg, skip=tally.records):
-        sample = _take(result, cfg, capacity, tally)
+        sample = take_result(result, cfg, capacity, tally)
         if sample is not None:
             window.append(sample)
         if len(window) >= cfg.chat.pack_window:

@@ -41,7 +41,7 @@ def read_records(files) -> Iterator[tuple]:
                 yield f.path, line, None, f"not JSON: {exc}"
 
 
-def _init_worker(tokenizer_path: str, template: str, mask: str) -> None:
+def init_worker(tokenizer_path: str, template: str, mask: str) -> None:
     from launcher.core.chat_render import ChatTokenizer, MaskPolicy
 
     _STATE["tokenizer"] = ChatTokenizer(tokenizer_path, template)
@@ -86,10 +86,10 @@ def rendered(files, cfg, skip: int) -> Iterator[tuple]:
     args = (cfg.tokenizer.path, cfg.chat.template, str(cfg.chat.mask))
     records = itertools.islice(read_records(files), skip, None)
     if workers == 1:
-        _init_worker(*args)
+        init_worker(*args)
         for chunk in chunks(records, CHUNK):
             yield from render_chunk(chunk)
         return
-    with multiprocessing.get_context("fork").Pool(workers, _init_worker, args) as pool:
+    with multiprocessing.get_context("fork").Pool(workers, init_worker, args) as pool:
         for results in pool.imap(render_chunk, chunks(records, CHUNK), chunksize=2):
             yield from results

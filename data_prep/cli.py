@@ -109,6 +109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from data_prep.run import check_bad_fraction, execute
 
     try:
+        if cfg.dry_run and str(cfg.format) == "chat":
+            from data_prep.chat_estimate import chat_dry_run
+
+            return chat_dry_run(cfg)
         if cfg.dry_run:
             return dry_run(cfg)
         if str(cfg.format) == "chat":

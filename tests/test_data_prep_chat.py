@@ -225,3 +225,16 @@ def test_killed_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path, tokeniz
     for name in files:
         assert (run / name.replace("ref_", "run_")).read_bytes() == \
             (tmp_path / "ref" / name).read_bytes(), name
+
+
+def test_a_dry_run_estimates_from_a_sample_and_writes_nothing(tmp_path, tokenizer_dir):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "c.jsonl").write_text("\n".join(json.dumps(r) for r in
+                                                       conversations(5000, seed=4)) + "\n")
+    proc = prepare(tmp_path, tokenizer_dir, "workers=1", "dry_run=true")
+    lines = dict(line.strip().split(None, 1)[::1] for line in proc.stdout.splitlines()[1:]
+                 if line.startswith("  ") and "(estimate)" not in line)
+    estimate = next(line for line in proc.stdout.splitlines() if "(estimate)" in line)
+    assert "2,000 conversations" in lines["sample"]  # the sample, not the whole input
+    assert abs(int(estimate.split()[-1].replace(",", "")) - 5000) <= 250  # within 5%
+    assert not (tmp_path / "out").exists()  # nothing was written
