@@ -33,3 +33,32 @@ def test_what_it_left_is_gone():
     alive = [p for p in pids if Path(f"/proc/{p}").exists()
              and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
     assert len(pids) == 2 and alive == []
+
+
+FORKED = Path(os.environ.get("TMPDIR", "/tmp")) / f"trainwright-forked-{os.getppid()}.pid"
+
+
+def test_a_test_that_ends_while_its_child_is_between_fork_and_exec():
+    """A Popen a moment old: /proc shows the child this process's environment as it was at its
+    start, without the mark, until the child execs (here 0.3 s after its fork)."""
+    pid = os.fork()
+    if pid == 0:  # the child: what subprocess does, slowed down (never back into pytest)
+        try:
+            time.sleep(0.3)
+            os.execve(sys.executable, [sys.executable, "-c", "import time; time.sleep(300)"],
+                      dict(os.environ))
+        finally:
+            os._exit(1)
+    FORKED.write_text(str(pid))
+
+
+def test_the_child_caught_between_fork_and_exec_is_gone():
+    pid = int(FORKED.read_text())
+    FORKED.unlink()
+    try:
+        os.waitpid(pid, os.WNOHANG)  # reap it if it was killed (it is this process's child)
+    except ChildProcessError:
+        pass
+    time.sleep(0.3)
+    assert not Path(f"/proc/{pid}").exists() or \
+        Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"

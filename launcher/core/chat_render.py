@@ -26,7 +26,6 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 
 TEMPLATE_DIR = Path(__file__).with_name("chat_templates")
 SHIPPED_TEMPLATES = ("llama3", "chatml", "plain")
@@ -167,6 +166,8 @@ class ChatTokenizer:
 
     def render(self, messages: list[dict], policy: MaskPolicy = MaskPolicy.assistant) -> Rendered:
         """``messages`` rendered and tokenized, with the loss mask of ``policy``."""
+        import numpy as np  # the ground stays numpy-free until something renders
+
         policy = MaskPolicy(policy)
         messages = check_messages(messages, need_assistant=policy != MaskPolicy.all)
         text = self._render(messages, generation_prompt=False)
@@ -187,6 +188,8 @@ class ChatTokenizer:
     def render_prompt(self, messages: list[dict]) -> np.ndarray:
         """int32 ids of ``messages`` followed by the generation prompt (an opened assistant turn),
         for generation."""
+        import numpy as np  # the ground stays numpy-free until something renders
+
         text = self._render(check_messages(messages, need_assistant=False), generation_prompt=True)
         return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int32)
 

@@ -31,13 +31,34 @@ def marked(mark: str) -> list[int]:
     return out
 
 
+def forked_not_exec(pid: int = 0) -> list[int]:
+    """Children of ``pid`` (default: this process) still running its own program: forked and
+    not yet exec-ed, so /proc shows them this process's environment as it was at its start,
+    without the mark that os.environ added since (a Popen a moment old)."""
+    pid = pid or os.getpid()
+    try:
+        own = Path(f"/proc/{pid}/cmdline").read_bytes()
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    out = []
+    for child in map(int, children):
+        try:
+            if Path(f"/proc/{child}/cmdline").read_bytes() == own:
+                out.append(child)
+        except OSError:
+            continue
+    return out
+
+
 def kill_marked(mark: str) -> list[int]:
-    """SIGKILL every process marked ``mark`` (three sweeps, for children forked meanwhile);
-    the pids killed."""
+    """SIGKILL every process marked ``mark`` (three sweeps, for children forked meanwhile, and
+    for a child caught between its fork and its exec, when its mark cannot be seen yet); the
+    pids killed."""
     killed: list[int] = []
     for _ in range(3):
         pids = marked(mark)
-        if not pids:
+        if not pids and not forked_not_exec():
             break
         for pid in pids:
             try:
