@@ -87,7 +87,6 @@ def evaluate_json(*args: str) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("eval_jobs")
 def test_every_checkpoint_scored_once_across_a_resume_in_the_same_wandb_run(tmp_path, tokenizer):
     from tests.test_train_secrets import wandb_history
 
@@ -129,7 +128,6 @@ def test_every_checkpoint_scored_once_across_a_resume_in_the_same_wandb_run(tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("eval_jobs")
 def test_checkpoints_pruned_before_their_turn_are_skipped_with_an_event(tmp_path, tokenizer):
     """The test holds the eval worker's lock while the run trains (an eval job busy elsewhere),
     so keep-k prunes steps 1-3 before any job gets to them; the job started after the run

@@ -69,7 +69,6 @@ def test_the_same_checkpoint_scores_the_same_at_every_layout_and_engine(tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("eval_layouts")
 def test_a_mixture_of_experts_scores_the_same_with_its_experts_split(tmp_path, tokenizer):
     """EP2 (each rank 2 of the 4 experts, tokens sent to their expert's rank) against DP2 (every
     rank all 4): the same initial weights, the same scores."""
