@@ -53,7 +53,6 @@ class ChatTally:
     """Conversations left without a trained token (after truncation, or a mask policy that
     trains none of them): not written."""
     rows: int = 0
-    packed_tokens: int = 0
     counts: Counter = field(default_factory=Counter)
     """Skip reason -> records."""
     examples: dict = field(default_factory=dict)
@@ -78,7 +77,7 @@ class ChatTally:
 
 
 COUNTS = ("records", "samples", "tokens", "target_tokens", "truncated", "dropped_long",
-          "no_target", "rows", "packed_tokens")
+          "no_target", "rows")
 """ChatTally's numbers, as a shard's entry records them (where a re-run resumes)."""
 
 
@@ -142,7 +141,6 @@ def _flush(window: List[Sample], shards: ChatShards, capacity: int, pack: bool,
             else [[i] for i in range(len(window))]
         shards.add(window, rows)
         tally.rows += len(rows)
-        tally.packed_tokens += sum(len(s.ids) for s in window)
         window.clear()
     if shards.full or last:
         if shards.commit(tally=tally.to_dict()) is not None:
@@ -196,13 +194,13 @@ def chat_manifest(cfg, files, tally: ChatTally, shards: ChatShards, tokenizer,
         "dtype": np.dtype(dtype).name, "eod_id": int(tokenizer.eot_ids[0]),
         "tokenizer": {"path": os.path.abspath(tokenizer.json_file), "kind": "hf",
                       "directory": os.path.abspath(cfg.tokenizer.path),
-                      "vocab_size": vocab_size(cfg.tokenizer.path)},
+                      "vocab_size": tokenizer.vocab_size},
         "chat": {"template": tokenizer.template_name, "template_text": tokenizer.template_text,
                  "mask": str(cfg.chat.mask),
                  "pack": bool(cfg.chat.pack), "overlong": str(cfg.chat.overlong),
                  "seq_length": cfg.seq_length, "row_tokens": capacity,
                  "end_of_turn_ids": [int(i) for i in tokenizer.eot_ids],
-                 "packing_efficiency": round(tally.packed_tokens / (tally.rows * capacity), 6)
+                 "packing_efficiency": round(tally.tokens / (tally.rows * capacity), 6)
                  if tally.rows else 0.0},
         "inputs": [{"path": f.path, "size": f.size, "format": f.format} for f in files],
         "totals": {"records": tally.records, "conversations": tally.samples,
@@ -269,7 +267,7 @@ def _run(cfg, files, tokenizer, out_dir: str, started: float) -> dict:
         print(f"data_prep: resuming after {len(kept)} shard(s) ({tally.records:,} records) of an "
               "interrupted run", file=sys.stderr)
     remove_other_files(out_dir, stem, kept)
-    dtype = token_dtype(vocab_size(cfg.tokenizer.path))
+    dtype = token_dtype(tokenizer.vocab_size)
     shards = ChatShards(out_dir, stem, dtype, cfg.shard_bytes, kept)
     path = os.path.join(out_dir, MANIFEST)
 
@@ -290,14 +288,6 @@ def _run(cfg, files, tokenizer, out_dir: str, started: float) -> dict:
     write_manifest(path, final)
     write_chat_data_config(out_dir, final, cfg.split)
     return final
-
-
-def vocab_size(path: str) -> int:
-    """Ids of the tokenizer, added tokens included (the shards' dtype follows)."""
-    from tokenizers import Tokenizer
-
-    file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
-    return Tokenizer.from_file(file).get_vocab_size(with_added_tokens=True)
 
 
 def write_chat_data_config(out_dir: str, manifest: dict, split: str) -> None:

@@ -5,14 +5,12 @@ re-run keeps of an interrupted run's shards (:func:`intact_prefix`)."""
 
 from __future__ import annotations
 
-import glob
 import os
-import re
 from typing import List, Optional
 
 import numpy as np
 
-from data_prep.manifest import shard_problem
+from data_prep.manifest import shard_files, shard_problem
 
 MASK_FIELDS = ("bin_bytes", "idx_bytes", "bin_crc32", "idx_crc32")
 
@@ -89,10 +87,8 @@ def remove_other_files(out_dir: str, stem: str, kept: List[dict]) -> None:
     """Delete every shard file of ``stem`` that no kept entry names (an interrupted run's
     shard in progress, or a replaced run's): no final name holds what the manifest does not
     list."""
-    names = {f"{e['prefix']}{suffix}" for e in kept
+    names = {os.path.join(out_dir, f"{e['prefix']}{suffix}") for e in kept
              for suffix in (".bin", ".idx", ".mask.bin", ".mask.idx")}
-    pattern = re.compile(re.escape(stem) + r"_\d{5,}(\.mask)?\.(bin|idx)(\.tmp)?$")
-    for path in glob.glob(os.path.join(glob.escape(out_dir), f"{glob.escape(stem)}_*")):
-        name = os.path.basename(path)
-        if pattern.match(name) and name not in names:
+    for path in shard_files(out_dir, stem):
+        if path not in names:
             os.unlink(path)

@@ -111,7 +111,9 @@ def _remove(paths: List[str]) -> None:
 
 
 def shard_files(out_dir: str, stem: str) -> List[str]:
-    pattern = re.compile(re.escape(stem) + r"_\d{5,}\.(bin|idx)(" + re.escape(TMP_SUFFIX) + ")?$")
+    # <stem>_<N>.bin/.idx, and the .mask datasets of format=chat beside them
+    pattern = re.compile(re.escape(stem) + r"_\d{5,}(\.mask)?\.(bin|idx)("
+                         + re.escape(TMP_SUFFIX) + ")?$")
     return sorted(p for p in glob.glob(os.path.join(glob.escape(out_dir), "*"))
                   if pattern.match(os.path.basename(p)))
 

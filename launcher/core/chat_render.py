@@ -160,6 +160,11 @@ class ChatTokenizer:
         return self._template or self._hf.chat_template
 
     @property
+    def vocab_size(self) -> int:
+        """Ids of the tokenizer, added tokens included (the shards' dtype follows)."""
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
     def json_file(self) -> str:
         """The tokenizer.json this tokenizer was read from."""
         return str(self._json_file)
