@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 
-from data_prep.chat_prep import ChatTally, chat_files, check_settings, take_result
+from data_prep.chat_prep import ChatTally, ChatTask, chat_files, check_settings, take_result
 from data_prep.chat_records import init_worker, read_records, render_chunk
 from data_prep.packing import best_fit_decreasing
 
@@ -61,7 +61,8 @@ def jsonl_bytes_read(files, records: list) -> int:
 def chat_dry_run(cfg) -> int:
     """Print the estimate (module docstring); 0."""
     check_settings(cfg)
-    files = chat_files(cfg)
+    task = ChatTask.of(cfg, os.path.abspath(cfg.output))
+    files = chat_files(cfg, task)
     tally, lengths, read_bytes, seconds = sample(cfg, files)
     jsonl_bytes, parquet_rows = input_units(files)
     scale = (jsonl_bytes / read_bytes if read_bytes else 0.0) + (
@@ -76,7 +77,8 @@ def chat_dry_run(cfg) -> int:
     out = os.path.abspath(cfg.output)
     free = shutil.disk_usage(out if os.path.isdir(out) else os.path.dirname(out) or ".").free
     out_bytes = tokens / max(efficiency, 1e-9) * 3  # uint16 ids + uint8 mask per row token
-    rows = [("inputs", f"{len(files)} file(s)"),
+    rows = [("inputs", f"{len(files)} file(s)" + (
+        f" (array task {task.task_index + 1} of {task.num_tasks})" if task.num_tasks > 1 else "")),
             ("sample", f"{tally.records:,} conversations in {seconds:.1f} s"),
             ("conversations (estimate)", f"{tally.samples * scale:,.0f}"),
             ("tokens", f"{tokens:,.0f} ({tally.target_tokens * scale:,.0f} trained)"),

@@ -9,6 +9,11 @@ two Megatron indexed datasets per shard (docs/fine_tuning.md):
     <name>_00000.bin/.idx         token ids; a sequence per conversation, a document per row
     <name>_00000.mask.bin/.idx    the loss mask (uint8, 1 = trained), the same sequences and rows
 
+Array tasks (``num_tasks``/``task_index``, or a Slurm array) each take a contiguous share of the
+inputs, as in pretraining data_prep: shards ``<name>_task<IIIII>_<NNNNN>``, the manifest
+``manifest.task-<IIIII>-of-<NNNNN>.json``, and ``python -m data_prep.merge`` writes the one
+manifest and data config (:mod:`data_prep.chat_merge`).
+
 Bad records (not JSON, no assistant turn, an unknown role, ...) are counted by reason with
 file:line examples, as in pretraining data_prep (``strict``, ``max_bad_fraction``). Files reach
 their final names only complete (written under ``.tmp``, fsynced, renamed); the manifest comes last.
@@ -112,20 +117,47 @@ def check_settings(cfg) -> None:
         raise ConfigError("; ".join(problems))
 
 
-def chat_files(cfg) -> list:
-    from data_prep.inputs import expand_inputs
+@dataclass
+class ChatTask:
+    """Which share of the inputs this run prepares, and the names it writes under."""
+
+    num_tasks: int
+    task_index: int
+    stem: str
+    """Shard names are <stem>_<NNNNN>; array tasks put their index into it."""
+
+    @property
+    def manifest(self) -> str:
+        from data_prep.manifest import manifest_name
+
+        return manifest_name(self.num_tasks, self.task_index)
+
+    @classmethod
+    def of(cls, cfg, out_dir: str) -> "ChatTask":
+        from data_prep.manifest import shard_stem
+        from data_prep.plan import default_name, task_layout
+
+        num_tasks, task_index = task_layout(cfg.num_tasks, cfg.task_index)
+        return cls(num_tasks, task_index,
+                   shard_stem(default_name(out_dir, cfg.name), num_tasks, task_index))
+
+
+def chat_files(cfg, task: ChatTask) -> list:
+    """This task's JSONL and Parquet inputs (every one for a single run)."""
+    from data_prep.inputs import expand_inputs, split_for_task
 
     files = expand_inputs(cfg.input, "auto", exclude_dir=os.path.abspath(cfg.output))
     other = [f.path for f in files if f.format not in ("jsonl", "parquet")]
     if other:
         raise ConfigError(f"format=chat reads JSONL or Parquet conversations; not one of them: "
                           f"{', '.join(other[:5])}" + (" ..." if len(other) > 5 else ""))
-    return files
+    return split_for_task(files, task.num_tasks, task.task_index)
 
 
-def fingerprint(cfg, files, template: str) -> str:
-    """What the output depends on: inputs (path, size, mtime), tokenizer, template, settings."""
-    parts = [f"{f.path}|{f.size}|{f.mtime_ns}" for f in files] + [
+def fingerprint(cfg, files, template: str, stem: str) -> str:
+    """What the output depends on: inputs (path, size, mtime), tokenizer, template, settings,
+    and the shard names (an array task's)."""
+    parts = [f"{f.path}|{f.size}|{f.mtime_ns}" for f in files] + [stem,
         os.path.abspath(cfg.tokenizer.path), template, str(cfg.chat.mask), str(cfg.chat.pack),
         str(cfg.chat.overlong), str(cfg.seq_length), str(cfg.chat.pack_window),
         str(cfg.shard_bytes)]
@@ -182,15 +214,18 @@ def _write_all(files, cfg, shards: ChatShards, tally: ChatTally,
     _flush(window, shards, capacity, cfg.chat.pack, tally, on_commit, last=True)
 
 
-def chat_manifest(cfg, files, tally: ChatTally, shards: ChatShards, tokenizer,
+def chat_manifest(cfg, files, tally: ChatTally, shards: ChatShards, tokenizer, task: ChatTask,
                   identity: str, wall: float, dtype, complete: bool = True) -> dict:
     import data_prep
 
     capacity = cfg.seq_length + 1
     bad = sum(tally.counts.values())
+    name = default_name_of(cfg)
     return {
         "tool": "data_prep", "version": data_prep.__version__, "format": "chat",
-        "complete": complete, "name": shards.stem, "wall_time_s": round(wall, 3),
+        "complete": complete, "name": name,
+        "task": {"index": task.task_index, "count": task.num_tasks},
+        "wall_time_s": round(wall, 3),
         "dtype": np.dtype(dtype).name, "eod_id": int(tokenizer.eot_ids[0]),
         "tokenizer": {"path": os.path.abspath(tokenizer.json_file), "kind": "hf",
                       "directory": os.path.abspath(cfg.tokenizer.path),
@@ -220,28 +255,29 @@ def execute_chat(cfg) -> dict:
 
     started = time.perf_counter()
     check_settings(cfg)
-    files = chat_files(cfg)
+    out_dir = os.path.abspath(cfg.output)
+    task = ChatTask.of(cfg, out_dir)
+    files = chat_files(cfg, task)
     try:
         tokenizer = ChatTokenizer(cfg.tokenizer.path, cfg.chat.template)
     except ChatError as exc:
         raise ConfigError(str(exc)) from None
-    out_dir = os.path.abspath(cfg.output)
     os.makedirs(out_dir, exist_ok=True)
-    lock = OutputLock(out_dir, lock_name(1, 0))
+    lock = OutputLock(out_dir, lock_name(task.num_tasks, task.task_index))
     lock.acquire()
     try:
-        return _run(cfg, files, tokenizer, out_dir, started)
+        return _run(cfg, files, tokenizer, out_dir, task, started)
     finally:
         lock.release()
 
 
-def _starting_point(cfg, out_dir: str, stem: str, identity: str):
+def _starting_point(cfg, out_dir: str, task: ChatTask, identity: str):
     """(the previous manifest when it is this run's and complete, the shards kept, the tally
     after them): an interrupted run of the same inputs and settings resumes after its last whole
     shard; another run's output needs overwrite=true."""
-    from data_prep.manifest import MANIFEST, load_manifest
+    from data_prep.manifest import load_manifest
 
-    previous = load_manifest(os.path.join(out_dir, MANIFEST))
+    previous = load_manifest(os.path.join(out_dir, task.manifest))
     if previous and previous.get("fingerprint") == identity:
         if previous.get("complete"):
             return previous, [], None
@@ -254,13 +290,13 @@ def _starting_point(cfg, out_dir: str, stem: str, identity: str):
     return None, [], ChatTally()
 
 
-def _run(cfg, files, tokenizer, out_dir: str, started: float) -> dict:
+def _run(cfg, files, tokenizer, out_dir: str, task: ChatTask, started: float) -> dict:
     from data_prep.assemble import token_dtype
-    from data_prep.manifest import MANIFEST, write_manifest
+    from data_prep.manifest import write_manifest
 
-    stem, identity = cfg.name or os.path.basename(out_dir), fingerprint(cfg, files,
-                                                                        tokenizer.template_name)
-    done, kept, tally = _starting_point(cfg, out_dir, stem, identity)
+    stem = task.stem
+    identity = fingerprint(cfg, files, tokenizer.template_name, stem)
+    done, kept, tally = _starting_point(cfg, out_dir, task, identity)
     if done is not None:
         return done
     if kept:
@@ -269,10 +305,10 @@ def _run(cfg, files, tokenizer, out_dir: str, started: float) -> dict:
     remove_other_files(out_dir, stem, kept)
     dtype = token_dtype(tokenizer.vocab_size)
     shards = ChatShards(out_dir, stem, dtype, cfg.shard_bytes, kept)
-    path = os.path.join(out_dir, MANIFEST)
+    path = os.path.join(out_dir, task.manifest)
 
     def manifest(complete: bool) -> dict:
-        return chat_manifest(cfg, files, tally, shards, tokenizer, identity,
+        return chat_manifest(cfg, files, tally, shards, tokenizer, task, identity,
                              time.perf_counter() - started, dtype, complete=complete)
 
     try:
@@ -280,14 +316,28 @@ def _run(cfg, files, tokenizer, out_dir: str, started: float) -> dict:
     except BaseException:
         shards.abandon()
         raise
-    if not tally.samples:
-        raise BadDataError(f"no conversation to train on in {len(files)} file(s): "
-                           f"skipped {dict(tally.counts)}, no trained token "
-                           f"{tally.no_target}, too long {tally.dropped_long}")
+    if not tally.samples and task.num_tasks == 1:  # an array task may have none: merge judges
+        raise no_conversation_error(len(files), tally.to_dict())
     final = manifest(True)
     write_manifest(path, final)
-    write_chat_data_config(out_dir, final, cfg.split)
+    if task.num_tasks == 1:
+        write_chat_data_config(out_dir, final, cfg.split)
     return final
+
+
+def no_conversation_error(files: int, tally: dict) -> BadDataError:
+    """The error of a run (``tally``: ChatTally.to_dict()) or a merge (``tally``: the merged
+    totals) that kept no conversation."""
+    skipped = tally.get("counts") or tally.get("skipped") or {}
+    return BadDataError(f"no conversation to train on in {files} file(s): skipped "
+                        f"{dict(skipped)}, no trained token "
+                        f"{tally.get('no_target', 0)}, too long {tally.get('dropped_long', 0)}")
+
+
+def default_name_of(cfg) -> str:
+    from data_prep.plan import default_name
+
+    return default_name(os.path.abspath(cfg.output), cfg.name)
 
 
 def write_chat_data_config(out_dir: str, manifest: dict, split: str) -> None:

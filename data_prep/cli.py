@@ -70,9 +70,11 @@ def _stop_for_requeue(signum, frame) -> None:
 def task_warnings(manifest: dict) -> List[str]:
     """An array task without documents succeeds (data_prep.merge judges the whole run); say so."""
     task = manifest["task"]
-    if task["count"] == 1 or manifest["totals"]["documents"]:
+    totals = manifest["totals"]
+    if task["count"] == 1 or totals.get("documents", totals.get("conversations")):
         return []
-    return [f"task {task['index']} of {task['count']} found no documents in its "
+    unit = "conversations" if manifest.get("format") == "chat" else "documents"
+    return [f"task {task['index']} of {task['count']} found no {unit} in its "
             f"{len(manifest['inputs'])} input file(s); data_prep.merge combines the other tasks"]
 
 
@@ -91,6 +93,8 @@ def run_chat(cfg) -> int:
 
     manifest = execute_chat(cfg)
     print_chat_summary(manifest)
+    for warning in task_warnings(manifest):
+        print(f"data_prep: warning: {warning}", file=sys.stderr)
     check_bad_fraction(manifest, cfg.max_bad_fraction)
     print(f"wrote {manifest['totals']['shards']} shard(s) and the manifest to {cfg.output}")
     return 0

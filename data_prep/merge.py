@@ -2,7 +2,8 @@
 
 Every task of ``num_tasks`` must have finished (``manifest.task-IIIII-of-NNNNN.json`` with
 ``"complete": true``) with the same tokenizer and dtype. The merge writes ``manifest.json`` and
-``data.yaml`` listing every task's shards in task order, which is the input order.
+``data.yaml`` listing every task's shards in task order, which is the input order. Tasks of
+``format=chat`` are merged by :mod:`data_prep.chat_merge`.
 """
 
 from __future__ import annotations
@@ -89,12 +90,27 @@ def merge(out_dir: str, split: str = "98,1,1") -> dict:
 
 
 def _merge_locked(out_dir: str, split: str) -> dict:
-    manifest = merge_manifests(task_manifests(out_dir))
+    manifests = task_manifests(out_dir)
+    if any(m.get("format") == "chat" for m in manifests):
+        return _merge_chat(out_dir, manifests, split)
+    manifest = merge_manifests(manifests)
     if not manifest["shards"]:
         raise no_documents_error([f["path"] for f in manifest["inputs"]], manifest["totals"]["skipped"])
     write_manifest(os.path.join(out_dir, MANIFEST), manifest)
     write_data_config(out_dir, data_config(manifest["name"], out_dir, manifest["shards"], split,
                                            manifest["eod_id"], manifest["tokenizer"]["path"]))
+    return manifest
+
+
+def _merge_chat(out_dir: str, manifests: List[dict], split: str) -> dict:
+    from data_prep.chat_merge import merge_chat_manifests
+    from data_prep.chat_prep import no_conversation_error, write_chat_data_config
+
+    manifest = merge_chat_manifests(manifests)
+    if not manifest["shards"]:
+        raise no_conversation_error(len(manifest["inputs"]), manifest["totals"])
+    write_manifest(os.path.join(out_dir, MANIFEST), manifest)
+    write_chat_data_config(out_dir, manifest, split)
     return manifest
 
 
@@ -108,8 +124,10 @@ def main(argv=None) -> int:
     except DataPrepError as exc:
         print(f"data_prep.merge: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    from data_prep.progress import print_summary
-
+    if manifest.get("format") == "chat":
+        from data_prep.chat_prep import print_chat_summary as print_summary
+    else:
+        from data_prep.progress import print_summary
     print_summary(manifest)
     return 0
 

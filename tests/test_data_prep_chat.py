@@ -238,3 +238,65 @@ def test_a_dry_run_estimates_from_a_sample_and_writes_nothing(tmp_path, tokenize
     assert "2,000 conversations" in lines["sample"]  # the sample, not the whole input
     assert abs(int(estimate.split()[-1].replace(",", "")) - 5000) <= 250  # within 5%
     assert not (tmp_path / "out").exists()  # nothing was written
+
+
+def conversations_of(out) -> list:
+    """(ids, mask) of every conversation of the chat shards in ``out``, as bytes, sorted."""
+    found = []
+    for idx in sorted(out.glob("*.idx")):
+        if idx.name.endswith(".mask.idx"):
+            continue
+        prefix = str(idx)[:-len(".idx")]
+        tokens, masks = IndexedDataset(prefix), IndexedDataset(prefix + ".mask")
+        found += [(tokens[i].tobytes(), masks[i].tobytes()) for i in range(len(tokens))]
+    return sorted(found)
+
+
+def merge(out, *extra, expect=0):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "data_prep.merge", str(out), *extra], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == expect, proc.stdout + proc.stderr
+    return proc
+
+
+@pytest.mark.slow
+def test_array_tasks_merge_into_the_conversations_of_one_run(tmp_path, tokenizer_dir):
+    """Two array tasks (a share of the inputs each) and data_prep.merge: the merged manifest
+    and data config hold every conversation of a single run once, with its mask, and the
+    totals of that run; a task run with other chat settings is refused by the merge."""
+    write_inputs(tmp_path, conversations(300, seed=3))
+    prepare(tmp_path, tokenizer_dir, "workers=1", out="single")
+    for index in (0, 1):
+        prepare(tmp_path, tokenizer_dir, "workers=1", "num_tasks=2", f"task_index={index}",
+                "name=arr")
+    out = tmp_path / "out"
+    assert not (out / "manifest.json").exists() and not (out / "data.yaml").exists()
+    tasks = [json.loads((out / f"manifest.task-0000{i}-of-00002.json").read_text())
+             for i in (0, 1)]
+    assert [len(t["inputs"]) for t in tasks] == [1, 1] and all(t["shards"] for t in tasks)
+    assert merge(out, "--split=90,10,0").returncode == 0
+    merged = json.loads((out / "manifest.json").read_text())
+    single = json.loads((tmp_path / "single" / "manifest.json").read_text())
+    assert merged["format"] == "chat" and merged["merged_tasks"] == 2
+    for key in ("records", "conversations", "tokens", "target_tokens", "truncated",
+                "dropped_long", "no_target", "bad_records"):
+        assert merged["totals"][key] == single["totals"][key], key
+    assert merged["totals"]["rows"] == sum(t["totals"]["rows"] for t in tasks)
+    assert merged["chat"]["packing_efficiency"] == pytest.approx(
+        merged["totals"]["tokens"] / (256 * merged["totals"]["rows"]), abs=1e-6)
+    assert conversations_of(out) == conversations_of(tmp_path / "single")
+    data = (out / "conf" / "data" / "arr.yaml").read_text()
+    assert "format: chat" in data and "split: 90,10,0" in data
+    assert "arr_task00000_00000" in data and "arr_task00001_00000" in data
+
+    from launcher.runtime.chat_data import ChatRows  # training reads the merged shards
+    import yaml
+
+    rows = ChatRows(yaml.safe_load(data)["prefixes"])
+    assert sum(map(len, rows.rows)) == merged["totals"]["rows"]
+    # a task re-run with another mask policy cannot be merged with the other
+    prepare(tmp_path, tokenizer_dir, "workers=1", "num_tasks=2", "task_index=1", "name=arr",
+            "chat.mask=last", "overwrite=true")
+    refused = merge(out, expect=3)
+    assert "task 1 has chat.mask='last' but task 0 has 'assistant'" in refused.stderr

@@ -6,6 +6,7 @@ once) combines both tasks into the documents of a run that was never stopped."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -136,3 +137,44 @@ def test_sigusr1_to_the_whole_group_twice_stops_for_requeue_once(tmp_path):
     prepare(f"output={out}", *args)
     prepare(f"output={tmp_path / 'reference'}", *args)
     assert shard_bytes(out) == shard_bytes(tmp_path / "reference")
+
+
+def test_chat_array_tasks_and_their_merge_under_slurm(slurm, tmp_path):
+    """format=chat through the same recipe: two array tasks render, mask and pack a share of the
+    conversations each, and the merge job (queued by task 0) writes one chat manifest and data
+    config over both."""
+    import json
+
+    from tests.helpers.data_prep import train_hf_tokenizer
+    from tokenizers import Tokenizer
+
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    tokenizer = Tokenizer.from_file(str(train_hf_tokenizer(tok, 600)))
+    tokenizer.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    tokenizer.save(str(tok / "tokenizer.json"))
+    (tok / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    (tmp_path / "in").mkdir()
+    for name, first in (("a", 0), ("b", 50)):
+        (tmp_path / "in" / f"{name}.jsonl").write_text("".join(json.dumps(
+            {"messages": [{"role": "user", "content": f"question {i}"},
+                          {"role": "assistant", "content": f"answer {i} " * (1 + i % 7)}]}) + "\n"
+            for i in range(first, first + 50)))
+    out = tmp_path / "out"
+    args = (f"format=chat tokenizer.kind=hf tokenizer.path={tok} chat.template=chatml "
+            "seq_length=127 progress=false")
+    job = sbatch("--array=0-1", "--cpus-per-task=1", f"--output={tmp_path}/task-%A_%a.out",
+                 str(REPO / "recipes" / "data_prep_array.sbatch"), str(tmp_path / "in"),
+                 str(out), env=job_env(DATA_PREP_ARGS=args, PYTHON=sys.executable),
+                 cwd=tmp_path)
+    for task in (f"{job}_0", f"{job}_1"):
+        info = wait_job(task, timeout=300, logs=tmp_path)
+        assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), _logs(tmp_path)
+    merge = (tmp_path / f"task-{job}_0.out").read_text().split("Submitted batch job")[1].split()[0]
+    assert wait_job(merge, timeout=300, logs=tmp_path)["JobState"] == "COMPLETED", _logs(tmp_path)
+    manifest = load(out / "manifest.json")
+    assert manifest["format"] == "chat" and manifest["merged_tasks"] == 2
+    assert manifest["totals"]["conversations"] == 100
+    assert sorted({s["task"] for s in manifest["shards"]}) == [0, 1]
+    assert "format: chat" in (out / "data.yaml").read_text()
+    assert "conversations in" in (tmp_path / f"data_prep_merge_{merge}.out").read_text()
