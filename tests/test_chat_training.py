@@ -39,6 +39,47 @@ def test_a_packed_row_keeps_its_conversations_apart():
     assert not cut[7, 7] and cut[7, 6]  # padding attends to itself only
 
 
+def test_a_micro_batch_of_rows_becomes_one_thd_sequence_that_attends_where_the_mask_does():
+    """Under Transformer Engine the rows go as one packed sequence with cu_seqlens: the
+    attention this allows (causal within each sequence) is exactly the rows' own mask, and the
+    flattened loss mask keeps every target."""
+    import torch
+
+    from launcher.engines.megatron.packed_rows import to_thd
+
+    rng = np.random.default_rng(4)
+    rows = []
+    for lengths in ([3, 4], [9], [2, 2, 3]):  # padded to 10 tokens each
+        seg = np.concatenate([np.full(n, k) for k, n in enumerate(lengths)])
+        ids = rng.integers(1, 99, len(seg))
+        rows.append(packed_sample(ids, (rng.random(len(seg)) < .7).astype(np.uint8), seg, 10, 0))
+    batch = {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
+    flat, params = to_thd(batch)
+    assert set(flat) == {"tokens", "labels", "loss_mask", "position_ids"}
+    assert all(v.shape == (1, 30) for v in flat.values())
+    assert params.qkv_format == "thd" and params.cu_seqlens_q.dtype == torch.int32
+    assert params.cu_seqlens_q.tolist() == [0, 3, 7, 10, 19, 20, 22, 24, 27, 30]
+    assert params.max_seqlen_q == params.max_seqlen_kv == 9
+    cu = params.cu_seqlens_q.tolist()
+    sequence = np.repeat(np.arange(len(cu) - 1), np.diff(cu))
+    allowed = (sequence[:, None] == sequence[None, :]) & np.tril(np.ones((30, 30), bool))
+    for r, row in enumerate(rows):
+        block = allowed[10 * r:10 * r + 10, 10 * r:10 * r + 10]
+        assert (block == ~row["attention_mask"][0].numpy()).all(), r
+    assert float(flat["loss_mask"].sum()) == float(batch["loss_mask"].sum())
+    assert torch.equal(flat["labels"][0], batch["labels"].reshape(-1))
+
+
+def test_chat_rows_under_transformer_engine_are_refused_only_with_context_parallelism():
+    from launcher.engines.model import packed_attention_unavailable
+
+    assert packed_attention_unavailable("chat", 1, te=True) is None  # the THD path
+    assert packed_attention_unavailable("chat", 2, te=False) is None  # the masked path
+    assert packed_attention_unavailable("text", 2, te=True) is None
+    refused = packed_attention_unavailable("chat", 2, te=True)
+    assert "2 x CP = 4" in refused and "parallelism.context_parallel_size=1" in refused
+
+
 @pytest.fixture(scope="module")
 def megatron_tp1():
     with gloo_group():

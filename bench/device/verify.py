@@ -18,7 +18,8 @@ in the call's carry, or with no carry at all once every bundle has arrived. It:
    against the disk), ``data_prep_scaling`` (bench/device/data_prep_scaling.sh, the 16-core
    table), ``te_torch`` (Transformer Engine's PyTorch extension: carried prebuilt, else compiled
    from its sdist for the GPU's architecture) and ``gpu_tests`` (tests/test_gpu_fp8.py,
-   tests/test_gpu_context_parallel.py and the layouts the first pass skipped, with TE). A step
+   tests/test_gpu_context_parallel.py, tests/test_gpu_chat_thd.py and the layouts the first pass
+   skipped, with TE). A step
    that waits for packages still on their way is passed over, so the first call already runs
    what its bundle allows;
 4. writes ``$OUT/summary.md`` (versions, every step and test with its outcome, the numbers, and
@@ -74,7 +75,8 @@ MARGIN_S = 20.0
 """Kept free at the end of a call to write the summary and the logs."""
 FINAL = {"pass", "fail", "timeout", "skipped", "error"}
 GPU_TEST_FILES = ("tests/test_gpu_fp8.py", "tests/test_gpu_context_parallel.py",
-                  "tests/test_gpu_layouts.py", "tests/test_gpu_probe.py")
+                  "tests/test_gpu_chat_thd.py", "tests/test_gpu_layouts.py",
+                  "tests/test_gpu_probe.py")
 """In this order, so that xdist hands out the two long module fixtures first."""
 TE_FREE_TEST_FILES = ("tests/test_gpu_layouts.py", "tests/test_gpu_probe.py")
 """The ``gpu_layouts`` pass (without Transformer Engine)."""
@@ -113,7 +115,8 @@ STEPS = (
     Step("te_torch", "Transformer Engine's PyTorch extension (prebuilt, or compiled here)",
          ("te-core",), 300, 120, 540, machine=True),
     Step("gpu_tests", "GPU tests with Transformer Engine: FP8 and the fused loss, context "
-         "parallel, the layouts that need it", ("base", "te"), 330, 180, 540),
+         "parallel, packed chat rows (THD), the layouts that need it", ("base", "te"), 390, 180,
+         540),
 )
 """Most valuable first, as a window of 15 minutes (one bundle call and one more) can pay: the
 probe (the plan's calibration, the shortest) and the multi-rank layouts need no Transformer Engine; TE's extension and its tests come

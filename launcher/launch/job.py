@@ -189,7 +189,8 @@ def plan_for_this_machine(cfg: TrainwrightConfig, plan: Plan,
     try:
         trainer, note = runnable_attention(cfg.trainer, planned_flash=plan.memory.flash_attention)
         for refused in (context_parallel_unavailable(cfg.parallelism),
-                        packed_attention_unavailable(cfg.data.format)):
+                        packed_attention_unavailable(
+                            cfg.data.format, cfg.parallelism.context_parallel_size)):
             if refused is not None:
                 raise KernelUnavailable(refused)
     except KernelUnavailable as exc:

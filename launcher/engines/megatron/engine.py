@@ -33,7 +33,9 @@ from launcher.core.errors import NonFiniteLoss
 from launcher.core.phases import PHASES
 from launcher.engines.base import StepResult
 from launcher.engines.common import masked_mean, set_lr
+from launcher.engines.megatron.packed_rows import params_on, to_thd
 from launcher.engines.megatron.scoring import chunk_label_scores, data_parallel, on_this_rank
+from launcher.engines.model import use_transformer_engine
 from launcher.parallel import collectives
 from launcher.shape import Batch
 from launcher.shape.stages import StageSplit, stage_layers
@@ -196,6 +198,8 @@ class MegatronEngine:
         """The model's vocabulary before padding (label scores give padding no probability)."""
         self.cp = parallel_state.get_context_parallel_world_size()
         self.seq_length = batch.seq_length // self.cp
+        self.packed_thd = use_transformer_engine()
+        """Chat rows go through TE's attention as packed THD sequences (packed_rows)."""
         self.device = collectives.device_for()
         self._box: dict = {}
         self._grad_norm: Optional[float] = None
@@ -205,12 +209,18 @@ class MegatronEngine:
             buffer_layout(stage_layers=stage_layers, engine=engine, trainer=trainer))
 
     def _prepare(self, batch: dict) -> dict:
-        """Move to the device and keep this context-parallel rank's part of the sequence."""
+        """Move to the device and keep this context-parallel rank's part of the sequence; chat
+        rows (they carry their attention mask) become one THD sequence under TE."""
+        packed = None
+        if self.packed_thd and "attention_mask" in batch:
+            batch, packed = to_thd(batch)
         batch = {k: v.to(self.device) for k, v in batch.items()}
         if self.cp > 1:
             from megatron.core.utils import get_batch_on_this_cp_rank
 
             batch = get_batch_on_this_cp_rank(batch)
+        if packed is not None:
+            batch["packed_seq_params"] = params_on(packed, self.device)
         return batch
 
     def _loss_func(self, loss_mask: torch.Tensor, clock: _Clock, token_losses: torch.Tensor):
@@ -237,7 +247,8 @@ class MegatronEngine:
             batch = next(data_iterator)
             start = time.perf_counter()
             output = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"),
-                           labels=batch["labels"])
+                           labels=batch["labels"],
+                           packed_seq_params=batch.get("packed_seq_params"))
             clock.add("forward", start)
             return output, functools.partial(self._loss_func, batch["loss_mask"], clock)
         return forward_step
@@ -246,11 +257,14 @@ class MegatronEngine:
         """Every micro-batch through Megatron-Core's schedule; the loss dicts of the last stage."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        seq_length, micro_batch_size = self.seq_length, self.micro_batch_size
+        if batches and "packed_seq_params" in batches[0]:  # [1, b * s]: the stages' shapes
+            seq_length, micro_batch_size = seq_length * micro_batch_size, 1
         return get_forward_backward_func()(
             forward_step_func=self._forward_step(clock),
             data_iterator=_one_or_list([iter(batches) for _ in self.chunks]),
             model=_one_or_list(self.chunks), num_microbatches=len(batches),
-            seq_length=self.seq_length, micro_batch_size=self.micro_batch_size,
+            seq_length=seq_length, micro_batch_size=micro_batch_size,
             forward_only=forward_only)
 
     def _agree(self, losses: list) -> tuple[float, bool, float]:

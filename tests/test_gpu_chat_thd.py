@@ -1,0 +1,86 @@
+"""Packed conversation rows through Transformer Engine's attention (THD, cu_seqlens) on a GPU.
+
+On CPU, chat rows keep their conversations apart with an explicit attention mask in
+Megatron-Core's local attention (tests/test_chat_training.py). Under TE the engine sends them as
+one packed THD sequence per micro-batch (launcher/engines/megatron/packed_rows.py). This module
+needs a CUDA GPU and ``transformer_engine`` and skips at import time without them.
+
+Checks, each against the local masked path on the same rows and weights (fp32; TE's kernels
+round differently, so within 1e-4, not bitwise):
+- a conversation packed after another gives its logits alone;
+- one training step at micro-batch 2, TP2 with sequence parallelism and PP2 gives the loss and
+  gradient norm of the masked path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytest.importorskip("transformer_engine", reason="the THD path is Transformer Engine's")
+
+from tests.helpers.training import TINY, train  # noqa: E402
+from tests.test_chat_training import split_rows, write_chat_shards  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+
+def test_a_conversation_packed_after_another_gives_its_logits_alone_in_thd():
+    from launcher.config import ParallelismConfig
+    from launcher.engines.megatron.packed_rows import params_on, to_thd
+    from launcher.engines.model import init_parallel_state
+    from launcher.runtime.chat_data import packed_sample
+    from tests.helpers.dist import gloo_group
+    from tests.helpers.models import build, small
+
+    with gloo_group():  # one rank: no collective in a TP1 forward
+        init_parallel_state(ParallelismConfig(), seed=1234)
+        gpt = build(small(seq_length=48, vocab_size=512)).cuda().eval()
+        rng = np.random.default_rng(0)
+        a, b = rng.integers(0, 512, 17), rng.integers(0, 512, 23)
+        ones = lambda n: np.r_[0, np.ones(n - 1)].astype(np.uint8)  # noqa: E731
+        packed = packed_sample(np.r_[a, b], np.r_[ones(17), ones(23)],
+                               np.r_[np.zeros(17, int), np.ones(23, int)], 48, pad_id=0)
+        alone = packed_sample(b, ones(23), np.zeros(23, int), 48, pad_id=0)
+        logits = []
+        for sample in (packed, alone):
+            flat, params = to_thd({k: v[None] for k, v in sample.items()})
+            with torch.no_grad():
+                logits.append(gpt(flat["tokens"].cuda(), flat["position_ids"].cuda(), None,
+                                  packed_seq_params=params_on(params, torch.device("cuda")))
+                              .float().cpu()[0])
+        np.testing.assert_allclose(logits[0][17:40].numpy(), logits[1][:23].numpy(),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def _first_step(tmp_path, name: str, *overrides: str, te: bool) -> dict:
+    env = {} if te else {"TRAINWRIGHT_DISABLE_TE": "1"}
+    train(tmp_path, name, *overrides, env=env)
+    [line] = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text()
+              .splitlines() if '"loss"' in line]
+    return line
+
+
+def test_thd_steps_equal_the_masked_path_at_tp2_sp_and_pp2(tmp_path):
+    data = write_chat_shards(tmp_path / "data", split_rows())
+    common = [*TINY, "model.seq_length=64", "engine=megatron", "trainer.train_steps=1",
+              "trainer.global_batch_size=8", "trainer.micro_batch_size=2",
+              "optimizer.warmup_steps=0", "trainer.eval_interval=0", "model.hidden_dropout=0",
+              "model.attention_dropout=0", "trainer.attention_backend=auto",
+              f"hydra.searchpath=[file://{data / 'conf'}]", "data=chat"]
+    base = _first_step(tmp_path, "masked", *common, "cluster.gpus_per_node=1", te=False)
+    for name, layout in {"thd": ["cluster.gpus_per_node=1"],
+                         "thd_tp2_sp": ["parallelism.tensor_parallel_size=2",
+                                        "parallelism.sequence_parallel=true"],
+                         "thd_pp2": ["parallelism.pipeline_parallel_size=2"]}.items():
+        got = _first_step(tmp_path, name, *common, *layout, te=True)
+        assert got["loss"] == pytest.approx(base["loss"], rel=1e-4), name
+        assert got["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-3), name
+        assert got["target_tokens"] == base["target_tokens"], name
+    assert os.environ.get("TRAINWRIGHT_DISABLE_TE") is None
