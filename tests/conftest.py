@@ -1,4 +1,5 @@
-"""Suite-wide settings and fixtures (``mount_tmpfs``; ``slurm``, from tests/helpers/slurm.py).
+"""Suite-wide settings and fixtures (``mount_tmpfs``; ``slurm``, from tests/helpers/slurm.py;
+``layout_runs``, from tests/helpers/layout_runs.py).
 Helpers shared by several test modules live in the tests/helpers package; no test module
 imports another.
 
@@ -20,6 +21,7 @@ pytest.register_assert_rewrite("tests.helpers")
 
 from tests.helpers.processes import MARK, kill_marked  # noqa: E402
 from tests.helpers.slurm import slurm  # noqa: E402, F401  (the Slurm tests' fixture)
+from tests.helpers.layout_runs import layout_runs  # noqa: E402, F401  (one run per layout)
 
 os.environ.setdefault("TRAINWRIGHT_STRICT_DEVICES", "1")
 # Machine profiles (launcher/plan/profile.py) of this test session only: a developer's stored

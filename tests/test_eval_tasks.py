@@ -18,71 +18,33 @@ from launcher.evals.harness import metric_table, rolling
 from launcher.evals.rows import micro_batch_count, micro_batches, replica_rows, row_arrays
 from launcher.evals.tasks import SHIPPED, data_files, task_problems
 from tests.helpers.data_prep import train_hf_tokenizer
+from tests.helpers.layout_runs import LAYOUT_GROUP
 from tests.helpers.training import REPO, TINY, train
 
 TASKS = ["eval.tasks=[tw_facts,tw_paragraphs]", "eval.limit=8"]
-FROZEN = ["trainer.train_steps=1", "optimizer.lr=1e-12", "optimizer.min_lr=0",
-          "optimizer.warmup_steps=0", "optimizer.weight_decay=0"]
-"""One step at a learning rate of 1e-12 (Adam's first update moves a weight by about that, far
-below an fp32 weight's last bit): the scores are those of the initial weights, which
-trainer.layout_invariant_init makes the same at every layout."""
-
-
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     return train_hf_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=500)
 
 
-def task_scores(run_dir) -> dict:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    [row] = [r for r in rows if any(k.startswith("eval/tw_") for k in r)]
-    return {k: v for k, v in row.items() if k.startswith("eval/tw_")}
-
-
 @pytest.mark.slow
-@pytest.mark.xdist_group("eval_layouts")
-def test_the_same_checkpoint_scores_the_same_at_every_layout_and_engine(tmp_path, tokenizer):
-    layouts = {
-        "dp2": ["engine=megatron"],
-        "tp2": ["engine=megatron", "parallelism.tensor_parallel_size=2"],
-        "pp2": ["engine=megatron", "parallelism.pipeline_parallel_size=2"],
-        "pp2_vpp2": ["engine=megatron", "parallelism.pipeline_parallel_size=2",
-                     "parallelism.virtual_pipeline_parallel_size=2"],
-        "ds_dp2": ["engine=deepspeed"],
-    }
-    scores = {}
-    for name, layout in layouts.items():  # 4 layers (VPP: 2 chunks of 1 layer per stage) and
-        # 2 micro-batches a step at every layout (the interleaved schedule needs PP of them)
-        proc = train(tmp_path, name, *TASKS, *FROZEN, f"eval.tokenizer={tokenizer}",
-                     "model.num_layers=4", "trainer.global_batch_size=4", *layout)
-        scores[name] = task_scores(tmp_path / name)
-        assert "tw_facts acc" in proc.stdout + proc.stderr  # the console line shows them
-    base = scores["dp2"]
+@LAYOUT_GROUP  # the runs of tests/helpers/layout_runs.py, trained once for this and seeded_init
+def test_the_same_checkpoint_scores_the_same_at_every_layout_and_engine(layout_runs):
+    """DP2, TP2, PP2, PP2 x VPP2 and engine=deepspeed score the same initial weights the same;
+    so do a 4-expert mixture at EP2 (each rank 2 of the experts, tokens sent to their expert's
+    rank) and at EP1 (every rank all 4)."""
+    base = layout_runs["pp1"]["scores"]
     assert base["eval/tw_facts/examples"] == 8 and base["eval/tw_paragraphs/examples"] == 8
     assert 0 < base["eval/tw_paragraphs/bits_per_byte"] < 20
-    for name, got in scores.items():
-        assert set(got) == set(base), name
+    assert "tw_facts acc" in layout_runs["pp1"]["console"]  # the console line shows them
+    for name, reference in {"tp2": "pp1", "pp2": "pp1", "pp2_vpp2": "pp1", "deepspeed": "pp1",
+                            "moe_ep2": "moe_ep1"}.items():
+        got, want = layout_runs[name]["scores"], layout_runs[reference]["scores"]
+        assert set(got) == set(want), name
         for key in ("eval/tw_facts/acc", "eval/tw_facts/acc_norm"):
-            assert got[key] == base[key], (name, key, got[key], base[key])  # exactly
+            assert got[key] == want[key], (name, key, got[key], want[key])  # exactly
         for key in ("eval/tw_paragraphs/bits_per_byte", "eval/tw_paragraphs/word_perplexity"):
-            assert got[key] == pytest.approx(base[key], rel=1e-5), (name, key)
-
-
-@pytest.mark.slow
-def test_a_mixture_of_experts_scores_the_same_with_its_experts_split(tmp_path, tokenizer):
-    """EP2 (each rank 2 of the 4 experts, tokens sent to their expert's rank) against DP2 (every
-    rank all 4): the same initial weights, the same scores."""
-    scores = {}
-    for name, layout in {"moe_dp2": [], "moe_ep2": ["parallelism.expert_parallel_size=2"]}.items():
-        train(tmp_path, name, *TASKS, *FROZEN, f"eval.tokenizer={tokenizer}", "engine=megatron",
-              "model.num_experts=4", *layout)
-        scores[name] = task_scores(tmp_path / name)
-    base, split = scores["moe_dp2"], scores["moe_ep2"]
-    assert set(base) == set(split) and base["eval/tw_facts/examples"] == 8
-    assert split["eval/tw_facts/acc"] == base["eval/tw_facts/acc"]
-    assert split["eval/tw_facts/acc_norm"] == base["eval/tw_facts/acc_norm"]
-    assert split["eval/tw_paragraphs/bits_per_byte"] == pytest.approx(
-        base["eval/tw_paragraphs/bits_per_byte"], rel=1e-5)
+            assert got[key] == pytest.approx(want[key], rel=1e-5), (name, key)
 
 
 @pytest.mark.slow

@@ -115,6 +115,7 @@ def reshard(tmp_path_factory):
                            {"dir": str(root)})
 
 
+@pytest.mark.xdist_group("checkpoint_reshard")  # its module fixture, built once
 @pytest.mark.slow
 def test_checkpoint_is_atomic_dist_checkpoint(reshard):
     r0 = reshard[0]
@@ -122,6 +123,7 @@ def test_checkpoint_is_atomic_dist_checkpoint(reshard):
     assert {"complete", "megatron", "rng", "trainwright.json"} <= set(r0["files"])
 
 
+@pytest.mark.xdist_group("checkpoint_reshard")  # its module fixture, built once
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["tp2", "pp2"])
 def test_reshard_to_tp1_pp1_gives_the_same_loss(reshard, layout):
@@ -130,6 +132,7 @@ def test_reshard_to_tp1_pp1_gives_the_same_loss(reshard, layout):
         assert abs(saved - loaded) < 1e-5, (layout, saved, loaded)
 
 
+@pytest.mark.xdist_group("checkpoint_reshard")  # its module fixture, built once
 @pytest.mark.slow
 def test_moe_distributed_optimizer_resumes_bitwise_at_ep2(reshard):
     for rank in reshard:
@@ -137,6 +140,7 @@ def test_moe_distributed_optimizer_resumes_bitwise_at_ep2(reshard):
         assert rank["moe_resumed"] == rank["moe_next"]
 
 
+@pytest.mark.xdist_group("checkpoint_reshard")  # its module fixture, built once
 @pytest.mark.slow
 def test_moe_ep2_checkpoint_refused_at_ep1_with_both_layouts_and_the_fix(reshard):
     message = reshard[0]["moe_ep1_error"]
@@ -148,6 +152,7 @@ def test_moe_ep2_checkpoint_refused_at_ep1_with_both_layouts_and_the_fix(reshard
     assert reshard[0]["moe_ep1_exit"] == 2  # a config error (IncompatibleCheckpoint)
 
 
+@pytest.mark.xdist_group("checkpoint_reshard")  # its module fixture, built once
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["tp2", "pp2"])
 def test_resume_on_the_same_layout_is_bitwise(reshard, layout):
@@ -230,6 +235,7 @@ def zero1(tmp_path_factory):
     return run_distributed("tests.test_megatron_checkpoint:zero1_worker", 2, {"dir": str(root)})
 
 
+@pytest.mark.xdist_group("checkpoint_zero1")  # its module fixture, built once
 @pytest.mark.slow
 def test_zero1_save_of_a_fresh_optimizer_changes_nothing(zero1):
     """Saving before the first step primes the Adam state (Megatron-Core asserts on an empty one)
@@ -243,6 +249,7 @@ def test_zero1_save_of_a_fresh_optimizer_changes_nothing(zero1):
         assert rank["fresh"][0][0] == pytest.approx(math.log(512), abs=0.05)
 
 
+@pytest.mark.xdist_group("checkpoint_zero1")  # its module fixture, built once
 @pytest.mark.slow
 def test_zero1_resume_on_the_same_layout_is_bitwise(zero1):
     """Loss and grad norm of the two steps after the resume equal the uninterrupted run's; the
@@ -252,6 +259,7 @@ def test_zero1_resume_on_the_same_layout_is_bitwise(zero1):
         assert rank["next"][1][0] < rank["next"][0][0]
 
 
+@pytest.mark.xdist_group("checkpoint_zero1")  # its module fixture, built once
 @pytest.mark.slow
 def test_zero1_dp2_checkpoint_loads_at_tp2_dp1(zero1):
     """Resharded TP=1 DP=2 -> TP=2 DP=1: same eval loss, and two steps later (Adam state moved
@@ -264,6 +272,7 @@ def test_zero1_dp2_checkpoint_loads_at_tp2_dp1(zero1):
         assert abs(rank["tp2_eval2"] - rank["eval2"]) < 1e-5
 
 
+@pytest.mark.xdist_group("checkpoint_zero1")  # its module fixture, built once
 @pytest.mark.slow
 def test_zero1_checkpoint_refused_by_zero_stage_0_with_both_layouts_and_the_fix(zero1):
     message = zero1[0]["zero0_error"]
@@ -275,6 +284,7 @@ def test_zero1_checkpoint_refused_by_zero_stage_0_with_both_layouts_and_the_fix(
     assert zero1[0]["zero0_exit"] == 2  # a config error (IncompatibleCheckpoint)
 
 
+@pytest.mark.xdist_group("checkpoint_zero1")  # its module fixture, built once
 @pytest.mark.slow
 def test_zero1_saved_model_tensors_are_the_trained_weights(zero1):
     """With overlap_param_gather (the megatron preset) the other ranks' shards are one update
@@ -384,6 +394,7 @@ def async_save(tmp_path_factory):
     return run_distributed("tests.test_megatron_checkpoint:async_worker", 2, {"dir": str(root)})
 
 
+@pytest.mark.xdist_group("checkpoint_async")  # its module fixture, built once
 @pytest.mark.slow
 def test_async_save_gets_its_final_name_only_after_the_writes(async_save):
     """A deferred save stays step_<N>.tmp without 'complete' (latest unchanged, so a crash resumes
@@ -397,6 +408,7 @@ def test_async_save_gets_its_final_name_only_after_the_writes(async_save):
                                    "resume": "step_000004"}
 
 
+@pytest.mark.xdist_group("checkpoint_async")  # its module fixture, built once
 @pytest.mark.slow
 def test_async_save_resumes_bitwise(async_save):
     """The background write holds the weights and Adam state of the save's step although
@@ -405,6 +417,7 @@ def test_async_save_resumes_bitwise(async_save):
         assert rank["resumed"] == rank["next"]
 
 
+@pytest.mark.xdist_group("checkpoint_async")  # its module fixture, built once
 @pytest.mark.slow
 def test_async_save_is_synchronous_at_the_last_step_and_on_a_stop_request(async_save):
     for rank in async_save:

@@ -91,6 +91,7 @@ def layouts():
     return run_distributed("tests.test_megatron_engine:layouts_worker", 2, {"steps": 6})
 
 
+@pytest.mark.xdist_group("engine_layouts")  # its module fixture, built once
 @pytest.mark.slow
 def test_distributed_optimizer_equals_plain_ddp_at_dp2(layouts):
     for rank in layouts:
@@ -100,6 +101,7 @@ def test_distributed_optimizer_equals_plain_ddp_at_dp2(layouts):
     assert layouts[0]["ddp"]["loss"] == layouts[1]["ddp"]["loss"]
 
 
+@pytest.mark.xdist_group("engine_layouts")  # its module fixture, built once
 @pytest.mark.slow
 def test_pp2_1f1b_equals_pp1_and_loss_falls(layouts):
     r0, r1 = layouts
@@ -114,6 +116,7 @@ def test_pp2_1f1b_equals_pp1_and_loss_falls(layouts):
     assert "backward+grad_sync" not in times and times["grad_sync"] > 0
 
 
+@pytest.mark.xdist_group("engine_layouts")  # its module fixture, built once
 @pytest.mark.slow
 def test_interleaved_pipeline_runs_and_matches_pp1(layouts):
     vpp, pp1 = layouts[0]["vpp"], layouts[0]["pp1"]
@@ -121,6 +124,7 @@ def test_interleaved_pipeline_runs_and_matches_pp1(layouts):
     assert vpp["loss"][-1] < vpp["loss"][0] - 0.3
 
 
+@pytest.mark.xdist_group("engine_layouts")  # its module fixture, built once
 @pytest.mark.slow
 def test_moe_ep2_trains_and_reports_load_balancing_loss(layouts):
     moe = layouts[0]["moe"]

@@ -170,6 +170,7 @@ def _rank_sum(result: dict, key: str) -> int:
     return sum(chunk[key] for chunk in result["chunks"])
 
 
+@pytest.mark.xdist_group("params_per_rank")  # its module fixture, built once
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_per_gpu_counts_equal_built_shards(layout, ranks):
@@ -190,6 +191,7 @@ def test_per_gpu_counts_equal_built_shards(layout, ranks):
         assert compute_plan(cfg, world_size=2).params.per_gpu == max(totals), (layout, case)
 
 
+@pytest.mark.xdist_group("params_per_rank")  # its module fixture, built once
 @pytest.mark.slow
 def test_vpp_chunks_hold_embedding_first_and_output_layer_last(ranks):
     """PP=2 x VPP=2, 4 layers: rank 0 holds virtual stages 0 and 2 (layers 1 and 3), rank 1 holds
@@ -208,6 +210,7 @@ def test_vpp_chunks_hold_embedding_first_and_output_layer_last(ranks):
         assert held == count_parameters(cfg.model).total + (word if d.tied else 0), case
 
 
+@pytest.mark.xdist_group("params_per_rank")  # its module fixture, built once
 @pytest.mark.slow
 def test_ep2_splits_the_experts_and_replicates_the_rest(ranks):
     """EP=2, 4 experts top-2: each rank holds 2 experts per layer and every dense parameter;
@@ -299,6 +302,7 @@ def memory_worker(args: dict) -> dict:
     return out
 
 
+@pytest.mark.xdist_group("params_per_rank")  # its module fixture, built once
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MEMORY))
 def test_plan_state_bytes_equal_the_built_engine(name, ranks):

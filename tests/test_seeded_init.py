@@ -5,15 +5,12 @@ start at the first-step loss of PP=1 within 1e-5."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from launcher.config import Arch, ParallelismConfig
 from tests.helpers.dist import gloo_group
+from tests.helpers.layout_runs import LAYOUT_GROUP
 from tests.helpers.models import build, in_process, preset, small
-from tests.helpers.training import train
 
 
 def test_tiles_assemble_the_same_matrix_from_any_slicing(monkeypatch):
@@ -83,45 +80,19 @@ def test_redraw_follows_megatron_cores_own_init(name, megatron_tp1):
     assert all(torch.equal(p, q) for p, q in zip(gpt.parameters(), again.parameters()))
 
 
-ONE_STEP = ["engine=megatron", "model.num_layers=4", "trainer.train_steps=1",
-            "trainer.global_batch_size=8", "trainer.eval_interval=0"]
-MOE = ["model.num_experts=4", "model.moe_router_topk=2"]
-LAYOUTS = {
-    "pp1": [],
-    "pp2": ["parallelism.pipeline_parallel_size=2"],
-    "tp2": ["parallelism.tensor_parallel_size=2"],
-    "pp2_vpp2": ["parallelism.pipeline_parallel_size=2",
-                 "parallelism.virtual_pipeline_parallel_size=2"],
-    "deepspeed": ["engine=deepspeed"],
-    "moe_ep1": MOE,
-    "moe_ep2": [*MOE, "parallelism.expert_parallel_size=2"],
-}
 SAME_AS = {"pp2": "pp1", "tp2": "pp1", "pp2_vpp2": "pp1", "deepspeed": "pp1",
            "moe_ep2": "moe_ep1"}
 
 
-def first_step(run_dir: Path) -> dict:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return next(row for row in rows if row.get("step") == 1 and "loss" in row)
-
-
-@pytest.fixture(scope="module")
-def first_losses(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("layouts")
-    for name, overrides in LAYOUTS.items():
-        train(tmp, name, *ONE_STEP, *overrides)
-    return {name: first_step(tmp / name) for name in LAYOUTS}
-
-
 @pytest.mark.slow
-@pytest.mark.xdist_group("seeded_init_layouts")  # one worker runs the 7 trainings, once
+@LAYOUT_GROUP  # one worker runs the 7 trainings (tests/helpers/layout_runs.py), once
 @pytest.mark.parametrize("name", sorted(SAME_AS))
-def test_every_layout_starts_at_the_loss_of_pp1(name, first_losses):
+def test_every_layout_starts_at_the_loss_of_pp1(name, layout_runs):
     """fp32 first-step loss equal within 1e-5 and the grad norm within 1e-4 (relative). With
     trainer.layout_invariant_init=false this 4-layer model starts at 6.254472 (PP=1) and
     6.246940 (PP=2), grad norms 0.8158 and 0.8075; with it at 6.2542799 and 6.2542796, grad
     norm 0.8053888 on both."""
-    mine, base = first_losses[name], first_losses[SAME_AS[name]]
+    mine, base = layout_runs[name]["first"], layout_runs[SAME_AS[name]]["first"]
     assert abs(mine["loss"] - base["loss"]) < 1e-5, (name, mine["loss"], base["loss"])
     if "grad_norm" in mine and "grad_norm" in base:  # the same model gives the same gradients
         assert mine["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-4), name

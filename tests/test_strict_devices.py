@@ -169,6 +169,7 @@ def rules():
     return run_distributed("tests.test_strict_devices:rules_worker", 2)
 
 
+@pytest.mark.xdist_group("strict_device_rules")  # its module fixture, built once
 @pytest.mark.slow
 def test_host_tensor_on_default_group_fails_naming_its_origin(rules):
     for result in rules:
@@ -177,6 +178,7 @@ def test_host_tensor_on_default_group_fails_naming_its_origin(rules):
         assert f"created at {HERE}:{result['line']};" in result["host_zeros"]
 
 
+@pytest.mark.xdist_group("strict_device_rules")  # its module fixture, built once
 @pytest.mark.slow
 def test_device_tensors_reduce(rules):
     for result in rules:
@@ -187,6 +189,7 @@ def test_device_tensors_reduce(rules):
         assert result["cuda_moved"] == "ok: 2.0"  # .cuda(), the identity under compat
 
 
+@pytest.mark.xdist_group("strict_device_rules")  # its module fixture, built once
 @pytest.mark.slow
 def test_host_derived_and_cpu_results_fail(rules):
     for result in rules:
@@ -195,6 +198,7 @@ def test_host_derived_and_cpu_results_fail(rules):
         assert result["all_gather_host"].startswith("error: torch.distributed.all_gather ")
 
 
+@pytest.mark.xdist_group("strict_device_rules")  # its module fixture, built once
 @pytest.mark.slow
 def test_gloo_groups_accept_host_tensors(rules):
     for result in rules:
@@ -203,6 +207,7 @@ def test_gloo_groups_accept_host_tensors(rules):
         assert result["real_backends"] == ["gloo", "nccl", "nccl"]
 
 
+@pytest.mark.xdist_group("strict_device_rules")  # its module fixture, built once
 @pytest.mark.slow
 def test_p2p_ops_checked(rules):
     for result in rules:
@@ -210,6 +215,7 @@ def test_p2p_ops_checked(rules):
     assert rules[1]["p2p_device"] == "ok: [0.0, 0.0]"  # rank 1 received rank 0's zeros
 
 
+@pytest.mark.xdist_group("strict_device_rules")  # its module fixture, built once
 @pytest.mark.slow
 def test_strict_mode_composes_with_compat(rules):
     for result in rules:
