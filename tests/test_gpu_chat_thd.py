@@ -5,17 +5,18 @@ Megatron-Core's local attention (tests/test_chat_training.py). Under TE the engi
 one packed THD sequence per micro-batch (launcher/engines/megatron/packed_rows.py). This module
 needs a CUDA GPU and ``transformer_engine`` and skips at import time without them.
 
-Checks, each against the local masked path on the same rows and weights (fp32; TE's kernels
-round differently, so within 1e-4, not bitwise):
-- a conversation packed after another gives its logits alone;
-- one training step at micro-batch 2, TP2 with sequence parallelism and PP2 gives the loss and
-  gradient norm of the masked path.
+Checks, in bf16 (TE's fused and flash attention take no fp32; its unfused attention takes no
+THD):
+- a conversation packed after another gives its logits alone (to bf16 rounding);
+- one training step at DP2, TP2 with sequence parallelism and PP2 gives the loss and
+  gradient norm of Megatron-Core's local attention on the rows' explicit mask
+  (TRAINWRIGHT_DISABLE_TE=1), on the same rows and initial weights: within 2e-3 and 2e-2, as
+  tests/test_gpu_context_parallel.py holds CP to CP=1.
 """
 
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -25,14 +26,13 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("transformer_engine", reason="the THD path is Transformer Engine's")
 
-from tests.helpers.training import TINY, train  # noqa: E402
-from tests.test_chat_training import split_rows, write_chat_shards  # noqa: E402
+from tests.helpers.chat import split_rows, write_chat_shards  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 
 def test_a_conversation_packed_after_another_gives_its_logits_alone_in_thd():
-    from launcher.config import ParallelismConfig
+    from launcher.config import ParallelismConfig, Precision, TrainerConfig
     from launcher.engines.megatron.packed_rows import params_on, to_thd
     from launcher.engines.model import init_parallel_state
     from launcher.runtime.chat_data import packed_sample
@@ -41,7 +41,8 @@ def test_a_conversation_packed_after_another_gives_its_logits_alone_in_thd():
 
     with gloo_group():  # one rank: no collective in a TP1 forward
         init_parallel_state(ParallelismConfig(), seed=1234)
-        gpt = build(small(seq_length=48, vocab_size=512)).cuda().eval()
+        bf16 = TrainerConfig(precision=Precision.bf16)
+        gpt = build(small(seq_length=48, vocab_size=512), trainer=bf16).cuda().bfloat16().eval()
         rng = np.random.default_rng(0)
         a, b = rng.integers(0, 512, 17), rng.integers(0, 512, 23)
         ones = lambda n: np.r_[0, np.ones(n - 1)].astype(np.uint8)  # noqa: E731
@@ -56,31 +57,32 @@ def test_a_conversation_packed_after_another_gives_its_logits_alone_in_thd():
                                   packed_seq_params=params_on(params, torch.device("cuda")))
                               .float().cpu()[0])
         np.testing.assert_allclose(logits[0][17:40].numpy(), logits[1][:23].numpy(),
-                                   rtol=1e-4, atol=1e-4)
+                                   rtol=2e-2, atol=2e-2)
 
 
 def _first_step(tmp_path, name: str, *overrides: str, te: bool) -> dict:
-    env = {} if te else {"TRAINWRIGHT_DISABLE_TE": "1"}
-    train(tmp_path, name, *overrides, env=env)
-    [line] = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text()
-              .splitlines() if '"loss"' in line]
+    from tests.helpers import gpu
+
+    run = gpu.train(tmp_path, name, *overrides, env={} if te else {"TRAINWRIGHT_DISABLE_TE": "1"})
+    [line] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+              if '"loss"' in line]
     return line
 
 
 def test_thd_steps_equal_the_masked_path_at_tp2_sp_and_pp2(tmp_path):
+    """Two ranks sharing the GPU (tests/helpers/gpu.py); the masked path at DP2 is the
+    reference (the per-token loss is the same however the batch is split: CPU tests)."""
     data = write_chat_shards(tmp_path / "data", split_rows())
-    common = [*TINY, "model.seq_length=64", "engine=megatron", "trainer.train_steps=1",
-              "trainer.global_batch_size=8", "trainer.micro_batch_size=2",
-              "optimizer.warmup_steps=0", "trainer.eval_interval=0", "model.hidden_dropout=0",
-              "model.attention_dropout=0", "trainer.attention_backend=auto",
-              f"hydra.searchpath=[file://{data / 'conf'}]", "data=chat"]
-    base = _first_step(tmp_path, "masked", *common, "cluster.gpus_per_node=1", te=False)
-    for name, layout in {"thd": ["cluster.gpus_per_node=1"],
+    common = ["engine=megatron", "model.seq_length=64", "trainer.train_steps=1",
+              "trainer.global_batch_size=8", "model.hidden_dropout=0",
+              "model.attention_dropout=0", f"hydra.searchpath=[file://{data / 'conf'}]",
+              "data=chat"]
+    base = _first_step(tmp_path, "masked", *common, te=False)
+    for name, layout in {"thd_dp2": [],
                          "thd_tp2_sp": ["parallelism.tensor_parallel_size=2",
                                         "parallelism.sequence_parallel=true"],
                          "thd_pp2": ["parallelism.pipeline_parallel_size=2"]}.items():
         got = _first_step(tmp_path, name, *common, *layout, te=True)
-        assert got["loss"] == pytest.approx(base["loss"], rel=1e-4), name
-        assert got["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-3), name
+        assert got["loss"] == pytest.approx(base["loss"], rel=2e-3), name
+        assert got["grad_norm"] == pytest.approx(base["grad_norm"], rel=2e-2), name
         assert got["target_tokens"] == base["target_tokens"], name
-    assert os.environ.get("TRAINWRIGHT_DISABLE_TE") is None
