@@ -15,7 +15,8 @@ import shutil
 import sys
 import time
 
-from data_prep.chat_prep import ChatTally, ChatTask, chat_files, check_settings, take_result
+from data_prep.chat_prep import (ChatTally, ChatTask, chat_files, check_settings, packed_length,
+                                 row_capacity, take_result)
 from data_prep.chat_records import init_worker, read_records, render_chunk
 from data_prep.packing import best_fit_decreasing
 
@@ -38,7 +39,7 @@ def sample(cfg, files) -> tuple[ChatTally, list, int, float]:
     start = time.perf_counter()
     records = list(itertools.islice(read_records(files), SAMPLE))
     for result in render_chunk(records):
-        kept = take_result(result, cfg, cfg.seq_length + 1, tally)
+        kept = take_result(result, cfg, row_capacity(cfg), tally)
         if kept is not None:
             lengths.append(len(kept.ids))
     return tally, lengths, jsonl_bytes_read(files, records), time.perf_counter() - start
@@ -68,10 +69,10 @@ def chat_dry_run(cfg) -> int:
     scale = (jsonl_bytes / read_bytes if read_bytes else 0.0) + (
         parquet_rows / tally.records if tally.records and parquet_rows else 0.0)
     scale = max(scale, 1.0)
-    packing = best_fit_decreasing(lengths, cfg.seq_length + 1) if lengths and cfg.chat.pack \
-        else None
-    efficiency = packing.efficiency if packing else (
-        sum(lengths) / (len(lengths) * (cfg.seq_length + 1)) if lengths else 0.0)
+    packing = best_fit_decreasing([packed_length(n, cfg.chat.pack_multiple) for n in lengths],
+                                  row_capacity(cfg)) if lengths and cfg.chat.pack else None
+    row_count = len(packing.rows) if packing else len(lengths)  # trained: seq_length + 1 each
+    efficiency = sum(lengths) / (row_count * (cfg.seq_length + 1)) if lengths else 0.0
     tokens = tally.tokens * scale
     workers = cfg.workers or os.cpu_count() or 1
     out = os.path.abspath(cfg.output)

@@ -15,7 +15,8 @@ from typing import List
 
 from data_prep.errors import BadDataError
 
-SAME_CHAT = ("template", "template_text", "mask", "pack", "overlong", "seq_length", "row_tokens")
+SAME_CHAT = ("template", "template_text", "mask", "pack", "overlong", "seq_length", "row_tokens",
+             "pack_multiple")
 """chat settings every task must share."""
 SAME_TOKENIZER = ("path", "vocab_size")
 SUMMED = ("records", "conversations", "rows", "tokens", "target_tokens", "truncated",

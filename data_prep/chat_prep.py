@@ -113,6 +113,10 @@ def check_settings(cfg) -> None:
                         "tokenizer.path=<tokenizer directory>")
     if cfg.chat.pack_window < 1:
         problems.append(f"chat.pack_window={cfg.chat.pack_window}: use 1 or more")
+    multiple = cfg.chat.pack_multiple
+    if multiple < 1 or (multiple > 1 and cfg.seq_length % multiple):
+        problems.append(f"chat.pack_multiple={multiple}: use 1, or a divisor of "
+                        f"seq_length={cfg.seq_length} (2 x the context-parallel size)")
     if problems:
         raise ConfigError("; ".join(problems))
 
@@ -154,23 +158,37 @@ def chat_files(cfg, task: ChatTask) -> list:
     return split_for_task(files, task.num_tasks, task.task_index)
 
 
+def row_capacity(cfg) -> int:
+    """Tokens a row holds for packing: seq_length + 1 (the last one is only a label), or
+    seq_length when conversations are packed at a multiple (the row keeps room to pad each)."""
+    return cfg.seq_length + 1 if cfg.chat.pack_multiple == 1 else cfg.seq_length
+
+
+def packed_length(length: int, multiple: int) -> int:
+    """The room a conversation of ``length`` tokens takes in a row packed at ``multiple``."""
+    return -(-length // multiple) * multiple
+
+
 def fingerprint(cfg, files, template: str, stem: str) -> str:
     """What the output depends on: inputs (path, size, mtime), tokenizer, template, settings,
     and the shard names (an array task's)."""
     parts = [f"{f.path}|{f.size}|{f.mtime_ns}" for f in files] + [stem,
         os.path.abspath(cfg.tokenizer.path), template, str(cfg.chat.mask), str(cfg.chat.pack),
         str(cfg.chat.overlong), str(cfg.seq_length), str(cfg.chat.pack_window),
-        str(cfg.shard_bytes)]
+        str(cfg.shard_bytes)] + ([f"multiple={cfg.chat.pack_multiple}"]
+                                 if cfg.chat.pack_multiple > 1 else [])
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def _flush(window: List[Sample], shards: ChatShards, capacity: int, pack: bool,
-           tally: ChatTally, on_commit: Callable[[], None], last: bool = False) -> None:
-    """Pack the window's samples (or a row each) and write them; commit the shard when it is
-    full (or ``last``), then ``on_commit`` (the manifest: a re-run resumes after this shard)."""
+           tally: ChatTally, on_commit: Callable[[], None], last: bool = False,
+           multiple: int = 1) -> None:
+    """Pack the window's samples (or a row each; each taking its length rounded up to
+    ``multiple``) and write them; commit the shard when it is full (or ``last``), then
+    ``on_commit`` (the manifest: a re-run resumes after this shard)."""
     if window:
-        rows = best_fit_decreasing([len(s.ids) for s in window], capacity).rows if pack \
-            else [[i] for i in range(len(window))]
+        rows = best_fit_decreasing([packed_length(len(s.ids), multiple) for s in window],
+                                   capacity).rows if pack else [[i] for i in range(len(window))]
         shards.add(window, rows)
         tally.rows += len(rows)
         window.clear()
@@ -199,19 +217,20 @@ def take_result(result: tuple, cfg, capacity: int, tally: ChatTally) -> Optional
 def _write_all(files, cfg, shards: ChatShards, tally: ChatTally,
                on_commit: Callable[[], None]) -> None:
     """Every record after those the kept shards hold (``tally.records``), into shards."""
-    capacity, window = cfg.seq_length + 1, []
+    capacity, window, multiple = row_capacity(cfg), [], cfg.chat.pack_multiple
     last = time.monotonic()
     for result in rendered(files, cfg, skip=tally.records):
         sample = take_result(result, cfg, capacity, tally)
         if sample is not None:
             window.append(sample)
         if len(window) >= cfg.chat.pack_window:
-            _flush(window, shards, capacity, cfg.chat.pack, tally, on_commit)
+            _flush(window, shards, capacity, cfg.chat.pack, tally, on_commit, multiple=multiple)
         if cfg.progress and time.monotonic() - last >= max(1.0, cfg.progress_every_s):
             last = time.monotonic()
             print(f"data_prep: {tally.records:,} conversations read, {tally.samples:,} kept, "
                   f"{tally.tokens:,} tokens", file=sys.stderr, flush=True)
-    _flush(window, shards, capacity, cfg.chat.pack, tally, on_commit, last=True)
+    _flush(window, shards, capacity, cfg.chat.pack, tally, on_commit, last=True,
+           multiple=multiple)
 
 
 def chat_manifest(cfg, files, tally: ChatTally, shards: ChatShards, tokenizer, task: ChatTask,
@@ -233,6 +252,7 @@ def chat_manifest(cfg, files, tally: ChatTally, shards: ChatShards, tokenizer, t
         "chat": {"template": tokenizer.template_name, "template_text": tokenizer.template_text,
                  "mask": str(cfg.chat.mask),
                  "pack": bool(cfg.chat.pack), "overlong": str(cfg.chat.overlong),
+                 "pack_multiple": int(cfg.chat.pack_multiple),
                  "seq_length": cfg.seq_length, "row_tokens": capacity,
                  "end_of_turn_ids": [int(i) for i in tokenizer.eot_ids],
                  "packing_efficiency": round(tally.tokens / (tally.rows * capacity), 6)

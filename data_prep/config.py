@@ -106,6 +106,11 @@ class ChatConfig:
     """What becomes of a conversation longer than a row (see Overlong); either way it is counted."""
     pack_window: int = 200_000
     """Conversations packed together at a time (bounds memory; larger packs a little tighter)."""
+    pack_multiple: int = 1
+    """Pack each conversation as if it were rounded up to a multiple of this many tokens, into
+    rows of seq_length (not seq_length + 1) tokens, so that training can pad it there: context
+    parallelism over packed rows (Transformer Engine) needs 2 x context_parallel_size (or a
+    multiple of it). seq_length must be a multiple of it. 1 = no rounding."""
 
 
 @dataclass

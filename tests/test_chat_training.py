@@ -71,14 +71,55 @@ def test_a_micro_batch_of_rows_becomes_one_thd_sequence_that_attends_where_the_m
     assert torch.equal(flat["labels"][0], batch["labels"].reshape(-1))
 
 
-def test_chat_rows_under_transformer_engine_are_refused_only_with_context_parallelism():
-    from launcher.engines.model import packed_attention_unavailable
+def test_rows_packed_at_a_multiple_are_padded_for_context_parallelism():
+    """CP=2 under TE: every conversation moves to an offset that is a multiple of 2 x CP = 4
+    (cu_seqlens_padded), keeping its tokens, labels and loss mask (cu_seqlens: its real
+    length); the row's padding takes what is left; a row packed without room is refused with
+    the data_prep setting that makes room."""
+    import torch
 
-    assert packed_attention_unavailable("chat", 1, te=True) is None  # the THD path
-    assert packed_attention_unavailable("chat", 2, te=False) is None  # the masked path
-    assert packed_attention_unavailable("text", 2, te=True) is None
-    refused = packed_attention_unavailable("chat", 2, te=True)
-    assert "2 x CP = 4" in refused and "parallelism.context_parallel_size=1" in refused
+    from launcher.engines.megatron.packed_rows import UnpaddableRow, to_thd
+
+    def row(lengths, s=16):
+        seg = np.concatenate([np.full(n, k) for k, n in enumerate(lengths)])
+        ids = np.arange(1, len(seg) + 1)
+        return packed_sample(ids, np.ones(len(seg), np.uint8), seg, s, 0)
+
+    rows = [row([3, 6]), row([8, 8])]  # at a multiple of 4: 4 + 8 <= 16 and 8 + 8 <= 16
+    batch = {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
+    flat, params = to_thd(batch, multiple=4)
+    assert params.cu_seqlens_q.tolist() == [0, 3, 9, 13, 21, 29]  # real: 3, 6, padding 4; 8, 8
+    assert params.cu_seqlens_q_padded.tolist() == [0, 4, 12, 16, 24, 32]
+    assert params.max_seqlen_q == 8 and flat["tokens"].shape == (1, 32)
+    real, padded = params.cu_seqlens_q.tolist(), params.cu_seqlens_q_padded.tolist()
+    offsets = [0, 3, 9, 16, 24]  # where each sequence starts in the unpadded rows
+    for i, start in enumerate(offsets):
+        n = real[i + 1] - real[i]
+        for key in ("tokens", "labels", "loss_mask"):
+            assert torch.equal(flat[key][0, padded[i]:padded[i] + n],
+                               batch[key].reshape(-1)[start:start + n]), (key, i)
+        assert flat["loss_mask"][0, padded[i] + n:padded[i + 1]].sum() == 0
+    assert flat["loss_mask"].sum() == batch["loss_mask"].sum()
+    with pytest.raises(UnpaddableRow, match="chat.pack_multiple=4"):
+        to_thd({k: v[None] for k, v in row([3, 3, 9]).items()}, multiple=4)  # 4 + 4 + 9 > 16
+
+
+def test_context_parallel_chat_needs_shards_packed_at_its_multiple(tmp_path):
+    from launcher.compose import compose_config, to_object
+    from launcher.plan import PlanError, compute_plan
+
+    data = write_chat_shards(tmp_path / "data", split_rows())
+    overrides = [*TINY, "engine=megatron", "data=chat", "parallelism.context_parallel_size=2",
+                 f"hydra.searchpath=[file://{data / 'conf'}]"]
+    for multiple, refused in ((1, True), (2, True), (4, False), (8, False)):
+        (data / "manifest.json").write_text(json.dumps(
+            {"format": "chat", "chat": {"pack_multiple": multiple}}))
+        cfg = to_object(compose_config(overrides))
+        if refused:
+            with pytest.raises(PlanError, match="chat.pack_multiple=4"):
+                compute_plan(cfg)
+        else:
+            compute_plan(cfg)
 
 
 @pytest.fixture(scope="module")

@@ -300,3 +300,29 @@ def test_array_tasks_merge_into_the_conversations_of_one_run(tmp_path, tokenizer
             "chat.mask=last", "overwrite=true")
     refused = merge(out, expect=3)
     assert "task 1 has chat.mask='last' but task 0 has 'assistant'" in refused.stderr
+
+
+def test_packed_at_a_multiple_every_row_has_room_to_pad_its_conversations(tmp_path,
+                                                                          tokenizer_dir):
+    """chat.pack_multiple=4 (for CP=2): each row holds its conversations rounded up to 4 within
+    seq_length tokens, so the THD layout pads every row the shards hold; seq_length must be a
+    multiple."""
+    from launcher.engines.megatron.packed_rows import to_thd
+    from launcher.runtime.chat_data import ChatRows, packed_sample
+
+    write_inputs(tmp_path, conversations(200, seed=5))
+    prepare(tmp_path, tokenizer_dir, "workers=1", "seq_length=256", "chat.pack_multiple=4")
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["chat"]["pack_multiple"] == 4 and manifest["chat"]["row_tokens"] == 257
+    rows = ChatRows([str(tmp_path / "out" / "out_00000")])
+    lengths = rows.tokens[0].sequence_lengths
+    for _, first, end in rows.rows[0]:
+        assert sum(-(-int(n) // 4) * 4 for n in lengths[first:end]) <= 256
+        sample = packed_sample(*rows.row((0, first, end)), 256, 0)
+        flat, params = to_thd({k: v[None] for k, v in sample.items()}, multiple=4)
+        assert (params.cu_seqlens_q_padded % 4 == 0).all()
+        assert flat["loss_mask"].sum() == sample["loss_mask"].sum()
+    assert manifest["chat"]["packing_efficiency"] > 0.9
+    refused = prepare(tmp_path, tokenizer_dir, "seq_length=255", "chat.pack_multiple=4",
+                      out="odd", expect=2)
+    assert "chat.pack_multiple=4" in refused.stderr and "seq_length=255" in refused.stderr

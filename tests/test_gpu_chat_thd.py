@@ -8,7 +8,8 @@ needs a CUDA GPU and ``transformer_engine`` and skips at import time without the
 Checks, in bf16 (TE's fused and flash attention take no fp32; its unfused attention takes no
 THD):
 - a conversation packed after another gives its logits alone (to bf16 rounding);
-- one training step at DP2, TP2 with sequence parallelism and PP2 gives the loss and
+- one training step at DP2, TP2 with sequence parallelism, PP2 and CP2 (conversations padded to
+  multiples of 4 and split into 4 chunks) gives the loss and
   gradient norm of Megatron-Core's local attention on the rows' explicit mask
   (TRAINWRIGHT_DISABLE_TE=1), on the same rows and initial weights: within 2e-3 and 2e-2, as
   tests/test_gpu_context_parallel.py holds CP to CP=1.
@@ -69,10 +70,14 @@ def _first_step(tmp_path, name: str, *overrides: str, te: bool) -> dict:
     return line
 
 
-def test_thd_steps_equal_the_masked_path_at_tp2_sp_and_pp2(tmp_path):
+def test_thd_steps_equal_the_masked_path_at_tp2_sp_pp2_and_cp2(tmp_path):
     """Two ranks sharing the GPU (tests/helpers/gpu.py); the masked path at DP2 is the
     reference (the per-token loss is the same however the batch is split: CPU tests)."""
     data = write_chat_shards(tmp_path / "data", split_rows())
+    # the rows' conversations (6-19 tokens, up to 3 a row) fit 64 tokens rounded up to 4, as
+    # data_prep chat.pack_multiple=4 packs them for CP=2; the plan reads it from the manifest
+    (data / "manifest.json").write_text(json.dumps({"format": "chat",
+                                                    "chat": {"pack_multiple": 4}}))
     common = ["engine=megatron", "model.seq_length=64", "trainer.train_steps=1",
               "trainer.global_batch_size=8", "model.hidden_dropout=0",
               "model.attention_dropout=0", f"hydra.searchpath=[file://{data / 'conf'}]",
@@ -81,7 +86,8 @@ def test_thd_steps_equal_the_masked_path_at_tp2_sp_and_pp2(tmp_path):
     for name, layout in {"thd_dp2": [],
                          "thd_tp2_sp": ["parallelism.tensor_parallel_size=2",
                                         "parallelism.sequence_parallel=true"],
-                         "thd_pp2": ["parallelism.pipeline_parallel_size=2"]}.items():
+                         "thd_pp2": ["parallelism.pipeline_parallel_size=2"],
+                         "thd_cp2": ["parallelism.context_parallel_size=2"]}.items():
         got = _first_step(tmp_path, name, *common, *layout, te=True)
         assert got["loss"] == pytest.approx(base["loss"], rel=2e-3), name
         assert got["grad_norm"] == pytest.approx(base["grad_norm"], rel=2e-2), name

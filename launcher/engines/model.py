@@ -99,23 +99,6 @@ def context_parallel_unavailable(parallelism: ParallelismConfig,
             "[pytorch]); set parallelism.context_parallel_size=1")
 
 
-def packed_attention_unavailable(data_format: str, context_parallel_size: int = 1,
-                                 te: Optional[bool] = None) -> Optional[str]:
-    """Why this process cannot train ``data.format=chat`` rows (None when it can). Megatron-Core's
-    local attention keeps packed conversations apart with the rows' explicit mask; Transformer
-    Engine's takes them in its THD layout (:mod:`launcher.engines.megatron.packed_rows`), which
-    with context parallelism needs every conversation padded to a multiple of 2 x CP inside its
-    row, as the rows are not packed."""
-    te = use_transformer_engine() if te is None else te
-    if data_format != "chat" or not te or context_parallel_size == 1:
-        return None
-    return (f"data.format=chat with parallelism.context_parallel_size={context_parallel_size}: "
-            "Transformer Engine splits packed conversations across context-parallel ranks only "
-            f"when each is padded to a multiple of 2 x CP = {2 * context_parallel_size} tokens "
-            "inside its row, which data_prep format=chat does not do yet; set "
-            "parallelism.context_parallel_size=1 (the rows' conversations fit seq_length)")
-
-
 FP8_CAPABILITY = (8, 9)
 """CUDA compute capability of the first FP8 tensor cores (Ada; Hopper is 9.0)."""
 MXFP8_CAPABILITY = (10, 0)

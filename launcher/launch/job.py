@@ -184,15 +184,13 @@ def plan_for_this_machine(cfg: TrainwrightConfig, plan: Plan,
     when an explicitly asked-for kernel is unavailable (FP8 included: no TE, an older GPU) or
     the re-plan no longer fits."""
     from launcher.engines.model import (KernelUnavailable, context_parallel_unavailable,
-                                        packed_attention_unavailable, runnable_attention)
+                                        runnable_attention)
 
     try:
         trainer, note = runnable_attention(cfg.trainer, planned_flash=plan.memory.flash_attention)
-        for refused in (context_parallel_unavailable(cfg.parallelism),
-                        packed_attention_unavailable(
-                            cfg.data.format, cfg.parallelism.context_parallel_size)):
-            if refused is not None:
-                raise KernelUnavailable(refused)
+        refused = context_parallel_unavailable(cfg.parallelism)
+        if refused is not None:
+            raise KernelUnavailable(refused)
     except KernelUnavailable as exc:
         print(f"train: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(CONFIG_ERROR_EXIT) from None

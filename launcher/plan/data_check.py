@@ -153,6 +153,20 @@ def chat_token_shares(prefixes: Sequence[str]) -> dict:
     return {"real": tokens / capacity, "trained": trained / capacity} if capacity else {}
 
 
+def chat_pack_multiples(prefixes: Sequence[str]) -> dict:
+    """{manifest path: chat.pack_multiple} of the data_prep format=chat manifests beside
+    ``prefixes`` (1 for a manifest written before the setting)."""
+    found = {}
+    for path in sorted({Path(p).parent / "manifest.json" for p in prefixes}):
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if manifest.get("format") == "chat":
+            found[str(path)] = int((manifest.get("chat") or {}).get("pack_multiple", 1))
+    return found
+
+
 def check_data_or_exit(prefixes: Sequence[str], vocab_size: int, split: str = "98,1,1") -> None:
     """Print every problem of :func:`shard_problems`, :func:`split_problems` and
     :func:`vocab_problems` and exit 2 when there is any."""

@@ -14,6 +14,7 @@ from launcher.config import ModelConfig, TrainwrightConfig, compute_precision
 from launcher.core.problems import Problem, divisors, fmt_values
 from launcher.core.stop import resolve_signal
 from launcher.engines import spec
+from launcher.plan.data_check import chat_pack_multiples
 from launcher.plan.kubernetes import kubernetes_problems
 from launcher.shape.dims import ParallelDims
 from launcher.shape.stages import KEYS as SPLIT_KEYS, StageSplit, split_problems
@@ -286,7 +287,23 @@ def check_data_format(cfg: TrainwrightConfig) -> list[Problem]:
         problems.append(Problem(("data.format", "data.prefixes"), (
             "data.format=chat needs the shards of data_prep format=chat in data.prefixes "
             "(data=<the name data_prep wrote>); mock data has no conversations")))
-    return problems
+    return problems + chat_context_parallel_problems(cfg.data.prefixes,
+                                                     cfg.parallelism.context_parallel_size)
+
+
+def chat_context_parallel_problems(prefixes, cp: int) -> list[Problem]:
+    """Context parallelism splits every packed conversation into 2 x CP chunks, so each must
+    have room in its row to be padded to a multiple of that: the shards must have been packed
+    at a chat.pack_multiple that 2 x CP divides."""
+    if cp == 1:
+        return []
+    wrong = {path: m for path, m in chat_pack_multiples(prefixes).items() if m % (2 * cp)}
+    return [Problem(("parallelism.context_parallel_size", "data.prefixes"), (
+        f"parallelism.context_parallel_size={cp} splits each packed conversation into 2 x CP = "
+        f"{2 * cp} chunks, but {path} was packed at chat.pack_multiple={m}, which leaves no "
+        f"room to pad conversations to a multiple of {2 * cp}; re-run data_prep format=chat "
+        f"with chat.pack_multiple={2 * cp} (or a multiple of it)"))
+        for path, m in wrong.items()]
 
 
 def check_interleaving(dims: ParallelDims, grad_accum: int) -> list[Problem]:

@@ -12,7 +12,10 @@ row, padded to ``seq_length + 1`` tokens:
   alone; rotary ones are relative anyway);
 - ``attention_mask``: ``[1, s, s]`` booleans, True where attention is cut: causal, and never
   across conversations (padding attends to itself), so a conversation packed after another
-  gives the logits it gives alone.
+  gives the logits it gives alone;
+- ``real_tokens``: how many of the ``s`` input tokens are conversations (the rest is padding),
+  which the THD layout under Transformer Engine needs to pad conversations for context
+  parallelism (:mod:`launcher.engines.megatron.packed_rows`).
 
 Rows are split train/validation/test by ``data.split`` within each shard, and the training rows
 are visited in a fresh permutation per epoch drawn from (seed, epoch): the row of global sample
@@ -92,7 +95,8 @@ def packed_sample(ids: np.ndarray, mask: np.ndarray, seg: np.ndarray, seq_length
             "labels": torch.from_numpy(ids[1:].copy()),
             "loss_mask": torch.from_numpy(label_mask.astype(np.float32)),
             "position_ids": torch.from_numpy(positions[:-1].astype(np.int64)),
-            "attention_mask": torch.from_numpy(cut[None])}
+            "attention_mask": torch.from_numpy(cut[None]),
+            "real_tokens": torch.tensor(min(n - pad, seq_length))}
 
 
 class PackedChatDataset(torch.utils.data.Dataset):

@@ -33,7 +33,7 @@ from launcher.core.errors import NonFiniteLoss
 from launcher.core.phases import PHASES
 from launcher.engines.base import StepResult
 from launcher.engines.common import masked_mean, set_lr
-from launcher.engines.megatron.packed_rows import params_on, to_thd
+from launcher.engines.megatron.packed_rows import on_this_cp_rank, params_on, to_thd
 from launcher.engines.megatron.scoring import chunk_label_scores, data_parallel, on_this_rank
 from launcher.engines.model import use_transformer_engine
 from launcher.parallel import collectives
@@ -213,14 +213,17 @@ class MegatronEngine:
         rows (they carry their attention mask) become one THD sequence under TE."""
         packed = None
         if self.packed_thd and "attention_mask" in batch:
-            batch, packed = to_thd(batch)
+            batch, packed = to_thd(batch, multiple=2 * self.cp if self.cp > 1 else 1)
         batch = {k: v.to(self.device) for k, v in batch.items()}
-        if self.cp > 1:
+        if packed is not None:
+            packed = params_on(packed, self.device)
+            if self.cp > 1:
+                batch, packed = on_this_cp_rank(batch, packed)
+            batch["packed_seq_params"] = packed
+        elif self.cp > 1:
             from megatron.core.utils import get_batch_on_this_cp_rank
 
             batch = get_batch_on_this_cp_rank(batch)
-        if packed is not None:
-            batch["packed_seq_params"] = params_on(packed, self.device)
         return batch
 
     def _loss_func(self, loss_mask: torch.Tensor, clock: _Clock, token_losses: torch.Tensor):

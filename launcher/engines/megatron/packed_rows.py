@@ -5,7 +5,7 @@ several conversations back to back and then padding, with ``position_ids`` that 
 where a conversation (or the padding) starts. Megatron-Core's local attention keeps them apart
 with the explicit ``[1, s, s]`` mask the row carries. Transformer Engine's attention takes no
 such mask; it runs packed sequences as one long sequence of ``t = b * s`` tokens (batch 1) with
-``cu_seqlens``, the offsets where each sequence starts, and attends within each sequence only
+``cu_seqlens``, the cumulative lengths of the sequences, and attends within each sequence only
 (Megatron-Core's ``PackedSeqParams`` with ``qkv_format="thd"``; its rotary embedding restarts
 per sequence from the same offsets).
 
@@ -14,9 +14,14 @@ per sequence from the same offsets).
 positions restart (a row's padding is a sequence of its own: it attends only to itself, and its
 loss mask is 0). Per-token sums are unchanged by the flattening, so the loss is the same.
 
-Context parallelism over THD needs every sequence padded to a multiple of 2 x CP inside the row
-(``cu_seqlens_padded``), which these rows are not: it is refused before start
-(:func:`launcher.engines.model.packed_attention_unavailable`).
+**Context parallelism** (``multiple = 2 x CP``) splits every sequence into 2 x CP chunks, so each
+must span a multiple of that. The rows of ``data_prep format=chat chat.pack_multiple=2xCP`` leave
+room for it (each conversation packed at its length rounded up; the plan refuses other shards):
+here each conversation of a row is moved to an offset that is a multiple, followed by padding
+tokens that nothing attends to (``cu_seqlens`` holds the real lengths, ``cu_seqlens_padded`` the
+offsets, as TE takes them), and the row's own padding takes what is left of the row. Then
+Megatron-Core's ``get_thd_batch_on_this_cp_rank`` keeps this rank's chunks
+(:func:`on_this_cp_rank`).
 """
 
 from __future__ import annotations
@@ -27,35 +32,96 @@ FLATTENED = ("tokens", "labels", "loss_mask", "position_ids")
 """The ``[b, s]`` tensors of a chat micro-batch that become ``[1, b * s]``."""
 
 
-def sequence_starts(position_ids: torch.Tensor) -> torch.Tensor:
-    """``cu_seqlens`` (int32, on the CPU) of the flattened ``[b, s]`` positions: the offset of
-    every position 0 (each row starts one), then the total."""
-    flat = position_ids.reshape(-1)
-    starts = torch.nonzero(flat == 0).reshape(-1)
-    if starts.numel() == 0 or int(starts[0]) != 0:
+class UnpaddableRow(ValueError):
+    """A row without room to pad its conversations to the context-parallel multiple."""
+
+
+def sequence_lengths(positions: torch.Tensor) -> list:
+    """The lengths of the sequences of one row's positions (each starts at position 0)."""
+    starts = torch.nonzero(positions == 0).reshape(-1).tolist()
+    if not starts or starts[0] != 0:
         raise ValueError("packed positions must start every row at 0 (a conversation or padding "
                          "starts each row)")
-    total = torch.tensor([flat.numel()], dtype=starts.dtype)
-    return torch.cat([starts, total]).to(torch.int32)
+    return [end - start for start, end in zip(starts, starts[1:] + [len(positions)])]
 
 
-def to_thd(batch: dict):
+def padded_lengths(lengths: list, multiple: int, row: int, padding: bool) -> list:
+    """The room of each sequence: its length rounded up to ``multiple``; the last (the row's
+    ``padding``, which may shrink, or a conversation that ends the row) takes the rest of the
+    ``row`` tokens."""
+    rounded = [-(-n // multiple) * multiple for n in lengths[:-1]]
+    rest = row - sum(rounded)
+    if rest < (0 if padding else lengths[-1]):
+        raise UnpaddableRow(
+            f"a row of conversations {lengths} cannot be padded to multiples of {multiple} "
+            f"within {row} tokens: its shards were packed without room for it; re-run "
+            f"data_prep format=chat with chat.pack_multiple={multiple}")
+    return rounded + [rest]
+
+
+def _cumulative(lengths: list) -> torch.Tensor:
+    return torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0).to(torch.int32)
+
+
+def _padded_row(row: dict, lengths: list, room: list) -> dict:
+    """One row's tensors with each sequence at the offset of its room, zeros after it
+    (positions counting on)."""
+    s = len(row["tokens"])
+    out = {key: torch.zeros(s, dtype=row[key].dtype) for key in FLATTENED}
+    out["position_ids"] = torch.cat([torch.arange(n, dtype=row["position_ids"].dtype)
+                                     for n in room])
+    source = target = 0
+    for n, space in zip(lengths, room):
+        kept = min(n, space)  # the row's padding may shrink (its loss mask is 0)
+        for key in ("tokens", "labels", "loss_mask"):
+            out[key][target:target + kept] = row[key][source:source + kept]
+        source, target = source + n, target + space
+    return out
+
+
+def to_thd(batch: dict, multiple: int = 1):
     """(the micro-batch as one packed sequence of batch 1, its PackedSeqParams); ``batch`` is a
-    chat micro-batch on the CPU (module docstring). ``cu_seqlens`` stay on the CPU until the
-    batch moves; ``max_seqlen`` is a Python int, as Megatron-Core wants it."""
+    chat micro-batch on the CPU (module docstring); ``multiple`` > 1 pads every sequence to a
+    multiple of it (context parallelism). The offsets stay on the CPU until the batch moves
+    (:func:`params_on`); ``max_seqlen`` is a Python int, as Megatron-Core wants it."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    cu_seqlens = sequence_starts(batch["position_ids"].cpu())
-    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-    flat = {key: value.reshape(1, -1) for key, value in batch.items() if key in FLATTENED}
-    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
-                             max_seqlen_q=longest, max_seqlen_kv=longest)
-    return flat, params
+    rows, lengths, room = [], [], []
+    b, s = batch["tokens"].shape
+    real = batch.get("real_tokens", torch.full((b,), s)).tolist()
+    for r in range(b):
+        row = {key: batch[key][r] for key in FLATTENED}
+        mine = sequence_lengths(row["position_ids"])
+        space = mine if multiple == 1 else padded_lengths(mine, multiple, s, real[r] < s)
+        rows.append(row if multiple == 1 else _padded_row(row, mine, space))
+        kept = [(min(n, m), m) for n, m in zip(mine, space) if m]  # a padding shrunk to nothing
+        lengths += [n for n, _ in kept]
+        room += [m for _, m in kept]
+    flat = {key: torch.cat([row[key] for row in rows])[None] for key in FLATTENED}
+    cu_seqlens, longest = _cumulative(lengths), max(room)
+    padded = None if multiple == 1 else _cumulative(room)
+    return flat, PackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
+        cu_seqlens_q_padded=padded, cu_seqlens_kv_padded=padded,
+        max_seqlen_q=longest, max_seqlen_kv=longest)
 
 
 def params_on(params, device: torch.device):
     """``params`` with its offsets on ``device`` (TE reads them there)."""
     import dataclasses
 
-    return dataclasses.replace(params, cu_seqlens_q=params.cu_seqlens_q.to(device),
-                               cu_seqlens_kv=params.cu_seqlens_kv.to(device))
+    moved = {name: getattr(params, name).to(device) for name in (
+        "cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
+        if getattr(params, name) is not None}
+    return dataclasses.replace(params, **moved)
+
+
+def on_this_cp_rank(batch: dict, params) -> tuple:
+    """(this context-parallel rank's chunks of every sequence, their PackedSeqParams):
+    Megatron-Core's ``get_thd_batch_on_this_cp_rank`` (TE's partition kernel; on the device)."""
+    from megatron.core.utils import get_thd_batch_on_this_cp_rank
+
+    longest = torch.tensor([params.max_seqlen_q], dtype=torch.int32,
+                           device=params.cu_seqlens_q.device)
+    return get_thd_batch_on_this_cp_rank(batch, params.cu_seqlens_q, params.cu_seqlens_q_padded,
+                                         longest)
