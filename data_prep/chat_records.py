@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import signal
 from typing import Iterator
 
 CHUNK = 256
@@ -42,7 +43,17 @@ def read_records(files) -> Iterator[tuple]:
 
 
 def init_worker(tokenizer_path: str, template: str, mask: str) -> None:
+    """A pool worker's set-up: its tokenizer and mask policy. A forked worker inherits data_prep's
+    own SIGTERM handler (which stops the run by raising in the main process); here SIGTERM
+    ends the worker at once, and Ctrl-C and the early warning (SIGUSR1) are the main process's
+    to handle. With the inherited handler, a pool torn down by SIGTERM could wait forever for a
+    worker blocked on the task queue's lock (seen: one run in about 30 hung at exit)."""
     from launcher.core.chat_render import ChatTokenizer, MaskPolicy
+
+    if multiprocessing.parent_process() is not None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
     _STATE["tokenizer"] = ChatTokenizer(tokenizer_path, template)
     _STATE["policy"] = MaskPolicy(mask)
@@ -90,6 +101,13 @@ def rendered(files, cfg, skip: int) -> Iterator[tuple]:
         for chunk in chunks(records, CHUNK):
             yield from render_chunk(chunk)
         return
-    with multiprocessing.get_context("fork").Pool(workers, init_worker, args) as pool:
+    pool = multiprocessing.get_context("fork").Pool(workers, init_worker, args)
+    try:
         for results in pool.imap(render_chunk, chunks(records, CHUNK), chunksize=2):
             yield from results
+        pool.close()  # done: the workers exit on the queue's sentinel, nothing is signalled
+    except BaseException:  # an error, a stop, or the consumer gone: end the workers now
+        pool.terminate()
+        raise
+    finally:
+        pool.join()

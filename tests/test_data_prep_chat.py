@@ -326,3 +326,43 @@ def test_packed_at_a_multiple_every_row_has_room_to_pad_its_conversations(tmp_pa
     refused = prepare(tmp_path, tokenizer_dir, "seq_length=255", "chat.pack_multiple=4",
                       out="odd", expect=2)
     assert "chat.pack_multiple=4" in refused.stderr and "seq_length=255" in refused.stderr
+
+
+def _caught_signals(pid: int) -> int:
+    """The SigCgt mask of process ``pid`` (bit n-1: a handler of signal n is installed)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("SigCgt:"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no SigCgt for {pid}")
+
+
+def test_render_workers_end_on_sigterm_and_exit_without_being_signalled(tmp_path,
+                                                                        tokenizer_dir):
+    """The workers of a chat run are forked from a process whose SIGTERM handler stops the run
+    (data_prep.cli's). They must not keep it: a pool torn down by SIGTERM then waited forever for
+    a worker blocked on the task queue's lock (one run in about 30 hung at exit). At the end of
+    the records the workers exit on their own (the pool is closed, not terminated)."""
+    import multiprocessing
+    import signal
+
+    from data_prep import cli
+    from data_prep.chat_prep import ChatTask, chat_files
+    from data_prep.chat_records import rendered
+
+    write_inputs(tmp_path, conversations(600, seed=6))
+    cfg = cli.compose([f"input={tmp_path / 'in'}", f"output={tmp_path / 'out'}", "format=chat",
+                       "tokenizer.kind=hf", f"tokenizer.path={tokenizer_dir}",
+                       "chat.template=chatml", "seq_length=255", "workers=2"])
+    files = chat_files(cfg, ChatTask.of(cfg, str(tmp_path / "out")))
+    previous = signal.signal(signal.SIGTERM, cli._interrupt)
+    try:
+        results = rendered(files, cfg, skip=0)
+        first = next(results)
+        workers = multiprocessing.active_children()
+        assert len(workers) == 2 and first[4] == ""
+        for worker in workers:  # not data_prep's handler: SIGTERM ends a worker at once
+            assert not _caught_signals(worker.pid) >> (signal.SIGTERM - 1) & 1, worker.pid
+        assert 1 + sum(1 for _ in results) == 600
+        assert [w.exitcode for w in workers] == [0, 0]  # they ended on the queue's sentinel
+    finally:
+        signal.signal(signal.SIGTERM, previous)
