@@ -6,6 +6,9 @@ log-normal conversation lengths (medians 180 and 600 tokens, a long tail, cut at
 2,049 / 4,097 / 8,193 tokens: efficiency (tokens / rows x row) against the bound (every row full),
 and microseconds per conversation.
 
+Part 1b, the same packing at ``chat.pack_multiple`` 4, 8, 16 (context parallelism 2, 4, 8):
+each conversation at its length rounded up, in rows of seq_length, against 1.
+
 Part 2, the whole command on ``--conversations`` synthetic multi-turn conversations (JSONL, the
 chatml template, a byte-level BPE of 4,000 ids trained here) at each ``--workers``: conversations
 and tokens per second, and per worker, from the command's start to its exit.
@@ -51,6 +54,23 @@ def packing_table() -> None:
         bound = sum(lengths) / (row * -(-sum(lengths) // row))
         print(f"| {median} | {row:,} | {len(lengths):,} | {packing.efficiency:.4%} | "
               f"{bound:.4%} | {seconds / len(lengths) * 1e6:.1f} |")
+
+
+def multiple_table() -> None:
+    """Rows packed at a multiple (``chat.pack_multiple``, for context parallelism): each
+    conversation takes its length rounded up, in rows of seq_length; the efficiency counted
+    over the trained row (seq_length + 1), as the manifest counts it."""
+    print("| median tokens | seq_length | pack_multiple | efficiency |")
+    print("|---|---|---|---|")
+    for median, seq in ((180, 4096), (600, 8192)):
+        rng = random.Random(0)
+        mu = __import__("math").log(median)
+        lengths = [max(8, min(seq, int(rng.lognormvariate(mu, 0.9)))) for _ in range(200_000)]
+        for multiple in (1, 4, 8, 16):
+            room = seq + 1 if multiple == 1 else seq
+            rows = best_fit_decreasing([-(-n // multiple) * multiple for n in lengths], room).rows
+            print(f"| {median} | {seq:,} | {multiple} | "
+                  f"{sum(lengths) / (len(rows) * (seq + 1)):.4%} |")
 
 
 def synthetic(path: Path, n: int) -> None:
@@ -107,6 +127,7 @@ def main() -> int:
     ap.add_argument("--workers", default="1,2")
     args = ap.parse_args()
     packing_table()
+    multiple_table()
     command_table(args.conversations, [int(w) for w in args.workers.split(",")])
     return 0
 
