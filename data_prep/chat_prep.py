@@ -127,8 +127,15 @@ class ChatTask:
 
     num_tasks: int
     task_index: int
-    stem: str
-    """Shard names are <stem>_<NNNNN>; array tasks put their index into it."""
+    name: str
+    """The output's name (``name``, or the output directory's), the same for every task."""
+
+    @property
+    def stem(self) -> str:
+        """Shard names are <stem>_<NNNNN>; array tasks put their index into it."""
+        from data_prep.manifest import shard_stem
+
+        return shard_stem(self.name, self.num_tasks, self.task_index)
 
     @property
     def manifest(self) -> str:
@@ -138,12 +145,10 @@ class ChatTask:
 
     @classmethod
     def of(cls, cfg, out_dir: str) -> "ChatTask":
-        from data_prep.manifest import shard_stem
         from data_prep.plan import default_name, task_layout
 
         num_tasks, task_index = task_layout(cfg.num_tasks, cfg.task_index)
-        return cls(num_tasks, task_index,
-                   shard_stem(default_name(out_dir, cfg.name), num_tasks, task_index))
+        return cls(num_tasks, task_index, default_name(out_dir, cfg.name))
 
 
 def chat_files(cfg, task: ChatTask) -> list:
@@ -239,10 +244,9 @@ def chat_manifest(cfg, files, tally: ChatTally, shards: ChatShards, tokenizer, t
 
     capacity = cfg.seq_length + 1
     bad = sum(tally.counts.values())
-    name = default_name_of(cfg)
     return {
         "tool": "data_prep", "version": data_prep.__version__, "format": "chat",
-        "complete": complete, "name": name,
+        "complete": complete, "name": task.name,
         "task": {"index": task.task_index, "count": task.num_tasks},
         "wall_time_s": round(wall, 3),
         "dtype": np.dtype(dtype).name, "eod_id": int(tokenizer.eot_ids[0]),
@@ -353,11 +357,6 @@ def no_conversation_error(files: int, tally: dict) -> BadDataError:
                         f"{dict(skipped)}, no trained token "
                         f"{tally.get('no_target', 0)}, too long {tally.get('dropped_long', 0)}")
 
-
-def default_name_of(cfg) -> str:
-    from data_prep.plan import default_name
-
-    return default_name(os.path.abspath(cfg.output), cfg.name)
 
 
 def write_chat_data_config(out_dir: str, manifest: dict, split: str) -> None:

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -245,16 +244,10 @@ def test_published_weights_in_fine_tuned_on_chats_out_to_transformers_and_back_i
     import transformers
     from tokenizers import Tokenizer
 
-    from tests.helpers.data_prep import train_hf_tokenizer
-    from tests.test_data_prep_chat import conversations
+    from tests.helpers.chat import chatml_tokenizer, conversations
 
-    tok_dir = tmp_path / "tok"
-    tok_dir.mkdir()
-    tok = Tokenizer.from_file(str(train_hf_tokenizer(tok_dir, 280)))
-    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-    tok.save(str(tok_dir / "tokenizer.json"))
-    (tok_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
-    assert tok.get_vocab_size() <= 300
+    tok_dir = chatml_tokenizer(tmp_path / "tok", 280)
+    assert Tokenizer.from_file(str(tok_dir / "tokenizer.json")).get_vocab_size() <= 300
     torch.manual_seed(0)
     hf = tmp_path / "hf_in"
     transformers.LlamaForCausalLM(transformers.LlamaConfig(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 
@@ -16,42 +15,12 @@ import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 from tokenizers import Tokenizer
 
-from tests.helpers.data_prep import train_hf_tokenizer
+from tests.helpers.chat import WORDS, chatml_tokenizer, conversations
 from tests.helpers.training import REPO
-
-ROLE_TOKENS = ["<|im_start|>", "<|im_end|>"]
-WORDS = "the cat sat on a mat while rain fell over quiet hills and rivers ran to the sea".split()
-
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("chat_tok")
-    tokenizer = Tokenizer.from_file(str(train_hf_tokenizer(root, 600)))
-    tokenizer.add_special_tokens(ROLE_TOKENS)
-    tokenizer.save(str(root / "tokenizer.json"))
-    (root / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
-    return root
-
-
-def sentence(rng: random.Random, words: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(words))
-
-
-def conversations(n: int, seed: int = 0) -> list:
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        if i % 5 == 0:
-            out.append({"prompt": sentence(rng, rng.randint(3, 20)),
-                        "completion": f"answer {i}: " + sentence(rng, rng.randint(2, 40))})
-            continue
-        turns = [{"role": "system", "content": "be brief"}] if i % 2 else []
-        for t in range(rng.randint(1, 3)):
-            turns += [{"role": "user", "content": sentence(rng, rng.randint(2, 30))},
-                      {"role": "assistant", "content": f"reply {i}.{t}: " +
-                       sentence(rng, int(rng.lognormvariate(3, 0.8)) + 1)}]
-        out.append({"messages": turns})
-    return out
+    return chatml_tokenizer(tmp_path_factory.mktemp("chat_tok"), 600)
 
 
 def prepare(tmp_path, tokenizer_dir, *extra, inputs=None, expect=0, out="out"):

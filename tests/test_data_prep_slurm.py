@@ -145,15 +145,9 @@ def test_chat_array_tasks_and_their_merge_under_slurm(slurm, tmp_path):
     config over both."""
     import json
 
-    from tests.helpers.data_prep import train_hf_tokenizer
-    from tokenizers import Tokenizer
+    from tests.helpers.chat import chatml_tokenizer
 
-    tok = tmp_path / "tok"
-    tok.mkdir()
-    tokenizer = Tokenizer.from_file(str(train_hf_tokenizer(tok, 600)))
-    tokenizer.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-    tokenizer.save(str(tok / "tokenizer.json"))
-    (tok / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    tok = chatml_tokenizer(tmp_path / "tok", 600)
     (tmp_path / "in").mkdir()
     for name, first in (("a", 0), ("b", 50)):
         (tmp_path / "in" / f"{name}.jsonl").write_text("".join(json.dumps(
