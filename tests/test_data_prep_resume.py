@@ -3,14 +3,11 @@ gives exactly the output of an uninterrupted run. A dead worker fails the run (n
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import time
 
-import psutil
 import pytest
-from tests.helpers.data_prep import PYTHON, REPO, load, prepare, shard_bytes, stdlib_documents, worker_processes, write_jsonl
+from tests.helpers.data_prep import PYTHON, kill_group, load, prepare, shard_bytes, start_in_own_group, stdlib_documents, worker_processes, write_jsonl
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("data_prep_resume")]
@@ -32,8 +29,7 @@ def corpus(tmp_path_factory):
 def _start(root, out, workers):
     cmd = [PYTHON, "-m", "data_prep", f"input=[{root / 'a.jsonl'},{root / 'b.jsonl.zst'}]",
            f"output={out}", f"workers={workers}", "progress=false", *ARGS]
-    return subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return start_in_own_group(cmd)
 
 
 def _wait_for_shards(out, count, proc, timeout=60.0):
@@ -56,16 +52,6 @@ def _assert_no_partial_final_files(out):
         assert path.with_suffix(".bin").stat().st_size == expected, path
 
 
-def _kill_tree(proc):
-    for child in psutil.Process(proc.pid).children(recursive=True):
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:  # exited between the listing and the kill (a worker done)
-            pass
-    proc.kill()
-    proc.wait()
-
-
 @pytest.mark.parametrize("workers,kill_after", [(1, 3), (2, 6), (1, 0)])
 def test_kill_9_then_rerun_equals_uninterrupted(corpus, tmp_path, workers, kill_after):
     root, reference = corpus
@@ -75,7 +61,7 @@ def test_kill_9_then_rerun_equals_uninterrupted(corpus, tmp_path, workers, kill_
         assert _wait_for_shards(out, kill_after, proc), "run finished before it could be killed"
     else:
         time.sleep(0.3)
-    _kill_tree(proc)
+    kill_group(proc)
     assert proc.returncode == -signal.SIGKILL
     if out.exists():
         _assert_no_partial_final_files(out)
@@ -144,13 +130,12 @@ def test_kill_9_before_the_first_commit_then_rerun(tmp_path, workers):
     out = tmp_path / "out"
     cmd = [PYTHON, "-m", "data_prep", f"input={path}", f"output={out}", f"workers={workers}",
            "progress=false", "tokenizer.kind=byte", "block_bytes=65536", "name=c"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = start_in_own_group(cmd)
     deadline = time.time() + 60
     while time.time() < deadline and proc.poll() is None and not list(out.glob("c_*.bin.tmp")):
         time.sleep(0.002)
     assert proc.poll() is None, "the run ended before its first shard file was seen"
-    _kill_tree(proc)
+    kill_group(proc)
     assert load(out / "manifest.json")["shards"] == []
     prepare(f"input={path}", f"output={out}", f"workers={workers}", "tokenizer.kind=byte",
             "block_bytes=65536", "name=c")

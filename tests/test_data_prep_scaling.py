@@ -18,7 +18,7 @@ import numpy as np
 import psutil
 import pytest
 import zstandard
-from tests.helpers.data_prep import PYTHON, REPO, load, prepare, read_documents, shard_bytes, stdlib_documents, worker_processes
+from tests.helpers.data_prep import PYTHON, REPO, kill_group, load, prepare, read_documents, shard_bytes, start_in_own_group, stdlib_documents, worker_processes
 
 from data_prep.crc import crc32_combine
 from data_prep.manifest import shard_problem
@@ -97,8 +97,7 @@ def long_run(tmp_path_factory):
 
 def _start(spec: str, out, workers: int, args: list) -> subprocess.Popen:
     cmd = [PYTHON, "-m", "data_prep", spec, f"output={out}", f"workers={workers}", "progress=false", *args]
-    return subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return start_in_own_group(cmd)
 
 
 def _wait_for(out, proc, wanted, timeout: float = 60.0) -> bool:
@@ -131,10 +130,7 @@ def test_kill_9_at_three_workers_then_rerun_equals_uninterrupted(long_run, tmp_p
     out = tmp_path / "out"
     proc = _start(spec, out, 3, args)
     assert _wait_for(out, proc, _at_least(2)), "the run ended before it could be killed"
-    for child in psutil.Process(proc.pid).children(recursive=True):
-        child.kill()
-    proc.kill()
-    proc.wait()
+    kill_group(proc)
     manifest = load(out / "manifest.json")
     assert not manifest["complete"]
     listed = {f"{s['prefix']}.{x}" for s in manifest["shards"] for x in ("bin", "idx")}

@@ -38,7 +38,8 @@ def test_the_probe_measures_the_gpu_and_calibrates_the_plan(tmp_path):
     profile = json.loads(path.read_text())
     assert profile["device"] != "cpu" and profile["ranks"] == 2, profile["device"]
     passes = profile["figures"]["passes"]
-    assert passes and all(r["layer_s"] > 0 and r["output_s"] > 0 for r in passes)
+    assert passes and all(r["layer_s"] > 0 and r["embedding_s"] > 0 and r["output_s"] > 0
+                          for r in passes)
     ops = {r["key"]["op"] for r in profile["figures"]["collectives"]}
     assert {"all_reduce", "reduce_scatter", "all_gather"} <= ops, ops
     engine = profile["figures"]["engine"]

@@ -6,8 +6,9 @@ machine profile (:mod:`launcher.plan.profile`):
 
 * ``passes``: forward + loss + backward of Megatron-Core's GPTModel at one rank's shapes, for
   every tensor-parallel size the node allows and two micro-batch sizes (:mod:`launcher.engines.
-  probe.passes`), with 1 and 3 layers and with the first stage's part alone: one layer's
-  cost, the embedding's and the output layer's with the loss, each per micro-batch;
+  probe.passes`), with 1 and 3 layers (one layer's cost is their difference), and the model's
+  two ends timed on their own: the embedding, and the output layer with the loss, each per
+  micro-batch;
 * ``optimizer``: torch's AdamW over the rank's share of the fp32 weights, at two sizes;
 * ``collectives``: all-reduce, reduce-scatter, all-gather, all-to-all and send/recv among the
   node's ranks at a small and the job's sizes (gloo on CPU, NCCL on GPU);
@@ -45,25 +46,23 @@ def tp_choices(model, local_ranks: int) -> list[int]:
 def pass_records(cfg, *, local_ranks: int, micro_batches: list[int]) -> list[dict]:
     """The ``passes`` section (module docstring): per TP size and micro-batch, one layer, the
     embedding and the output layer with the loss, in seconds per micro-batch."""
-    from launcher.engines.probe.passes import pass_seconds, rank_shard
+    from launcher.engines.probe.passes import ends_seconds, pass_seconds, rank_shard
 
     records = []
     key = model_key(dataclasses.asdict(cfg.model), cfg.trainer.precision)
-
-    def timed(model, b: int, first_only: bool = False) -> float:
-        seconds = pass_seconds(model, cfg.trainer, micro_batch=b, reps=REPS,
-                               barrier=collectives.barrier, post_process=not first_only,
-                               max_over_ranks=lambda x: collectives.max_floats([x])[0])
-        return collectives.max_floats([seconds])[0]
+    timing = dict(reps=REPS, barrier=collectives.barrier,
+                  max_over_ranks=lambda x: collectives.max_floats([x])[0])
 
     for tp in tp_choices(cfg.model, local_ranks):
         for b in micro_batches:
-            one, three = (timed(rank_shard(cfg.model, tp, n), b) for n in (1, 3))
-            first = timed(rank_shard(cfg.model, tp, 1), b, first_only=True)
-            layer = max(0.0, (three - one) / 2)
+            one, three = (collectives.max_floats([pass_seconds(
+                rank_shard(cfg.model, tp, n), cfg.trainer, micro_batch=b, **timing)])[0]
+                for n in (1, 3))
+            embedding, output = collectives.max_floats(list(ends_seconds(
+                rank_shard(cfg.model, tp, 1), cfg.trainer, micro_batch=b, **timing)))
             records.append({"key": {**key, "tp": tp, "micro_batch": b},
-                            "layer_s": layer, "embedding_s": max(0.0, first - layer),
-                            "output_s": max(0.0, one - first)})
+                            "layer_s": max(0.0, (three - one) / 2),
+                            "embedding_s": embedding, "output_s": output})
     return records
 
 

@@ -13,6 +13,7 @@ import gzip
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -119,6 +120,24 @@ def load(path: pathlib.Path) -> Dict:
 def shard_bytes(out_dir: pathlib.Path) -> Dict[str, bytes]:
     """File name -> contents of every .bin/.idx in ``out_dir``."""
     return {p.name: p.read_bytes() for p in sorted(out_dir.iterdir()) if p.suffix in (".bin", ".idx")}
+
+
+def start_in_own_group(cmd: List[str]) -> subprocess.Popen:
+    """Start ``cmd`` (a data_prep run) as the leader of a new process group, so that
+    :func:`kill_group` reaches it and every worker it forks, as a scheduler's kill does."""
+    return subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """``kill -9 -- -<pgid>``: SIGKILL the whole group of ``proc`` at once (no child can exit
+    between a listing and its kill), then reap ``proc``."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the whole group had ended (the test's next checks say so)
+        pass
+    proc.wait()
 
 
 def worker_processes(pid: int) -> list:

@@ -1,4 +1,5 @@
-"""A model's forward and backward timed at one rank's shapes: :func:`pass_seconds`.
+"""A model's forward and backward timed at one rank's shapes: :func:`pass_seconds`, and its two
+ends on their own: :func:`ends_seconds`.
 
 The probe (:mod:`launcher.runtime.probe`) asks what one transformer layer and the model's ends
 (embedding, output layer, loss) cost on one rank, for every tensor-parallel size the plan may
@@ -66,32 +67,76 @@ def device_sync(device: torch.device) -> None:
 
 
 def pass_seconds(model: ModelConfig, trainer: TrainerConfig, *, micro_batch: int, reps: int,
-                 barrier: Callable[[], None], post_process: bool = True,
+                 barrier: Callable[[], None],
                  max_over_ranks: Callable[[float], float] = float) -> float:
     """Median seconds of one forward, loss and backward of ``model`` (built at TP = 1 on an
-    initialised parallel state) on a micro-batch of ``micro_batch`` sequences; without
-    ``post_process`` the model stops before the output layer (a first pipeline stage).
-    ``barrier`` lines up the ranks before each timed pass, so that all of them compute at once
-    (as they do in training: the memory bandwidth they share is part of the figure); short
-    passes are repeated up to :data:`MIN_TIMED_S` of timing (every rank as often as the one that
-    needs most: ``max_over_ranks``), so that a difference of two passes is not noise."""
+    initialised parallel state) on a micro-batch of ``micro_batch`` sequences (the timing:
+    :func:`_median_seconds`)."""
+    device = compute_device()
+    gpt = _built(model, trainer)
+    batch = synthetic_batch(micro_batch, model.seq_length, model.vocab_size, device)
+
+    def one() -> None:
+        loss = gpt(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+        (loss.float() * batch["loss_mask"]).sum().backward()
+
+    seconds = _median_seconds(one, device, reps, barrier, max_over_ranks)
+    gpt.zero_grad(set_to_none=True)
+    return seconds
+
+
+def ends_seconds(model: ModelConfig, trainer: TrainerConfig, *, micro_batch: int, reps: int,
+                 barrier: Callable[[], None],
+                 max_over_ranks: Callable[[float], float] = float) -> tuple[float, float]:
+    """Median seconds of the model's two ends, each timed on its own (forward and backward):
+    the embedding (a first stage's extra work) and the final norm, output layer and loss (a
+    last stage's), with Megatron-Core's own modules of ``model`` built at TP = 1. Timed apart,
+    not as the difference of two whole passes: at small sizes an end costs less than the noise
+    of a pass, and a difference of two noisy medians came out at zero or below."""
+    device = compute_device()
+    gpt = _built(dataclasses.replace(model, num_layers=1), trainer)
+    inner = getattr(gpt, "module", gpt)  # under Float16Module, the GPTModel it wraps
+    batch = synthetic_batch(micro_batch, model.seq_length, model.vocab_size, device)
+    dtype = next(inner.parameters()).dtype
+    hidden = torch.randn(model.seq_length, micro_batch, model.hidden_size, device=device,
+                         dtype=dtype, requires_grad=True)
+    labels = batch["labels"]
+
+    def embedding() -> None:
+        inner.embedding(batch["tokens"], batch["position_ids"]).float().sum().backward()
+
+    def output() -> None:
+        weight = inner.shared_embedding_or_output_weight() \
+            if inner.share_embeddings_and_output_weights else None
+        logits, _ = inner.output_layer(inner.decoder.final_layernorm(hidden), weight=weight)
+        loss = inner.compute_language_model_loss(labels, logits)
+        (loss.float() * batch["loss_mask"]).sum().backward()
+
+    seconds = tuple(_median_seconds(f, device, reps, barrier, max_over_ranks)
+                    for f in (embedding, output))
+    gpt.zero_grad(set_to_none=True)
+    return seconds
+
+
+def _built(model: ModelConfig, trainer: TrainerConfig):
+    """Megatron-Core's GPTModel of ``model`` at TP = 1, wrapped as the engines wrap it."""
     from launcher.engines.model import build_gpt_model
 
-    device = compute_device()
-    gpt = build_gpt_model(model, ParallelismConfig(tensor_parallel_size=1, zero_stage=0),
-                          trainer, post_process=post_process)
+    gpt = build_gpt_model(model, ParallelismConfig(tensor_parallel_size=1, zero_stage=0), trainer)
     if compute_precision(trainer.precision) in (Precision.bf16, Precision.fp16):
         from megatron.core.transformer.module import Float16Module
 
         gpt = Float16Module(gpt.config, gpt)  # as the engines wrap it: the same casts
-    batch = synthetic_batch(micro_batch, model.seq_length, model.vocab_size, device)
+    return gpt
 
-    def one() -> None:
-        out = gpt(batch["tokens"], batch["position_ids"], None,
-                  labels=batch["labels"] if post_process else None)
-        (out.float() * batch["loss_mask"]).sum().backward() if post_process \
-            else out.float().sum().backward()
 
+def _median_seconds(one: Callable[[], None], device: torch.device, reps: int,
+                    barrier: Callable[[], None], max_over_ranks: Callable[[float], float]) -> float:
+    """Median seconds of ``one()`` after :data:`WARM_PASSES`. ``barrier`` lines up the ranks
+    before each timed pass, so that all of them compute at once (as they do in training: the
+    memory bandwidth they share is part of the figure); short passes are repeated up to
+    :data:`MIN_TIMED_S` of timing (every rank as often as the one that needs most:
+    ``max_over_ranks``), so that a difference of two figures is not noise."""
     for _ in range(WARM_PASSES):
         device_sync(device)
         start = time.perf_counter()
@@ -107,7 +152,6 @@ def pass_seconds(model: ModelConfig, trainer: TrainerConfig, *, micro_batch: int
         one()
         device_sync(device)
         times.append(time.perf_counter() - start)
-    gpt.zero_grad(set_to_none=True)
     times.sort()
     return times[len(times) // 2]
 
