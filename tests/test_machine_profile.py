@@ -74,3 +74,20 @@ def test_a_corrupt_profile_is_refused_with_a_line_naming_it(tmp_path, content, s
     assert "python -m launcher.probe" in str(caught.value) or "schema" in says
     found, notes = _match(tmp_path)
     assert found is None and notes == [f"ignored {caught.value}"]
+
+
+def test_pass_figures_below_the_measured_micro_batches_scale_down_and_never_reach_zero():
+    """Measured at micro-batches 4 and 8, where 8 cost 3x 4 (an EPYC here: the layer 51 and
+    155 ms): the line through them reached zero at 2, a layer predicted free. Below the smallest
+    measured size a figure scales in proportion to it; between and above, the line."""
+    from launcher.plan.calibrated import Calibration
+
+    key = {"arch": "gpt", "hidden_size": 64}
+    rows = [{"key": {**key, "tp": 1, "micro_batch": b}, "layer_s": s, "embedding_s": s / 50,
+             "output_s": s / 2} for b, s in ((4, 0.051), (8, 0.155))]
+    cal = Calibration(MachineProfile(**{**HERE.to_dict(), "figures": {"passes": rows}}))
+    assert cal.passes(key, 1, 2).layer == pytest.approx(0.051 / 2)
+    assert cal.passes(key, 1, 1).output == pytest.approx(0.051 / 2 / 4)
+    assert cal.passes(key, 1, 6).layer == pytest.approx((0.051 + 0.155) / 2)
+    assert cal.passes(key, 1, 16).layer == pytest.approx(0.155 + 2 * (0.155 - 0.051))
+    assert cal.passes(key, 2, 4) is None  # no figures at this tensor-parallel size

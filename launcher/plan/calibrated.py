@@ -92,6 +92,17 @@ def interpolate(points: list[tuple[float, float]], x: float) -> float:
     return y1 if x1 == x0 else max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
+def per_micro_batch(points: list[tuple[float, float]], micro_batch: int) -> float:
+    """A pass figure at ``micro_batch`` from its measured (micro-batch, seconds) points: below
+    the smallest measured micro-batch, in proportion to it; else :func:`interpolate`. (The line
+    through two measured sizes, extended downwards, reached zero on a CPU where twice the
+    micro-batch cost 2.5-3x: a layer predicted free at micro-batch 2.)"""
+    smallest = min(points)
+    if micro_batch < smallest[0]:
+        return smallest[1] * micro_batch / smallest[0]
+    return interpolate(points, micro_batch)
+
+
 def _same(key: dict, want: dict) -> bool:
     return all(key.get(k) == v for k, v in want.items())
 
@@ -125,8 +136,8 @@ class Calibration:
                 if _same(r.get("key", {}), {**model, "tp": tp})]
         if not rows:
             return None
-        at = {name: interpolate([(r["key"]["micro_batch"], r[f"{name}_s"]) for r in rows],
-                                micro_batch) for name in ("layer", "embedding", "output")}
+        at = {name: per_micro_batch([(r["key"]["micro_batch"], r[f"{name}_s"]) for r in rows],
+                                    micro_batch) for name in ("layer", "embedding", "output")}
         return PassCost(**at)
 
     def optimizer(self, numel: float) -> Optional[float]:
