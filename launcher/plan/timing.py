@@ -123,18 +123,24 @@ def calibrated_step(cal, cfg: TrainwrightConfig, dims: ParallelDims, grad_accum:
                                   (stage_dense + stage_expert) * layers / cfg.model.num_layers)
         framework = records[0]["seconds"] - sum(small.values())
     elif cal.nearest_engine(layout) is not None:
-        framework = _measured_residual(cal, cfg, dims, cal.nearest_engine(layout),
-                                       stage_dense + stage_expert)
+        residual, composed = _measured_residual(cal, cfg, dims, cal.nearest_engine(layout),
+                                                stage_dense + stage_expert)
+        # a fixed cost carries over as it is; parts that overestimated that layout (a negative
+        # residual: overlap, or a probe's passes taken under load) overestimate this one in
+        # proportion, so that the step never comes out at zero or below
+        framework = residual if residual >= 0 or composed <= 0 \
+            else residual * sum(parts.values()) / composed
     compute = parts["compute"]
     return StepTime(**parts, framework=framework, measured=True,
                     compute_only_mfu=model_flops_per_gpu / (compute * peak) if compute else 0.0)
 
 
 def _measured_residual(cal, cfg: TrainwrightConfig, dims: ParallelDims, record: dict,
-                       stage_params: float) -> float:
-    """What an engine record measured at another layout of this model left beyond its own
-    composed parts (at its layout, micro-batch, accumulation and depth): the framework cost an
-    unmeasured layout is given. ``stage_params``: this layout's most loaded stage."""
+                       stage_params: float) -> tuple[float, float]:
+    """(what an engine record measured at another layout of this model left beyond its own
+    composed parts, those parts' sum), at its layout, micro-batch, accumulation and depth: the
+    framework cost an unmeasured layout is given. ``stage_params``: this layout's most loaded
+    stage."""
     import dataclasses
 
     from launcher.config import ParallelismConfig
@@ -147,14 +153,14 @@ def _measured_residual(cal, cfg: TrainwrightConfig, dims: ParallelDims, record: 
         zero_stage=k["zero_stage"]), k["tp"] * k["pp"] * k["cp"] * k["dp"])
     cost = cal.passes(model_key_of(cfg), other.tp, k["micro_batch"])
     if cost is None:
-        return 0.0
+        return 0.0, 0.0
     layers = int(record["layers"])
     run = dataclasses.replace(cfg, trainer=dataclasses.replace(
         cfg.trainer, micro_batch_size=k["micro_batch"]))
     params = stage_params * (dims.tp * dims.pp) / (other.tp * other.pp) \
         * layers / cfg.model.num_layers
     parts = _calibrated_parts(cal, cost, run, other, k["grad_accum"], layers, params)
-    return record["seconds"] - sum(parts.values())
+    return record["seconds"] - sum(parts.values()), sum(parts.values())
 
 
 def model_key_of(cfg: TrainwrightConfig) -> dict:
