@@ -100,7 +100,7 @@ def ends_seconds(model: ModelConfig, trainer: TrainerConfig, *, micro_batch: int
     dtype = next(inner.parameters()).dtype
     hidden = torch.randn(model.seq_length, micro_batch, model.hidden_size, device=device,
                          dtype=dtype, requires_grad=True)
-    labels = batch["labels"]
+    labels, norm = batch["labels"], getattr(inner.decoder, "final_layernorm", None)
 
     def embedding() -> None:
         inner.embedding(batch["tokens"], batch["position_ids"]).float().sum().backward()
@@ -108,7 +108,8 @@ def ends_seconds(model: ModelConfig, trainer: TrainerConfig, *, micro_batch: int
     def output() -> None:
         weight = inner.shared_embedding_or_output_weight() \
             if inner.share_embeddings_and_output_weights else None
-        logits, _ = inner.output_layer(inner.decoder.final_layernorm(hidden), weight=weight)
+        normed = norm(hidden) if norm is not None else hidden
+        logits, _ = inner.output_layer(normed, weight=weight)
         loss = inner.compute_language_model_loss(labels, logits)
         (loss.float() * batch["loss_mask"]).sum().backward()
 
