@@ -3,10 +3,13 @@ with a line naming it, merged figures written atomically."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
+from launcher.compose import compose_config, to_object
+from launcher.plan import compute_plan
 from launcher.plan.profile import (SCHEMA, MachineProfile, ProfileError, file_name,
                                    matching_profile, read_profile, save_figures)
 
@@ -92,21 +95,20 @@ def test_pass_figures_below_the_measured_micro_batches_scale_down_and_never_reac
     assert cal.passes(key, 1, 16).layer == pytest.approx(0.155 + 2 * (0.155 - 0.051))
     assert cal.passes(key, 2, 4) is None  # no figures at this tensor-parallel size
 
+
 TINY_FP32 = ["model=tiny", "engine=megatron", "cluster=local_cpu", "trainer.precision=fp32"]
 
 
 def _tiny_profile(directory, engine_seconds: float) -> None:
     """This machine's profile of the tiny model: passes at TP 1 and 2, every collective, AdamW,
     and the engine at DP2 (one and two layers) taking ``engine_seconds`` a step at full depth."""
-    from launcher.compose import compose_config, to_object
     from launcher.parallel.collectives import COLLECTIVE_OPS
-    from launcher.plan import compute_plan
     from launcher.plan.calibrated import engine_key_of, model_key
     from launcher.plan.machine import cpu_info, library_versions
 
     cfg = to_object(compose_config(TINY_FP32))
     plan = compute_plan(cfg)
-    key = model_key(__import__("dataclasses").asdict(cfg.model), cfg.trainer.precision)
+    key = model_key(dataclasses.asdict(cfg.model), cfg.trainer.precision)
     passes = [{"key": {**key, "tp": tp, "micro_batch": b}, "layer_s": 0.02 * b / tp,
                "embedding_s": 0.001 * b, "output_s": 0.01 * b / tp}
               for tp in (1, 2) for b in (4, 8)]
@@ -129,9 +131,6 @@ def test_a_layout_planned_from_another_layouts_engine_run_takes_positive_time(
     """The engine measured at DP2 in far less than its composed parts (a probe whose passes ran
     under load): carried as a fixed cost, that negative residual made TP2's step -0.07 s in a
     bench here. It now scales with the parts; a positive residual is still carried as it is."""
-    from launcher.compose import compose_config, to_object
-    from launcher.plan import compute_plan
-
     _tiny_profile(tmp_path, engine_seconds)
     plans = {name: compute_plan(to_object(compose_config(
         [*TINY_FP32, f"plan.profile_dir={tmp_path}",
@@ -139,9 +138,14 @@ def test_a_layout_planned_from_another_layouts_engine_run_takes_positive_time(
     dp2, tp2 = plans["dp2"], plans["tp2"]
     assert dp2.step_time_s == pytest.approx(engine_seconds)  # the engine's own run, as measured
     assert tp2.step_time_s > 0
-    composed = sum(v for k, v in tp2.parts.items() if k != "framework")
     if engine_seconds < 0.5:  # the parts overestimated DP2 by a share; TP2's by the same share
-        share = dp2.parts["framework"] / sum(v for k, v in dp2.parts.items() if k != "framework")
-        assert -1 < share < 0 and tp2.parts["framework"] == pytest.approx(share * composed, rel=0.05)
+        share = dp2.parts["framework"] / _composed(dp2.parts)
+        assert -1 < share < 0
+        assert tp2.parts["framework"] == pytest.approx(share * _composed(tp2.parts), rel=0.05)
     else:
         assert tp2.parts["framework"] > 0
+
+
+def _composed(parts: dict) -> float:
+    """The step's parts without the framework residual."""
+    return sum(v for k, v in parts.items() if k != "framework")

@@ -159,8 +159,9 @@ def _measured_residual(cal, cfg: TrainwrightConfig, dims: ParallelDims, record: 
         cfg.trainer, micro_batch_size=k["micro_batch"]))
     params = stage_params * (dims.tp * dims.pp) / (other.tp * other.pp) \
         * layers / cfg.model.num_layers
-    parts = _calibrated_parts(cal, cost, run, other, k["grad_accum"], layers, params)
-    return record["seconds"] - sum(parts.values()), sum(parts.values())
+    composed = sum(_calibrated_parts(cal, cost, run, other, k["grad_accum"], layers,
+                                     params).values())
+    return record["seconds"] - composed, composed
 
 
 def model_key_of(cfg: TrainwrightConfig) -> dict:

@@ -54,12 +54,12 @@ def pass_records(cfg, *, local_ranks: int, micro_batches: list[int]) -> list[dic
                   max_over_ranks=lambda x: collectives.max_floats([x])[0])
 
     for tp in tp_choices(cfg.model, local_ranks):
-        for b in micro_batches:
-            one, three = (collectives.max_floats([pass_seconds(
-                rank_shard(cfg.model, tp, n), cfg.trainer, micro_batch=b, **timing)])[0]
-                for n in (1, 3))
-            embedding, output = collectives.max_floats(list(ends_seconds(
-                rank_shard(cfg.model, tp, 1), cfg.trainer, micro_batch=b, **timing)))
+        for b in micro_batches:  # each figure the slowest rank's
+            one, three, embedding, output = collectives.max_floats([
+                *(pass_seconds(rank_shard(cfg.model, tp, n), cfg.trainer, micro_batch=b,
+                               **timing) for n in (1, 3)),
+                *ends_seconds(rank_shard(cfg.model, tp, 1), cfg.trainer, micro_batch=b,
+                              **timing)])
             records.append({"key": {**key, "tp": tp, "micro_batch": b},
                             "layer_s": max(0.0, (three - one) / 2),
                             "embedding_s": embedding, "output_s": output})
