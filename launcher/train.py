@@ -9,6 +9,13 @@ done, 2 config error, 3 non-finite loss/gradient, 75 stopped for requeue, 1 othe
 
 from __future__ import annotations
 
+if __name__ in ("__main__", "__mp_main__"):  # before anything slow: no stop is lost from here
+    from launcher.core.exits import REQUEUE_EXIT as _STOPPED
+    from launcher.core.stop import stop_from_first_line
+    from launcher.parallel.distributed import launch_rank as _launch_rank
+
+    stop_from_first_line(_STOPPED, "train", __name__, announce=_launch_rank() == 0)
+
 import contextlib
 import os
 import sys

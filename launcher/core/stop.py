@@ -130,16 +130,30 @@ class StopRequest:
                  any_rank: Optional[Callable[[bool], bool]] = None):
         self._any_rank = any_rank or bool
         self._flag = False
+        self.signal_received: Optional[int] = None
         self.decided = False  # the ranks agreed to stop: stop signals are ignored from then on
         self._previous: Dict[signal.Signals, Any] = {}
+        self.watch_also(signal_name)
+
+    def watch_also(self, signal_name: str) -> None:
+        """Count ``signal_name`` (e.g. the configured ``trainer.stop_signal``) as a stop too.
+        Stop signals held until now (:func:`hold_stop_signals`: by the launcher that spawned
+        this process, or an agent that exec'd it) are delivered here, to these handlers."""
         for sig in stop_signals(signal_name):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        self.signal_received: Optional[int] = None
+            if sig not in self._previous:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(self._previous))
+
+    def agree_through(self, any_rank: Callable[[bool], bool]) -> None:
+        """From now on :meth:`agree` asks every rank through ``any_rank`` (a request created
+        before the process group existed, at the command's first line)."""
+        self._any_rank = any_rank
 
     def _handle(self, signum: int, frame: Any) -> None:
         """Signal handler: record the request, nothing else."""
+        if self.signal_received is None:
+            self.signal_received = signum
         self._flag = True
-        self.signal_received = signum
 
     @property
     def requested(self) -> bool:
@@ -163,32 +177,56 @@ class StopRequest:
 
 
 class StartupStop:
-    """While a rank starts up (imports, process groups, the build, the data, the load), a stop
-    signal ends it within a fraction of a second, whatever the main thread is doing: there is
-    nothing to save yet (the checkpoint on disk is what a requeue resumes from), and a rank
-    blocked in a C call (a JIT build's file lock, a rendezvous) would never reach a step boundary
-    to agree on stopping.
+    """While a process starts up (imports, compose and plan, process groups, the build, the
+    data, the load), a stop signal ends it within a fraction of a second, whatever the main thread
+    is doing: there is nothing to save yet (the checkpoint on disk is what a requeue resumes
+    from), and a process blocked in a C call (a JIT build's file lock, a rendezvous) would never
+    reach a step boundary to agree on stopping.
 
     Python runs signal handlers only in the main thread, between bytecodes, so the
-    :class:`StopRequest` flag alone cannot help a blocked rank. Here the C-level handler also
+    :class:`StopRequest` flag alone cannot help a blocked process. Here the C-level handler also
     writes the signal number into a pipe (``signal.set_wakeup_fd``); a daemon thread reading it
     calls ``on_stop(signum)`` (which says so on the console) and ends the process with
-    ``os._exit(code)``. :meth:`finish` (the loop's first step is about to run) hands stops back to
-    the step-boundary contract. Create it in the main thread, after the StopRequest."""
+    ``os._exit(code)``. The thread takes the stop signals for itself (unblocked), so they are
+    delivered even while the main thread holds them (:func:`hold_stop_signals`).
 
-    def __init__(self, stop_signal: str, code: int,
-                 on_stop: Optional[Callable[[int], None]] = None):
+    Two ways out of start-up:
+
+    * :meth:`finish` (a rank's first step is about to run) hands stops back to the step-boundary
+      contract of its :class:`StopRequest`;
+    * :meth:`forward_to` (this process is a launcher about to start its ranks): from then on a
+      stop is recorded (:attr:`received`) and sent on to the ranks instead of ending this
+      process, and :meth:`forward_late` sends it to ranks started after it arrived.
+
+    Create it in the main thread, after the StopRequest whose handlers feed it (``request``: a
+    stop that reached that request before this object existed ends the process here and now)."""
+
+    def __init__(self, stop_signal: str, code: Optional[int],
+                 on_stop: Optional[Callable[[int], None]] = None,
+                 request: Optional[StopRequest] = None):
         import threading
 
         self._sigs = {int(s) for s in stop_signals(stop_signal)}
-        self._code, self._on_stop, self.active = code, on_stop, True
+        self._code, self.on_stop, self.active = code, on_stop, True
+        self.received: Optional[int] = None
+        """The first stop signal this process received while this object was active."""
+        self._targets: Optional[Callable[[], Iterable[int]]] = None
+        self._sent: set = set()
+        self._lock = threading.Lock()
         self._read, write = os.pipe()
         os.set_blocking(write, False)
         self._write = write
         self._previous_fd = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
         threading.Thread(target=self._watch, name="startup-stop", daemon=True).start()
+        if request is not None and request.signal_received is not None:
+            self._stop(int(request.signal_received))
+
+    def watch_also(self, stop_signal: str) -> None:
+        """Count ``stop_signal`` (the configured ``trainer.stop_signal``) as a stop too."""
+        self._sigs |= {int(s) for s in stop_signals(stop_signal)}
 
     def _watch(self) -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, self._sigs)  # the delivery thread
         while True:
             try:
                 data = os.read(self._read, 64)
@@ -197,14 +235,58 @@ class StartupStop:
             if not data or not self.active:
                 os.close(self._read)
                 return
-            signum = next((b for b in data if b in self._sigs), None)
-            if signum is None:
-                continue
+            for signum in (b for b in data if b in self._sigs):
+                self._stop(signum)
+
+    def _stop(self, signum: int) -> None:
+        with self._lock:
+            if self.received is None:
+                self.received = signum
+            forwarding = self._targets is not None
+        if forwarding:
+            self._send(signum, every=True)
+            return
+        if self._code is None:  # recording only
+            return
+        try:
+            if self.on_stop is not None:
+                self.on_stop(signum)
+        finally:
+            os._exit(self._code)
+
+    def forward_to(self, targets: Callable[[], Iterable[int]]) -> None:
+        """This process now starts ranks (``targets()``: their pids): a stop signal is recorded
+        and sent on to them, no longer the end of this process."""
+        with self._lock:
+            self._targets = targets
+
+    def record_only(self) -> None:
+        """The ranks have ended: a stop signal is recorded, nothing more (the launcher is
+        writing the run's end)."""
+        with self._lock:
+            self._targets, self._code = None, None
+
+    def forward_late(self) -> None:
+        """Send the stop signal received so far to every rank that has not had it (ranks
+        started after it arrived)."""
+        if self.received is not None and self._targets is not None:
+            self._send(self.received, every=False)
+
+    def _send(self, signum: int, every: bool) -> None:
+        try:  # a failure here must not end the watcher thread, nor the launcher
+            pids = list(self._targets() if self._targets is not None else ())
+        except Exception as exc:
+            os.write(2, f"launcher: could not forward signal {signum} to the ranks: "
+                        f"{exc}\n".encode())
+            return
+        with self._lock:
+            pids = [p for p in pids if every or p not in self._sent]
+            self._sent.update(pids)
+        for pid in pids:
             try:
-                if self._on_stop is not None:
-                    self._on_stop(signum)
-            finally:
-                os._exit(self._code)
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
 
     def finish(self) -> None:
         """Start-up is over: stops wait for the next step boundary again (main thread)."""
@@ -213,3 +295,73 @@ class StartupStop:
         self.active = False
         signal.set_wakeup_fd(self._previous_fd)
         os.close(self._write)  # the thread's read returns empty and it ends
+        if _this_process is not None and _this_process[1] is self:
+            _forget_this_process()
+
+
+def hold_stop_signals(stop_signal: str = "SIGUSR1") -> None:
+    """Hold (block) every stop signal in the calling thread: one that arrives waits, pending,
+    until a handler is in place (:func:`release_stop_signals`). Processes this thread starts
+    (fork, then exec) start with them held too, which is how a rank or an exec'd launcher
+    never meets a stop signal before its own handler: the kernel keeps it for them."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals(stop_signal))
+
+
+def release_stop_signals(stop_signal: str = "SIGUSR1") -> None:
+    """Deliver the stop signals held in the calling thread (:func:`hold_stop_signals`); call it
+    once their handlers are installed."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals(stop_signal))
+
+
+_this_process: Optional[tuple] = None
+"""(StopRequest, StartupStop) installed by :func:`stop_from_first_line`, until start-up ends."""
+
+
+def _forget_this_process() -> None:
+    global _this_process
+    _this_process = None
+
+
+LAUNCHER_PID_ENV = "TRAINWRIGHT_LAUNCHER_PID"
+"""Set by a launcher for the ranks it spawns: its pid. A process whose parent has that pid is one
+of its ranks (not a helper process a rank started)."""
+
+
+def stop_from_first_line(code: int, command: str, main: str, announce: bool = True) -> None:
+    """At a command's first line, before anything slow, with ``main`` its module's
+    ``__name__``: from here to the process's exit a stop signal is never lost. Until the process
+    starts ranks or becomes one (:func:`this_process_stop`), a stop ends it at once with
+    ``code`` and one line on stderr (``announce``: this process speaks for the job); stop
+    signals held by whatever started it (an agent that exec'd it: :func:`hold_stop_signals`)
+    are delivered now, and end it the same way.
+
+    ``main == "__main__"``: the command itself. ``main == "__mp_main__"``: multiprocessing's
+    spawn re-imports the command's module in each child before anything else of it; in a rank
+    its launcher spawned (:data:`LAUNCHER_PID_ENV`) this installs the same, silently (the
+    launcher speaks for the job); in any other child it does nothing.
+
+    Before this line only the interpreter's own start is exposed: a stop signal there takes its
+    default action (docs/launching.md says what a scheduler sees then)."""
+    global _this_process
+    if main == "__mp_main__":
+        if os.environ.get(LAUNCHER_PID_ENV) != str(os.getppid()):
+            return
+        announce = False
+    elif main != "__main__":
+        return
+    request = StopRequest()
+
+    def say(signum: int) -> None:
+        if announce:
+            os.write(2, (f"{command}: stopped by {signal.Signals(signum).name} during start-up "
+                         f"(nothing to save: the run resumes from its latest checkpoint); "
+                         f"exiting {code}\n").encode())
+
+    startup = StartupStop("SIGUSR1", code, on_stop=say, request=request)
+    _this_process = (request, startup)
+
+
+def this_process_stop() -> Optional[tuple]:
+    """``(StopRequest, StartupStop)`` of :func:`stop_from_first_line` while its start-up runs
+    (a rank or a launcher adopts them), else None."""
+    return _this_process

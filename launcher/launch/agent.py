@@ -22,6 +22,11 @@ PET_MASTER_PORT.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # first: a stop signal from here waits, held, for launcher.train's
+    from launcher.core.stop import hold_stop_signals  # handler (exec keeps it pending)
+
+    hold_stop_signals()
+
 import argparse
 import os
 import sys

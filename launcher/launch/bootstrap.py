@@ -35,7 +35,7 @@ from typing import Callable, Optional
 from launcher.core.atomic import atomic_write_text
 from launcher.core.errors import CheckpointError
 from launcher.core.exits import CONFIG_ERROR_EXIT, REQUEUE_EXIT
-from launcher.core.stop import StartupStop, StopRequest
+from launcher.core.stop import StartupStop, StopRequest, this_process_stop
 from launcher.launch.agent import exit_without_collecting
 from launcher.launch.job import Job
 from launcher.launch.local import Rendezvous, launch_world
@@ -190,7 +190,7 @@ def _spawned_rank(job: Job, body: RankBody, command: str,
     """Entry of a spawned rank (module level, so it pickles): exit with the body's code. The
     rank dies with its launcher (a launcher killed outright cannot stop its ranks itself)."""
     die_with_parent()
-    code = on_this_rank(job, body, command, startup_exit)
+    code = on_this_rank(job, body, command, startup_exit, announce=False)
     exit_without_collecting()
 
     if code:
@@ -198,14 +198,15 @@ def _spawned_rank(job: Job, body: RankBody, command: str,
 
 
 def on_this_rank(job: Job, body: RankBody, command: str,
-                 startup_exit: Optional[int] = None) -> int:
+                 startup_exit: Optional[int] = None, announce: bool = True) -> int:
     """Start this process as a rank of ``job``, run ``body``, close; the body's exit code. A
     checkpoint that cannot be used ends the rank with its message and exit code; any other
     crash is one console line, its traceback in the rank log. Once the rank has decided its
     exit code (:meth:`Rank.decide`), a failure while reporting or closing adds at most one line
     and keeps that code. With ``startup_exit``, a stop signal before the body calls
-    :meth:`Rank.started` ends the rank at once with that code (:class:`StartupStop`)."""
-    rank = start_rank(job, command, startup_exit)
+    :meth:`Rank.started` ends the rank at once with that code (:class:`StartupStop`), with one
+    line from rank 0 when ``announce`` (a spawned rank's launcher says it for the job)."""
+    rank = start_rank(job, command, startup_exit, announce)
     try:
         return rank.decide(body(rank))
     except CheckpointError as exc:  # says what is wrong and what to do: no traceback
@@ -237,9 +238,11 @@ def closing(rank: Rank, command: str) -> None:
         rank.console.settle()
 
 
-def start_rank(job: Job, command: str = "", startup_exit: Optional[int] = None) -> Rank:
+def start_rank(job: Job, command: str = "", startup_exit: Optional[int] = None,
+               announce: bool = True) -> Rank:
     """Output routing, the stop contract (with ``startup_exit``, a stop during start-up ends
-    the rank at once with that code), library patches, process group and parallel state."""
+    the rank at once with that code; stop signals held since the spawn are delivered once it is
+    in place), library patches, process group and parallel state."""
     from launcher.engines import compat
     from launcher.engines.model import init_parallel_state
     from launcher.parallel import collectives
@@ -251,13 +254,12 @@ def start_rank(job: Job, command: str = "", startup_exit: Optional[int] = None) 
     clock.mark("imports")
     console = route_output(job.run_dir, launch_rank(), cfg.run.verbose) \
         if job.run_dir is not None else Console(sys.stdout, sys.stderr)
-    stop = StopRequest(cfg.trainer.stop_signal, any_rank=collectives.any_rank)
     heartbeat = Heartbeat.from_env(launch_rank(), cfg.resilience)
     if heartbeat is not None:
         heartbeat.phase(STARTUP)
-    startup = None if startup_exit is None else StartupStop(
-        cfg.trainer.stop_signal, startup_exit,
-        on_stop=_stopped_in_startup(console, command, startup_exit, heartbeat))
+    on_stop = _stopped_in_startup(console, command, startup_exit, heartbeat, announce)
+    stop, startup = _stop_contract(cfg.trainer.stop_signal, startup_exit, on_stop)
+    stop.agree_through(collectives.any_rank)
     compat.take_over_stale_build_locks()
     compat.install()
     strict_devices.install_if_requested()
@@ -273,16 +275,39 @@ def start_rank(job: Job, command: str = "", startup_exit: Optional[int] = None) 
     return Rank(job, rank, world, stop, console, heartbeat, startup, clock)
 
 
-def _stopped_in_startup(console: Console, command: str, code: int,
-                        heartbeat: Optional[Heartbeat]) -> Callable[[int], None]:
+def _stop_contract(stop_signal: str, startup_exit: Optional[int],
+                   on_stop: Callable[[int], None]) -> tuple:
+    """This rank's :class:`StopRequest` and (with ``startup_exit``) :class:`StartupStop`: the
+    ones installed at the command's first line when this process is that command (under
+    ``srun``, or a job of one process), else new ones. Handed over, never reinstalled, so no
+    instant of start-up is without a handler."""
+    early = this_process_stop()
+    if early is None:
+        stop = StopRequest(stop_signal)
+        startup = None if startup_exit is None else StartupStop(
+            stop_signal, startup_exit, on_stop=on_stop, request=stop)
+        return stop, startup
+    stop, startup = early
+    stop.watch_also(stop_signal)
+    if startup_exit is None:  # this command's stops wait for a safe point from here on
+        startup.finish()
+        return stop, None
+    startup.watch_also(stop_signal)
+    startup.on_stop = on_stop
+    return stop, startup
+
+
+def _stopped_in_startup(console: Console, command: str, code: Optional[int],
+                        heartbeat: Optional[Heartbeat], announce: bool) -> Callable[[int], None]:
     """What a rank stopped during start-up does before it exits: announce its code to the
-    watch, one console line (the first rank to say it), flush its streams."""
+    watch, one console line (rank 0, when ``announce``: no launcher above it speaks for the
+    job), flush its streams."""
     import signal
 
     def say(signum: int) -> None:
         if heartbeat is not None:
-            heartbeat.exiting(code)
-        if launch_rank() == 0:
+            heartbeat.exiting(code, in_startup=True)
+        if announce and launch_rank() == 0:
             console.error(f"{command}: stopped by {signal.Signals(signum).name} during start-up "
                           f"(nothing to save: the run resumes from its latest checkpoint); "
                           f"exiting {code}")

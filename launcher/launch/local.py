@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
-from launcher.core.stop import child_ranks, elastic_signals, forward_stop_signals, restore_handlers
+from launcher.core.stop import (LAUNCHER_PID_ENV, StartupStop, StopRequest, child_ranks,
+                                elastic_signals, this_process_stop)
 from launcher.parallel.distributed import free_port
 
 if TYPE_CHECKING:
@@ -119,29 +120,78 @@ def launch_world(entrypoint: Callable, args: tuple, nprocs: int, rendezvous: Ren
         max_restarts=watch.resilience.restarts_in_job if watch else 0,
         monitor_interval=0.1, start_method="spawn", local_addr=r.local_addr, logs_specs=logs,
         signals_to_handle=elastic_signals(stop_signal))
-    previous = forward_stop_signals(stop_signal, child_ranks)
-    monitoring = monitored_elastic_agent(watch)
+    with stops_forwarded(stop_signal) as stops:
+        if watch is not None:
+            watch.stops = stops
+        monitor = watch if watch is not None else forward_to_late_ranks(stops)
+        try:
+            with monitored_elastic_agent(monitor), heartbeats_for(watch):
+                elastic_launch(config, entrypoint)(*args)
+        except ChildFailedError as exc:
+            code, message = failure_verdict(exc, watch)
+            print(f"launcher: {message}; exiting with {code}", file=sys.stderr, flush=True)
+            raise SystemExit(code) from exc
+        except SignalException as exc:
+            print(f"launcher: received {exc.sigval.name}; workers stopped", file=sys.stderr,
+                  flush=True)
+            raise SystemExit(128 + int(exc.sigval)) from exc
+
+
+def failure_verdict(exc, watch: Optional["JobWatch"]) -> tuple[int, str]:
+    """The exit code of a launch whose ranks failed, and the line that says why: the watch's
+    verdict (a stop of the job's, a final cause, every attempt) over the agent's report."""
+    rank, code, message = failure_exit_code(exc)
+    if watch is not None and watch.stopped() is not None:
+        return watch.stopped()
+    verdict = watch.verdict() if watch is not None else None
+    if verdict is not None and verdict != (rank, code):
+        rank, code = verdict
+        message = f"rank {rank} failed with exit code {code} (the watch stopped the others)"
+    if watch is not None and watch.attempts and watch.attempts[-1].final:
+        message = f"{message}; not restarting: {watch.attempts[-1].final}"
+    if watch is not None and len(watch.attempts) > 1:
+        message = f"{message}; {len(watch.attempts)} attempts: {watch.summary()}"
+    return code, message
+
+
+@contextlib.contextmanager
+def stops_forwarded(stop_signal: str):
+    """While this process's ranks run: a stop signal it receives is recorded and sent on to them
+    (:meth:`StartupStop.forward_to`; the one installed at the command's first line, else one of
+    its own for this block), and its ranks know it as their launcher
+    (:data:`launcher.core.stop.LAUNCHER_PID_ENV`: a spawned rank of ``launcher.train`` installs
+    its own stop handling while Python imports its main module). Yields the
+    :class:`StartupStop`, whose ``received`` says whether the job was asked to stop."""
+    early = this_process_stop()
+    request, stops = early if early is not None else (StopRequest(stop_signal), None)
+    request.watch_also(stop_signal)
+    if stops is None:
+        stops = StartupStop(stop_signal, None, request=request)
+    stops.watch_also(stop_signal)
+    stops.forward_to(child_ranks)
+    before = os.environ.get(LAUNCHER_PID_ENV)
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
     try:
-        with monitoring, heartbeats_for(watch):
-            elastic_launch(config, entrypoint)(*args)
-    except ChildFailedError as exc:
-        rank, code, message = failure_exit_code(exc)
-        verdict = watch.verdict() if watch is not None else None
-        if verdict is not None and verdict != (rank, code):
-            rank, code = verdict
-            message = f"rank {rank} failed with exit code {code} (the watch stopped the others)"
-        if watch is not None and watch.attempts and watch.attempts[-1].final:
-            message = f"{message}; not restarting: {watch.attempts[-1].final}"
-        if watch is not None and len(watch.attempts) > 1:
-            message = f"{message}; {len(watch.attempts)} attempts: {watch.summary()}"
-        print(f"launcher: {message}; exiting with {code}", file=sys.stderr, flush=True)
-        raise SystemExit(code) from exc
-    except SignalException as exc:
-        print(f"launcher: received {exc.sigval.name}; workers stopped", file=sys.stderr,
-              flush=True)
-        raise SystemExit(128 + int(exc.sigval)) from exc
+        yield stops
     finally:
-        restore_handlers(previous)
+        if before is None:
+            os.environ.pop(LAUNCHER_PID_ENV, None)
+        else:
+            os.environ[LAUNCHER_PID_ENV] = before
+        stops.record_only()
+        if early is None:
+            stops.finish()
+            request.restore()
+
+
+def forward_to_late_ranks(stops):
+    """The elastic agent's monitor of a launch with no watch: a stop that arrived before a rank
+    was spawned is sent to it after."""
+    def monitor(agent, worker_group, result):
+        stops.forward_late()
+        return result
+
+    return monitor
 
 
 @contextlib.contextmanager

@@ -33,14 +33,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from launcher.config import ResilienceConfig
 from launcher.core.atomic import atomic_write_text
 from launcher.core.exits import BAD_DATA_EXIT, CONFIG_ERROR_EXIT, REQUEUE_EXIT
 from launcher.engines.compat import release_jit_build_locks
 from launcher.plan.resilience import first_phase_s
-from launcher.runtime.heartbeat import STARTUP, Beat, decided_exit, read_beat, record_path
+from launcher.runtime.heartbeat import (STARTUP, Beat, decided_exit, ended_in_startup, read_beat,
+                                        record_path)
 from launcher.runtime.metrics import append_event
 
 FINAL_EXITS = {CONFIG_ERROR_EXIT: "a config error or a full disk",
@@ -94,6 +95,10 @@ class JobWatch:
     heartbeat_dir: Path
     run_dir: Optional[Path]
     say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
+    stops: Optional[Any] = None
+    """The launcher's stop signals (:class:`launcher.core.stop.StartupStop`, set by
+    :func:`launcher.launch.local.launch_world`): once it has received one, the job is stopping
+    (:meth:`stopping`)."""
     attempts: list = field(default_factory=list)
     _hang: str = ""
     _checked: float = 0.0
@@ -104,6 +109,8 @@ class JobWatch:
         pids = {w.global_rank: w.id for w in worker_group.workers if w.id is not None}
         if not self.attempts or self.attempts[-1].pids != pids:
             self._begin(pids)
+        if self.stopping() is not None:
+            self.stops.forward_late()  # ranks spawned after the signal
         self._follow_steps()
         if result.state == WorkerState.FAILED:
             self._failed(agent, result)
@@ -127,14 +134,22 @@ class JobWatch:
             self._checked = now
             self._check_hang()
 
+    def stopping(self) -> Optional[int]:
+        """The stop signal the launcher received (None: none): the job is stopping, so no
+        failure restarts it and it exits 75 (:meth:`stopped`)."""
+        return self.stops.received if self.stops is not None else None
+
     def _end_broken_world(self) -> bool:
-        """A rank that died or failed (an exit other than 0 and 75, read from its zombie
-        before the agent reaps it) leaves the others waiting on it: kill them now, so the
-        agent does not spend its 30 s SIGTERM grace on ranks that cannot save anyway."""
-        attempt = self.attempts[-1]
+        """A rank that died or failed (an exit other than 0 and 75, or a 75 before its first
+        step, read from its zombie before the agent reaps it) leaves the others waiting on it:
+        kill them now, so the agent does not spend its 30 s SIGTERM grace on ranks that cannot
+        save anyway."""
+        attempt, beats = self.attempts[-1], self._beats()
         dead = {r: _exit_status(pid) for r, pid in attempt.pids.items() if _state(pid) == "Z"}
         broken = [r for r, status in dead.items()
-                  if status is not None and (status & 0x7F or status >> 8 not in (0, REQUEUE_EXIT))]
+                  if status is not None and (status & 0x7F or status >> 8 not in (0, REQUEUE_EXIT)
+                                             or (status >> 8 == REQUEUE_EXIT
+                                                 and not _saved_stop(beats.get(r))))]
         if not broken:
             return False
         if attempt.failure is None:
@@ -170,7 +185,8 @@ class JobWatch:
 
     def _follow_steps(self) -> None:
         attempt = self.attempts[-1]
-        steps = [b.step for b in self._beats().values() if b is not None and b.phase != STARTUP]
+        steps = [b.step for b in self._beats().values()
+                 if b is not None and b.phase != STARTUP and not ended_in_startup(b)]
         if steps:
             if attempt.first_step is None:
                 attempt.first_step = min(steps)
@@ -231,11 +247,13 @@ class JobWatch:
         self._read_decisions()
         attempt.cause = self._hang or _failure_cause(result.failures, attempt.verdict())
         final = _final_reason(result.failures, attempt)
+        if self.stopping() is not None:
+            final = f"the job was asked to stop ({signal.Signals(self.stopping()).name})"
         left = getattr(agent, "_remaining_restarts", 0)
         if final:
             agent._remaining_restarts = 0
             attempt.final = final
-        if not any(f.exitcode == REQUEUE_EXIT for f in result.failures.values()):
+        if not self._saving(result.failures):
             for pid in attempt.pids.values():  # nothing to save: the checkpoint on disk is
                 _kill_tree(pid)                # what the next attempt resumes from
             release_jit_build_locks(attempt.started)
@@ -249,10 +267,34 @@ class JobWatch:
             self._event("restart", f"restart {total - left + 1} of {total} after: "
                         f"{attempt.cause}", attempt=attempt.number + 1)
 
+    def _saving(self, failures: dict) -> bool:
+        """Some rank ended 75 after its first step: the ranks agreed to stop and save, and the
+        others may still be writing their share (a 75 before the first step saved nothing)."""
+        beats, attempt = self._beats(), self.attempts[-1]
+        stopped = {r for r, f in failures.items() if f.exitcode == REQUEUE_EXIT} | \
+            {r for r, code in attempt.decided.items() if code == REQUEUE_EXIT}
+        return any(_saved_stop(beats.get(r)) for r in stopped)
+
     def verdict(self) -> Optional[tuple]:
         """(rank, exit code) of the last attempt's failure (:meth:`Attempt.verdict`); None: the
         agent's report decides."""
         return self.attempts[-1].verdict() if self.attempts else None
+
+    def stopped(self) -> Optional[tuple]:
+        """(75, the line that says so) when the launcher was asked to stop: whatever the ranks
+        ended with (saved and exited 75, ended in start-up, killed before their handlers), the
+        job stopped; None when it was not asked to, or a rank decided a config error or
+        non-finite numbers (2, 3), which a requeue would only meet again."""
+        signum, verdict = self.stopping(), self.verdict()
+        if signum is None or (verdict is not None and verdict[1] in
+                              (CONFIG_ERROR_EXIT, BAD_DATA_EXIT)):
+            return None
+        name = signal.Signals(signum).name
+        attempt = self.attempts[-1] if self.attempts else None
+        if attempt is not None and attempt.last_step is not None:
+            return REQUEUE_EXIT, f"stopped by {name}; the ranks saved their last step"
+        return REQUEUE_EXIT, (f"stopped by {name} during start-up (nothing to save: the run "
+                              "resumes from its latest checkpoint)")
 
     def summary(self) -> str:
         """Every attempt and how it ended (printed when the job fails for good)."""
@@ -268,6 +310,12 @@ class JobWatch:
                 append_event(self.run_dir, kind, message, **fields)
             except OSError:
                 pass
+
+
+def _saved_stop(beat: Optional[Beat]) -> bool:
+    """The rank announced exit 75 after the loop's stop, that is after saving (a 75 announced in
+    start-up, or none announced: it stopped before its heartbeat existed, saved nothing)."""
+    return decided_exit(beat) == REQUEUE_EXIT and not ended_in_startup(beat)
 
 
 def _final_reason(failures: dict, attempt: Attempt) -> str:

@@ -94,10 +94,12 @@ class Heartbeat:
         self._phase, self._since = name, now
         self._write(now, self.timeout_for(name))
 
-    def exiting(self, code: int) -> None:
+    def exiting(self, code: int, in_startup: bool = False) -> None:
         """This rank has decided to exit with ``code``: its launcher's watch reads the cause from
-        here even when another rank's exit reaches it first (:func:`decided_exit`)."""
-        self.phase(f"{EXITING} {int(code)}")
+        here even when another rank's exit reaches it first (:func:`decided_exit`).
+        ``in_startup``: it ends before its first step, having saved nothing, so the other ranks
+        cannot save either (:func:`ended_in_startup`)."""
+        self.phase(f"{EXITING} {int(code)}" + (f" {STARTUP}" if in_startup else ""))
 
     def agree(self, step_times: Iterable[float]) -> None:
         """Fold every rank's step time (gathered for the straggler check) into the history, so
@@ -135,9 +137,14 @@ def decided_exit(beat: Optional[Beat]) -> Optional[int]:
     if beat is None or not beat.phase.startswith(EXITING + " "):
         return None
     try:
-        return int(beat.phase[len(EXITING) + 1:])
-    except ValueError:
+        return int(beat.phase.split()[1])
+    except (ValueError, IndexError):
         return None
+
+
+def ended_in_startup(beat: Optional[Beat]) -> bool:
+    """The rank announced its exit before its first step (``exiting <code> startup``)."""
+    return decided_exit(beat) is not None and beat.phase.endswith(" " + STARTUP)
 
 
 def read_beat(path: Path) -> Optional[Beat]:

@@ -96,20 +96,33 @@ class TrainLoop:
     log interval and before the run ends (a no-op off rank 0)."""
 
     def run(self) -> int:
-        """Train to the plan's train_steps; returns 0, or REQUEUE_EXIT after a stop request."""
+        """Train to the plan's train_steps; returns 0, or REQUEUE_EXIT after a stop request.
+        The ranks agree on stopping before each step, so a stop that arrived between the end
+        of start-up and the first step runs no step."""
         self.state.window_start = time.perf_counter()  # throughput excludes start-up
         self.checkpoints.warm_up()
+        first = self.state.step
         while self.state.step < self.plan.batch.train_steps:
-            self._one_step()
             if self.stop.agree():
-                self.metrics.log_event("stop", f"stop requested; saving at step {self.state.step}"
-                                       f" and exiting {REQUEUE_EXIT} for requeue")
-                self.save(background=False)
-                self.eval_jobs.merge()
-                return REQUEUE_EXIT
+                return self._stopped(since=first)
+            self._one_step()
         self.save(background=False)
         self.eval_jobs.merge()
         return 0
+
+    def _stopped(self, since: int) -> int:
+        """The ranks agreed to stop: save the step reached (when this launch ran one) and
+        return REQUEUE_EXIT."""
+        step = self.state.step
+        if step > since:
+            self.metrics.log_event("stop", f"stop requested; saving at step {step} and exiting "
+                                   f"{REQUEUE_EXIT} for requeue")
+            self.save(background=False)
+        else:
+            self.metrics.log_event("stop", f"stop requested before the first step; nothing new "
+                                   f"to save; exiting {REQUEUE_EXIT} for requeue")
+        self.eval_jobs.merge()
+        return REQUEUE_EXIT
 
     def _one_step(self) -> None:
         s = self.state
