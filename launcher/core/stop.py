@@ -313,6 +313,23 @@ def release_stop_signals(stop_signal: str = "SIGUSR1") -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals(stop_signal))
 
 
+def start_resource_tracker_deaf_to_stops(stop_signal: str = "SIGUSR1") -> None:
+    """Start multiprocessing's resource tracker (the helper process that every spawned child of
+    this process shares) so that no stop signal can end it. It ignores SIGINT and SIGTERM by
+    itself, but SIGUSR1 or SIGUSR2 sent to the process group killed it: "resource_tracker:
+    process died unexpectedly, relaunching" and a traceback per shared-memory block on the
+    console. Started while the stop signals are held here, it inherits them held, and it
+    releases only the two it ignores; this process's watcher thread takes the signals
+    meanwhile. Already running: nothing to do."""
+    from multiprocessing import resource_tracker
+
+    hold_stop_signals(stop_signal)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        release_stop_signals(stop_signal)
+
+
 _this_process: Optional[tuple] = None
 """(StopRequest, StartupStop) installed by :func:`stop_from_first_line`, until start-up ends."""
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 from launcher.core.stop import (LAUNCHER_PID_ENV, StartupStop, StopRequest, child_ranks,
-                                elastic_signals, this_process_stop)
+                                elastic_signals, start_resource_tracker_deaf_to_stops,
+                                this_process_stop)
 from launcher.parallel.distributed import free_port
 
 if TYPE_CHECKING:
@@ -169,6 +170,7 @@ def stops_forwarded(stop_signal: str):
         stops = StartupStop(stop_signal, None, request=request)
     stops.watch_also(stop_signal)
     stops.forward_to(child_ranks)
+    start_resource_tracker_deaf_to_stops(stop_signal)
     before = os.environ.get(LAUNCHER_PID_ENV)
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
     try:

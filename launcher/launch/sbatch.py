@@ -3,9 +3,10 @@
 The script is a header of ``#SBATCH`` directives, one ``srun`` line that starts the training with
 the caller's overrides (each one ``shlex.quote``-d, so no character of a value is ever interpreted
 by the shell), and the requeue logic: when the training exits with
-:data:`launcher.core.stop.REQUEUE_EXIT` (it saved after the early-warning signal) and the job
-has restarted fewer than ``cluster.max_restarts`` times, the job requeues itself with
-``scontrol requeue``; every other exit status is the job's own.
+:data:`launcher.core.stop.REQUEUE_EXIT` (it saved after the early-warning signal), or was ended
+by a stop signal before its handler existed (:func:`requeue_codes`), and the job has restarted
+fewer than ``cluster.max_restarts`` times, the job requeues itself with ``scontrol requeue``;
+every other exit status is the job's own.
 
 Node and process counts come from the :class:`launcher.plan.Plan`, so the job and the parallel
 layout cannot disagree. A ``#SBATCH`` value holding a newline is rejected (:class:`SbatchError`).
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from launcher.core.exits import REQUEUE_EXIT
-from launcher.core.stop import resolve_signal
+from launcher.core.stop import resolve_signal, stop_signals
 
 _PLAIN_VALUE = re.compile(r"[^\s\"'\\]*")
 
@@ -113,7 +114,7 @@ def body(cfg, plan, overrides: Sequence[str], workdir: Path, python: str) -> lis
     if cfg.launch.mode.value == "torchrun":
         lines.append('HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)')
     lines += [srun_line(cfg, plan, overrides), "rc=$?",
-              f'if [ "$rc" -eq {REQUEUE_EXIT} ]; then',
+              f'if {requeue_test(cfg.trainer.stop_signal)}; then',
               f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {cfg.cluster.max_restarts} ]; then',
               '    echo "trainwright: stopped for requeue; requeueing job ${SLURM_JOB_ID}"',
               '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
@@ -122,6 +123,18 @@ def body(cfg, plan, overrides: Sequence[str], workdir: Path, python: str) -> lis
               "fi",
               'exit "$rc"']
     return lines
+
+
+def requeue_codes(stop_signal: str) -> list[int]:
+    """The training's exit codes that mean "stopped, requeue me": 75, and 128 + N for each stop
+    signal N, which srun reports when a stop signal ended a task in its interpreter's first
+    instants, before its handler (docs/launching.md: nothing had started, so nothing is lost)."""
+    return [REQUEUE_EXIT] + sorted(128 + int(s) for s in stop_signals(stop_signal))
+
+
+def requeue_test(stop_signal: str) -> str:
+    """``[ "$rc" -eq 75 ] || ...``: the shell test for :func:`requeue_codes`."""
+    return " || ".join(f'[ "$rc" -eq {code} ]' for code in requeue_codes(stop_signal))
 
 
 def render(cfg, plan, overrides: Sequence[str], run_dir: Path, workdir: Path,
