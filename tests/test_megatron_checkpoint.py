@@ -483,3 +483,49 @@ def test_stop_right_after_an_async_save_completes_that_checkpoint(tmp_path):
         assert rank["listing"] == {"dirs": {"step_000002": True}, "resume": "step_000002"}
         assert (rank["code"], rank["step"], rank["pending"]) == (REQUEUE_EXIT, 2, False)
         assert rank["events"] == ["stop"]
+
+
+def stop_before_first_step_worker(args: dict) -> dict:
+    """TrainLoop whose stop signal (rank 1 only) arrived after start-up ended and before its first
+    step: the ranks agree once before it, so none runs, nothing is saved, and nothing is started
+    that the process's exit would wait for (the save-results queue's warm-up)."""
+    import os
+    import signal
+
+    import torch
+
+    from launcher.core.phases import PhaseTimer
+    from launcher.core.stop import StopRequest
+    from launcher.parallel import collectives
+    from launcher.runtime.loop import TrainLoop
+
+    ckpt = Path(args["dir"]) / "stop_first" / "checkpoints"
+    stop = StopRequest("SIGUSR1", any_rank=collectives.any_rank)
+    cfg, plan, eng = build(TIED + ["trainer.save_interval=2", "trainer.eval_interval=0",
+                                   "trainer.straggler_interval=0"])
+    metrics = _SignalOnLog(at=-1)
+    loop = TrainLoop(engine=eng, plan=plan, trainer=cfg.trainer, optimizer=cfg.optimizer,
+                     next_batch=fixed_batches(cfg.model.vocab_size, cfg.model.seq_length,
+                                              cfg.trainer.micro_batch_size, 3),
+                     eval_batches=None, metrics=metrics, timer=PhaseTimer(), stop=stop,
+                     checkpoints=_manager(eng, ckpt), saved_extras={"config": {}, "plan": {}})
+    if torch.distributed.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGUSR1)
+    out = {"code": loop.run(), "step": loop.state.step, "events": metrics.events,
+           "saved": sorted(p.name for p in ckpt.iterdir()) if ckpt.exists() else []}
+    stop.restore()
+    _finish()
+    return out
+
+
+@pytest.mark.slow
+def test_a_stop_between_start_up_and_the_first_step_runs_no_step_and_saves_nothing(tmp_path):
+    """Before the fix the ranks agreed only after a step: step 1 ran after the signal and was
+    saved."""
+    from launcher.core.exits import REQUEUE_EXIT
+    from tests.helpers.dist import run_distributed
+
+    for rank in run_distributed("tests.test_megatron_checkpoint:stop_before_first_step_worker", 2,
+                                {"dir": str(tmp_path)}):
+        assert (rank["code"], rank["step"], rank["saved"]) == (REQUEUE_EXIT, 0, []), rank
+        assert rank["events"] == ["stop"]
