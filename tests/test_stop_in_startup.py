@@ -18,10 +18,16 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
+from launcher.parallel.distributed import free_port
+from tests.helpers.signals import COMMON
 from tests.helpers.startup_stops import stop_at
+from tests.helpers.training import REPO, TINY
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("startup_stop_sweep")]
 
@@ -46,3 +52,68 @@ def test_a_stop_signal_at_any_moment_of_start_up_exits_75_at_once_without_restar
     assert len(in_start_up) >= 2 * 6, table  # the sweep did cover start-up
     assert {(c.sig, c.target) for c in in_start_up} == set(KINDS), table
     print(table)
+
+
+def _held(pid: int, sig: signal.Signals) -> bool:
+    """Whether process ``pid`` holds (blocks) ``sig`` right now."""
+    try:
+        status = open(f"/proc/{pid}/status").read()
+    except OSError:
+        return False
+    mask = int(status.split("SigBlk:")[1].split()[0], 16)
+    return bool(mask >> (int(sig) - 1) & 1)
+
+
+def _threads(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return 0
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@pytest.mark.parametrize("moment", ["agent", "exec"])
+def test_the_agent_holds_a_stop_signal_across_its_exec_and_the_job_exits_75(tmp_path, moment):
+    """The torchrun path (and the Kubernetes pod's command): ``launcher.launch.agent`` holds the
+    stop signals from its first line and execs ``launcher.train``, whose first line takes them.
+    SIGTERM to the group while the agent holds it (``agent``: before the exec; ``exec``: in the
+    new interpreter's start, before launcher.train's first line) ends the job with 75, one line.
+    Before the fix the signal killed the process: 143."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
+           "PYTHONPATH": str(REPO)}
+    port = free_port()
+    log = tmp_path / "agent.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "launcher.launch.agent", "--nnodes=1", "--nproc-per-node=2",
+             f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=tw-{port}",
+             "--local-addr=127.0.0.1", "--", *TINY, *COMMON, f"run.output_root={tmp_path}",
+             "run.name=agent"], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    want = "launcher.launch.agent" if moment == "agent" else "launcher.train"
+    deadline = time.monotonic() + 30
+    # one thread: launcher.train's first line (whose watcher thread would be the second) has
+    # not run yet
+    while not (_held(proc.pid, signal.SIGTERM) and want in _cmdline(proc.pid)
+               and _threads(proc.pid) == 1):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"never saw the {moment} holding SIGTERM:\n{log.read_text()[-3000:]}")
+    os.killpg(proc.pid, signal.SIGTERM)
+    sent = time.monotonic()
+    try:
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = log.read_text()
+    assert code == 75 and time.monotonic() - sent < 5.0, out[-3000:]
+    assert [l for l in out.splitlines() if "stopped by" in l] == [
+        "train: stopped by SIGTERM during start-up (nothing to save: the run resumes from its "
+        "latest checkpoint); exiting 75"], out[-3000:]
