@@ -129,3 +129,44 @@ def test_a_rank_killed_inside_the_allocation_is_restarted_in_the_same_job(slurm,
     assert "rank 1 died (SIGKILL)" in ends[0]["message"] and ends[0]["restart"] is True
     assert [e for e in events if e["kind"] == "resume"]
     assert max(metric_steps(run_dir)) == 30
+
+
+def wait_for_step_start(job: str, run_dir: Path, timeout: float = 120) -> None:
+    """Until the job's training step (srun) runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        steps = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"],
+                               capture_output=True, text=True, timeout=30).stdout.split()
+        if f"{job}.0" in steps:
+            return
+        assert job_info(job).get("JobState") in ("PENDING", "RUNNING"), read_logs(run_dir / "logs")
+        time.sleep(0.05)
+    pytest.fail(f"job {job} started no step in {timeout}s")
+
+
+@pytest.mark.parametrize("mode", ["torchrun", "srun"])
+def test_a_stop_signal_in_start_up_requeues_and_the_job_then_trains_every_step(slurm, tmp_path,
+                                                                             mode):
+    """The early warning (``scancel --signal=USR1``, to every task of the step) 1 s after the
+    training step starts: the launcher or the ranks are still starting, nothing to save; the job
+    exits 75 with one line and requeues itself, and the requeued job trains every step (issue
+    44). ``torchrun``: one agent per node, exec'd into launcher.train; ``srun``: each task is a
+    rank."""
+    run_dir = tmp_path / "tiny_1x2_cpu"
+    job = submit(tmp_path, "trainer.train_steps=10", "trainer.save_interval=0",
+                 "trainer.eval_interval=0", f"launch.mode={mode}", env=job_env())
+    wait_for_step_start(job, run_dir)
+    time.sleep(1.0)
+    subprocess.run(["scancel", "--signal=USR1", job], check=True, timeout=30)
+    deadline = time.monotonic() + 120
+    while job_info(job).get("Restarts", "0") == "0" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    logs = read_logs(run_dir / "logs")
+    assert job_info(job)["Restarts"] == "1", logs
+    assert logs.count("stopped by SIGUSR1 during start-up") == 1 and "requeueing job" in logs, logs
+    assert not (run_dir / "metrics.jsonl").exists() or not metric_steps(run_dir), logs
+    start_requeued_job_now(job)
+    info = wait_job(job, timeout=240, logs=run_dir / "logs")
+    logs = read_logs(run_dir / "logs")
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), logs
+    assert metric_steps(run_dir) == list(range(1, 11))
