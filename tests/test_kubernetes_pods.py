@@ -51,9 +51,8 @@ def trainer_pet(trainjob: dict, port: int) -> dict:
             "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": port}
 
 
-def run_pods(tmp: Path, runtime: dict, trainjob: dict, attempt: int, *, stop_after: int = 0):
-    """Start every pod of JobSet restart ``attempt``; with ``stop_after``, SIGTERM pod 1's main
-    process once that many steps are logged. Returns the exit codes and the logs."""
+def start_pods(tmp: Path, runtime: dict, trainjob: dict, attempt: int) -> tuple[list, list]:
+    """Start every pod of JobSet restart ``attempt``: (processes, log paths)."""
     job = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
     template = job["template"]
     volumes = {m["mountPath"]: tmp / m["name"] for m in template["spec"]["containers"][0]
@@ -67,6 +66,13 @@ def run_pods(tmp: Path, runtime: dict, trainjob: dict, attempt: int, *, stop_aft
         labels = {JOBSET_UID_LABEL: "5f1c-uid", JOBSET_ATTEMPT_LABEL: str(attempt)}
         pods.append(start_pod(template, index=index, pet=pet, volumes=volumes, secrets={},
                               log=logs[-1], labels=labels))
+    return pods, logs
+
+
+def run_pods(tmp: Path, runtime: dict, trainjob: dict, attempt: int, *, stop_after: int = 0):
+    """Start every pod of JobSet restart ``attempt``; with ``stop_after``, SIGTERM pod 1's main
+    process once that many steps are logged. Returns the exit codes and the logs."""
+    pods, logs = start_pods(tmp, runtime, trainjob, attempt)
     metrics = tmp / "runs" / "outputs" / "k8s" / "metrics.jsonl"
     deadline = time.monotonic() + 240
     while stop_after and time.monotonic() < deadline:
@@ -108,3 +114,33 @@ def test_rendered_pods_train_stop_on_sigterm_with_75_and_resume_bitwise(tmp_path
     train(tmp_path, "straight", *RUN, "cluster.gpus_per_node=2")
     straight = {s: row["loss"] for s, row in steps_of(tmp_path / "straight").items()}
     assert resumed == straight
+
+
+@pytest.mark.parametrize("delay", [1.0, 4.0])
+def test_pods_sigtermed_during_start_up_exit_75_within_seconds(tmp_path, delay):
+    """The kubelet's SIGTERM to each pod's main process (a preemption, a drain, the JobSet
+    restarting the job) ``delay`` s after the pods start: 1 s, while the agent's exec'd
+    launcher composes; 4 s, while the ranks start. Each pod exits 75 within 5 s with one line and
+    no step (issue 44; before the fix 143 at 1 s)."""
+    runtime, trainjob = render(*TINY, *RUN, "cluster=k8s_cpu", "cluster.nodes=2", "run.name=k8s")
+    pods, logs = start_pods(tmp_path, runtime, trainjob, 0)
+    time.sleep(delay)
+    codes, took = [], []
+    try:
+        for pod in reversed(pods):  # pod 1 first, then the JobSet ends pod 0
+            sent = time.monotonic()
+            os.kill(pod.pid, signal.SIGTERM)
+            codes.append(pod.wait(timeout=30))
+            took.append(time.monotonic() - sent)
+    finally:
+        for pod in pods:
+            if pod.poll() is None:
+                os.killpg(pod.pid, signal.SIGKILL)
+    text = "".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs)
+    assert codes == [REQUEUE_EXIT, REQUEUE_EXIT] and max(took) < 5.0, (codes, took, text)
+    for log in logs:
+        lines = [l for l in log.read_text().splitlines() if "stopped by SIGTERM" in l]
+        assert len(lines) == 1 and "during start-up" in lines[0], text
+    assert "Traceback" not in text and "restarting every rank" not in text, text
+    run_dir = tmp_path / "runs" / "outputs" / "k8s"
+    assert not (run_dir / "metrics.jsonl").exists() or not steps_of(run_dir)
