@@ -9,7 +9,7 @@ saves the same step, the job exits :data:`~launcher.core.exits.REQUEUE_EXIT`):
   agreement;
 * to the launcher only (``kill <pid>``, ``scancel --signal``): the launcher process
   (``launcher.train`` on one machine, ``launcher.launch.agent`` per node) forwards it to its ranks
-  (:func:`forward_stop_signals`) and waits for their exit code;
+  (:meth:`StartupStop.forward_to`) and waits for their exit code;
 * to the whole process group (Slurm's cgroup tracking, time limits, a terminal's Ctrl-C): every
   rank gets it; DataLoader worker processes ignore stop signals (:func:`ignore_stop_signals`, their
   ``worker_init_fn``) so they do not die mid-batch, and the launcher's forwarded copy only sets a
@@ -26,6 +26,11 @@ rank got the signal every rank sees True at the same step, saves a checkpoint an
         if stop.agree():
             save_checkpoint(); raise SystemExit(REQUEUE_EXIT)
     stop.restore()
+
+Start-up (docs/training.md, "A stop during start-up") has nothing to save and no step boundary
+to wait for: :func:`stop_from_first_line` and :class:`StartupStop` end a process at once, from
+the command's first line until its ranks run (a launcher then forwards, a rank hands over to the
+step contract above); :func:`hold_stop_signals` keeps a signal pending across an ``exec``.
 """
 
 from __future__ import annotations
