@@ -21,7 +21,8 @@ from tests.helpers.training import REPO
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 
-def run_script(code: str, timeout: float = 30, env: dict = ENV, **kw) -> subprocess.CompletedProcess:
+def run_script(code: str, timeout: float = 30, env: dict = ENV,
+               **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=timeout, **kw)
 
@@ -114,7 +115,8 @@ def test_the_resource_tracker_outlives_stop_signals_to_the_group():
     code = """
         import os, signal, time
         from multiprocessing import resource_tracker
-        from launcher.core.stop import StartupStop, StopRequest, start_resource_tracker_deaf_to_stops
+        from launcher.core.stop import (StartupStop, StopRequest,
+                                        start_resource_tracker_deaf_to_stops)
         request = StopRequest()
         stops = StartupStop("SIGUSR1", None, request=request)
         start_resource_tracker_deaf_to_stops()

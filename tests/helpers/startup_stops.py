@@ -59,7 +59,8 @@ class Case:
             out.append(f"exited {self.took:.1f} s after the signal")
         if self.steps_after:
             out.append(f"{self.steps_after} step(s) began after the signal")
-        if "restarting every rank" in self.output or any(e["kind"] == "restart" for e in self.events):
+        if "restarting every rank" in self.output or \
+                any(e["kind"] == "restart" for e in self.events):
             out.append("restarted")
         if "Traceback" in self.output:
             out.append("a traceback on the console")
