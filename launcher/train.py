@@ -10,11 +10,14 @@ done, 2 config error, 3 non-finite loss/gradient, 75 stopped for requeue, 1 othe
 from __future__ import annotations
 
 if __name__ in ("__main__", "__mp_main__"):  # before anything slow: no stop is lost from here
+    import sys as _sys
+
     from launcher.core.exits import REQUEUE_EXIT as _STOPPED
     from launcher.core.stop import stop_from_first_line
     from launcher.parallel.distributed import launch_rank as _launch_rank
 
-    stop_from_first_line(_STOPPED, "train", __name__, announce=_launch_rank() == 0)
+    if not {"-m", "--multirun"} & set(_sys.argv[1:]):  # a sweep: each point's run does this
+        stop_from_first_line(_STOPPED, "train", __name__, announce=_launch_rank() == 0)
 
 import contextlib
 import os
