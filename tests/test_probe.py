@@ -64,7 +64,10 @@ def test_the_probe_measures_every_part_on_the_jobs_ranks(probed):
     engine = p["figures"]["engine"]  # the engine at the job's layout, one and two layers deep
     assert [r["layers"] for r in engine] == [1, 2]  # TINY has 2 layers: 3 is capped at 2
     assert all(r["key"]["engine"] == "megatron" and r["key"]["dp"] == 2 for r in engine)
-    assert 0 < engine[0]["seconds"] < engine[1]["seconds"]
+    assert engine[0]["seconds"] > 0 and engine[1]["seconds"] > 0
+    # (nor that two layers cost more than one: a step of this tiny model takes 25-35 ms, and
+    # with the other xdist worker sweeping stop signals over two runs at once CI measured the
+    # 1-layer engine at 33 ms and the 2-layer one at 25 ms)
 
 
 def test_the_plan_composes_the_step_from_the_profile_and_says_so(probed, tmp_path):

@@ -75,6 +75,8 @@ class Attempt:
     failed while reporting a full disk, or that the watch killed, still tells its cause."""
     final: str = ""
     """Why this attempt's failure is not restarted ('' when it may be, or while it runs)."""
+    saved: bool = False
+    """A rank of it ended 75 after the loop's stop: the ranks agreed to stop and saved."""
 
     def verdict(self) -> Optional[tuple]:
         """(rank, exit code) the job ends with: the first rank that decided a final exit (a
@@ -253,7 +255,8 @@ class JobWatch:
         if final:
             agent._remaining_restarts = 0
             attempt.final = final
-        if not self._saving(result.failures):
+        attempt.saved = self._saving(result.failures)
+        if not attempt.saved:
             for pid in attempt.pids.values():  # nothing to save: the checkpoint on disk is
                 _kill_tree(pid)                # what the next attempt resumes from
             release_jit_build_locks(attempt.started)
@@ -291,9 +294,12 @@ class JobWatch:
             return None
         name = signal.Signals(signum).name
         attempt = self.attempts[-1] if self.attempts else None
-        if attempt is not None and attempt.last_step is not None:
+        if attempt is not None and attempt.saved:
             return REQUEUE_EXIT, f"stopped by {name}; the ranks saved their last step"
-        return REQUEUE_EXIT, (f"stopped by {name} during start-up (nothing to save: the run "
+        if attempt is None or attempt.last_step is None:
+            return REQUEUE_EXIT, (f"stopped by {name} during start-up (nothing to save: the run "
+                                  "resumes from its latest checkpoint)")
+        return REQUEUE_EXIT, (f"stopped by {name}; the ranks ended without saving (the run "
                               "resumes from its latest checkpoint)")
 
     def summary(self) -> str:
