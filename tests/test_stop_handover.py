@@ -1,5 +1,5 @@
 """The pieces of the start-up stop contract (launcher.core.stop, the watch, the sbatch script), in
-real processes and real signals, each a few hundred milliseconds; tests/test_stop_in_startup.py
+real processes and real signals, each a few hundred milliseconds; tests/test_startup_stop_sweep.py
 runs them together in real training runs."""
 
 from __future__ import annotations
