@@ -6,7 +6,7 @@ its first step, two runs at a time, each the load beside the other, taking turns
 deliveries: SIGTERM to the process group (as Slurm, Kubernetes and ``timeout`` send it), SIGUSR1
 (the early warning) to the group, SIGTERM to the launcher's pid alone. The sweep ends at the first
 point where both runs had begun training before their signal (the ordinary stop, which saves).
-The points are ``TRAINWRIGHT_STARTUP_STOP_STEP_S`` apart (default 1.0 s; docs/training.md gives
+The points are ``TRAINWRIGHT_STARTUP_STOP_STEP_S`` apart (default 1.25 s; docs/training.md gives
 a sweep at 0.25 s).
 
 Before the fix: a signal in the launcher's first 2-3 s killed it with 143 and no line; later ones
@@ -32,7 +32,7 @@ from tests.helpers.training import REPO, TINY
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("startup_stop_sweep")]
 
 KINDS = [(signal.SIGTERM, "group"), (signal.SIGUSR1, "group"), (signal.SIGTERM, "launcher")]
-STEP_S = float(os.environ.get("TRAINWRIGHT_STARTUP_STOP_STEP_S", "1.0"))
+STEP_S = float(os.environ.get("TRAINWRIGHT_STARTUP_STOP_STEP_S", "1.25"))
 MAX_POINTS = 80
 
 
