@@ -1,5 +1,6 @@
 """Models in and out: tiny random transformers models (Llama with GQA, tied and untied, Llama 3.1
-RoPE scaling; Mixtral with 4 experts top-2; GPT-2) imported at TP=1/TP=2/PP=2/EP=2 give the
+RoPE scaling; Mixtral with 4 experts top-2; GPT-2; Qwen2 with its QKV biases, tied and untied)
+imported at TP=1/TP=2/PP=2/EP=2 give the
 logits of transformers within 1e-4 (fp32); greedy generation equals transformers'; import ->
 export through both engines gives identical tensors; a trained checkpoint exports to a
 directory AutoModelForCausalLM loads with our logits; a model that disagrees with the weights
@@ -35,6 +36,16 @@ def _save(model, path: Path) -> str:
     return str(path)
 
 
+def _random_constants(model):
+    """Biases and norm weights drawn at random: transformers starts them at 0 and 1, which a
+    wrong mapping of them (a swapped norm, a misplaced bias) would leave unnoticed."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.normal_(1.0 if "norm" in name else 0.0, 0.2)
+    return model
+
+
 @pytest.fixture(scope="module")
 def hf_models(tmp_path_factory) -> dict:
     """Tiny random HF models saved to disk, by name."""
@@ -47,10 +58,16 @@ def hf_models(tmp_path_factory) -> dict:
                               num_experts_per_tok=2, tie_word_embeddings=False)
     gpt2 = t.GPT2Config(vocab_size=300, n_embd=64, n_layer=2, n_head=4, n_positions=128,
                         initializer_range=0.2, bos_token_id=0, eos_token_id=0)
-    return {"llama31_tied": _save(t.LlamaForCausalLM(llama), root / "llama31_tied"),
-            "llama_untied": _save(t.LlamaForCausalLM(untied), root / "llama_untied"),
-            "mixtral": _save(t.MixtralForCausalLM(mixtral), root / "mixtral"),
-            "gpt2": _save(t.GPT2LMHeadModel(gpt2), root / "gpt2")}
+    models = {"llama31_tied": _save(t.LlamaForCausalLM(llama), root / "llama31_tied"),
+              "llama_untied": _save(t.LlamaForCausalLM(untied), root / "llama_untied"),
+              "mixtral": _save(t.MixtralForCausalLM(mixtral), root / "mixtral"),
+              "gpt2": _save(t.GPT2LMHeadModel(gpt2), root / "gpt2")}
+    qwen2 = t.Qwen2Config(**LLAMA, tie_word_embeddings=True)
+    qwen2_untied = t.Qwen2Config(**{**LLAMA, "num_hidden_layers": 4}, tie_word_embeddings=False)
+    models["qwen2"] = _save(_random_constants(t.Qwen2ForCausalLM(qwen2)), root / "qwen2")
+    models["qwen2_untied"] = _save(_random_constants(t.Qwen2ForCausalLM(qwen2_untied)),
+                                   root / "qwen2_untied")
+    return models
 
 
 def reference_logits(path: str, ids=PROMPT) -> np.ndarray:
@@ -88,7 +105,8 @@ LAYOUTS = {"tp1": ({}, 1), "tp2": ({"tensor_parallel_size": 2}, 2),
 
 @pytest.mark.parametrize("name,layout", [
     ("llama31_tied", "tp1"), ("llama31_tied", "tp2"), ("llama_untied", "pp2"),
-    ("mixtral", "ep2"), ("mixtral", "tp2"), ("gpt2", "tp2"), ("gpt2", "pp2")])
+    ("mixtral", "ep2"), ("mixtral", "tp2"), ("gpt2", "tp2"), ("gpt2", "pp2"),
+    ("qwen2", "tp1"), ("qwen2", "tp2"), ("qwen2_untied", "pp2")])
 def test_imported_logits_equal_transformers(hf_models, name, layout):
     parallelism, ranks = LAYOUTS[layout]
     results = run_distributed("tests.test_convert_hf:layout_worker", ranks,
@@ -143,7 +161,10 @@ def _same_tensors(a: str, b: str) -> None:
     ("llama_untied", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"]),
     ("mixtral", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"]),
     ("llama31_tied", ["engine=deepspeed", "parallelism.tensor_parallel_size=2",
-                      "parallelism.zero_stage=3"])])
+                      "parallelism.zero_stage=3"]),
+    ("qwen2", ["engine=megatron", "parallelism.tensor_parallel_size=2"]),
+    ("qwen2_untied", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"]),
+    ("qwen2", ["engine=deepspeed", "parallelism.zero_stage=3"])])
 def test_import_export_round_trip_is_identical(hf_models, tmp_path, name, layout):
     run, out = tmp_path / "run", tmp_path / "hf_out"
     imported = _cli("launcher.convert", "from_hf", f"hf={hf_models[name]}", f"out={run}",
@@ -156,8 +177,9 @@ def test_import_export_round_trip_is_identical(hf_models, tmp_path, name, layout
     _same_tensors(hf_models[name], str(out))
 
 
-def test_generate_at_tp2_equals_transformers_greedy(hf_models):
-    path = hf_models["llama_untied"]
+@pytest.mark.parametrize("name", ["llama_untied", "qwen2"])
+def test_generate_at_tp2_equals_transformers_greedy(hf_models, name):
+    path = hf_models[name]
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     expected = model.generate(torch.tensor([PROMPT]), max_new_tokens=32, do_sample=False,
                               pad_token_id=0)[0, len(PROMPT):].tolist()
@@ -248,3 +270,39 @@ def test_preset_prints_a_model_that_composes(hf_models, tmp_path):
     assert fields["num_query_groups"] == 2 and fields["untie_embeddings_and_output_weights"] is False
     cfg = to_object(compose_config([f"model.{k}={v}" for k, v in fields.items()]))
     assert cfg.model.seq_length == 8192 and cfg.model.max_position_embeddings == 131072
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen2_untied", "llama31_tied", "mixtral", "gpt2"])
+def test_the_plan_counts_the_parameters_transformers_counts(hf_models, name):
+    """The plan's published figure (no vocabulary padding) of the imported config equals
+    num_parameters() of the transformers model."""
+    from launcher.config import ModelConfig
+    from launcher.launch.model_source import source_model
+    from launcher.plan.params import count_parameters
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_models[name])
+    ours = count_parameters(ModelConfig(**source_model(hf_models[name])))
+    assert ours.total_unpadded == model.num_parameters()
+
+
+def test_a_qwen2_with_sliding_windows_is_refused_naming_the_setting(tmp_path):
+    config = {"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4,
+              "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 300,
+              "use_sliding_window": True, "sliding_window": 32, "max_window_layers": 1}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    result = _cli("launcher.convert", "preset", f"hf={tmp_path}")
+    assert result.returncode == 2
+    assert "use_sliding_window=true" in result.stderr and "sliding_window=32" in result.stderr
+
+
+def test_export_refuses_a_model_no_family_holds_before_writing():
+    """A Llama with biases on every linear layer, or QKV biases with experts: no Hugging Face
+    family has them (before, the export wrote a Llama config without the biases)."""
+    from launcher.engines.weights.hf_config import UnsupportedModel, export_problems, hf_config
+
+    assert export_problems({"arch": "llama", "add_qkv_bias": True}) == []
+    assert "add_bias_linear" in export_problems({"arch": "llama", "add_bias_linear": True})[0]
+    moe = {"arch": "llama", "add_qkv_bias": True, "num_experts": 4}
+    assert "num_experts>0" in export_problems(moe)[0]
+    with pytest.raises(UnsupportedModel, match="add_qkv_bias"):
+        hf_config({**moe, "name": "m"}, dtype="float32")

@@ -20,7 +20,7 @@ import torch
 from launcher.convert import hf_writer
 from launcher.core.atomic import atomic_write_json
 from launcher.engines.weights import mapping
-from launcher.engines.weights.hf_config import hf_config
+from launcher.engines.weights.hf_config import UnsupportedModel, export_problems, hf_config
 from launcher.engines.weights.sources import chat_template_text, checkpoint_meta, tokenizer_file
 from launcher.shape import ResolvedModel
 
@@ -92,7 +92,11 @@ def write_tokenizer(tokenizer_json: Path, out: Path, eod_id: int, chat_template:
 
 def export(source, step_dir: Path, out: Path, *, dtype_name: str = "auto",
            max_shard_gb: float = 5.0, log: Callable[[str], None] = print) -> dict:
-    """Write the HF directory ``out`` from ``source`` (opened on ``step_dir``); a summary."""
+    """Write the HF directory ``out`` from ``source`` (opened on ``step_dir``); a summary.
+    A model no Hugging Face family holds is refused before anything is written."""
+    problems = export_problems(source.model)
+    if problems:
+        raise UnsupportedModel(str(step_dir), problems)
     start = time.perf_counter()
     meta = checkpoint_meta(step_dir)
     partial = hf_writer.staging_dir(out)

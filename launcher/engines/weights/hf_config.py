@@ -1,7 +1,7 @@
 """Hugging Face ``config.json`` <-> trainwright ``model`` group (torch-free).
 
-:func:`model_fields` reads an HF config of a supported family (``llama``, ``mixtral``, ``gpt2``)
-into ModelConfig fields and raises :class:`UnsupportedModel` naming every feature Megatron-Core
+:func:`model_fields` reads an HF config of a supported family (``llama``, ``mixtral``, ``gpt2``,
+``qwen2``) into ModelConfig fields and raises :class:`UnsupportedModel` naming every feature Megatron-Core
 cannot reproduce; :func:`hf_config` writes the config transformers (and vLLM) load for a
 ModelConfig. Field names and defaults follow transformers 4.45-5.x, including both spellings of
 the RoPE settings (``rope_theta`` + ``rope_scaling`` before 5.0, ``rope_parameters`` since).
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-FAMILIES = ("llama", "mixtral", "gpt2")
+FAMILIES = ("llama", "mixtral", "gpt2", "qwen2")
 """HF ``model_type`` values that convert."""
 
 MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -97,6 +97,22 @@ def _mixtral_fields(config: Mapping, problems: list) -> dict:
     return fields
 
 
+def _qwen2_fields(config: Mapping, problems: list) -> dict:
+    """Qwen2 and Qwen2.5: a Llama with biases on the query, key and value projections (not on
+    the output projection). ``sliding_window`` is a size the model ignores unless
+    ``use_sliding_window`` (or a ``sliding_attention`` entry of ``layer_types``) turns it on."""
+    sliding = [i for i, kind in enumerate(config.get("layer_types") or [])
+               if kind != "full_attention"]
+    if config.get("use_sliding_window") or sliding:
+        problems.append(f"use_sliding_window=true (layers {sliding or 'from max_window_layers'} "
+                        f"attend within sliding_window={config.get('sliding_window')}; full "
+                        "causal attention only)")
+    fields = _llama_fields({**config, "attention_bias": False, "mlp_bias": False,
+                            "sliding_window": None}, problems)
+    fields["add_qkv_bias"] = True
+    return fields
+
+
 def _gpt2_fields(config: Mapping, problems: list) -> dict:
     hidden = int(config["n_embd"])
     act = config.get("activation_function", "gelu_new")
@@ -124,8 +140,8 @@ def model_fields(config: Mapping, source: str = "config.json") -> dict:
         raise UnsupportedModel(source, [f"model_type={kind!r} (supported: "
                                         f"{', '.join(FAMILIES)})"])
     problems: list[str] = []
-    fields = {"llama": _llama_fields, "mixtral": _mixtral_fields, "gpt2": _gpt2_fields}[kind](
-        config, problems)
+    fields = {"llama": _llama_fields, "mixtral": _mixtral_fields, "gpt2": _gpt2_fields,
+              "qwen2": _qwen2_fields}[kind](config, problems)
     if config.get("tie_word_embeddings") is False and kind == "gpt2":
         problems.append("tie_word_embeddings=false (GPT-2 always ties its output layer)")
     if problems:
@@ -156,7 +172,13 @@ def _llama_config(m: Mapping, dtype: str) -> dict:
         "initializer_range": float(m.get("init_method_std", 0.02)), "torch_dtype": dtype,
         "dtype": dtype, "use_cache": True, "attention_dropout": 0.0,
     }
-    if int(m.get("num_experts") or 0) > 0:
+    if m.get("add_qkv_bias") and int(m.get("num_experts") or 0) == 0:
+        del config["attention_bias"], config["mlp_bias"]
+        config.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"],
+                      use_sliding_window=False, sliding_window=None,
+                      max_window_layers=int(m["num_layers"]),
+                      layer_types=["full_attention"] * int(m["num_layers"]))
+    elif int(m.get("num_experts") or 0) > 0:
         config.update(model_type="mixtral", architectures=["MixtralForCausalLM"],
                       num_local_experts=int(m["num_experts"]),
                       num_experts_per_tok=int(m["moe_router_topk"]),
@@ -183,9 +205,24 @@ def _gpt2_config(m: Mapping, dtype: str) -> dict:
     }
 
 
+def export_problems(model: Mapping) -> list[str]:
+    """Why no Hugging Face family holds ``model`` exactly ([] when one does)."""
+    m, out = dict(model), []
+    if m.get("arch", "llama") == "llama" and m.get("add_bias_linear"):
+        out.append("model.add_bias_linear=true with arch=llama (no Hugging Face family has "
+                   "biases on every linear layer of a Llama)")
+    if m.get("add_qkv_bias") and int(m.get("num_experts") or 0) > 0:
+        out.append("model.add_qkv_bias=true with num_experts>0 (Mixtral has no QKV bias)")
+    return out
+
+
 def hf_config(model: Mapping, *, dtype: str, eos_id: int = -1, bos_id: int = -1) -> dict:
-    """The HF ``config.json`` of a ModelConfig (given as a mapping of its fields)."""
+    """The HF ``config.json`` of a ModelConfig (given as a mapping of its fields);
+    UnsupportedModel when no family holds it (:func:`export_problems`)."""
     m = dict(model)
+    problems = export_problems(m)
+    if problems:
+        raise UnsupportedModel(f"model {m.get('name', '')!r}", problems)
     config = _gpt2_config(m, dtype) if m["arch"] == "gpt2" else _llama_config(m, dtype)
     config["bos_token_id"] = bos_id if bos_id >= 0 else None
     config["eos_token_id"] = eos_id if eos_id >= 0 else None

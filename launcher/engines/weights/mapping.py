@@ -51,11 +51,14 @@ def _llama_rules(d: ResolvedModel) -> list[Rule]:
              Rule(L + "self_attention.linear_qkv.layer_norm_weight",
                   (p + "input_layernorm.weight",), "copy", 1),
              Rule(L + "self_attention.linear_qkv.weight",
-                  tuple(p + f"self_attn.{x}_proj.weight" for x in "qkv"), "qkv", 1),
-             Rule(L + "self_attention.linear_proj.weight", (p + "self_attn.o_proj.weight",),
-                  "copy", 1),
-             Rule(L + "mlp.linear_fc1.layer_norm_weight", (p + "post_attention_layernorm.weight",),
-                  "copy", 1)]
+                  tuple(p + f"self_attn.{x}_proj.weight" for x in "qkv"), "qkv", 1)]
+    if d.qkv_bias:  # Qwen2: biases on q, k and v only, grouped as their rows
+        rules.append(Rule(L + "self_attention.linear_qkv.bias",
+                          tuple(p + f"self_attn.{x}_proj.bias" for x in "qkv"), "qkv", 1))
+    rules += [Rule(L + "self_attention.linear_proj.weight", (p + "self_attn.o_proj.weight",),
+                   "copy", 1),
+              Rule(L + "mlp.linear_fc1.layer_norm_weight",
+                   (p + "post_attention_layernorm.weight",), "copy", 1)]
     if d.experts:
         moe = p + "block_sparse_moe."
         rules += [Rule(L + "mlp.router.weight", (moe + "gate.weight",), "copy", 1),
