@@ -232,6 +232,10 @@ class ModelConfig:
     """Biases in every linear layer."""
     add_qkv_bias: bool = False
     """Bias in the QKV projection only (Qwen style); implied by add_bias_linear."""
+    qk_layernorm: bool = False
+    """A norm (the model's kind: RMSNorm for llama) of every query and key head over its head
+    dimension, before RoPE and attention, one weight vector shared by the heads (Qwen3's
+    q_norm/k_norm)."""
     hidden_dropout: float = 0.0
     """Dropout probability after attention and MLP blocks."""
     attention_dropout: float = 0.0

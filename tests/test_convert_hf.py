@@ -1,5 +1,6 @@
 """Models in and out: tiny random transformers models (Llama with GQA, tied and untied, Llama 3.1
-RoPE scaling; Mixtral with 4 experts top-2; GPT-2; Qwen2 with its QKV biases, tied and untied)
+RoPE scaling; Mixtral with 4 experts top-2; GPT-2; Qwen2 with its QKV biases, tied and untied;
+Qwen3 with QK-norm and a head dimension other than hidden / heads)
 imported at TP=1/TP=2/PP=2/EP=2 give the
 logits of transformers within 1e-4 (fp32); greedy generation equals transformers'; import ->
 export through both engines gives identical tensors; a trained checkpoint exports to a
@@ -67,6 +68,9 @@ def hf_models(tmp_path_factory) -> dict:
     models["qwen2"] = _save(_random_constants(t.Qwen2ForCausalLM(qwen2)), root / "qwen2")
     models["qwen2_untied"] = _save(_random_constants(t.Qwen2ForCausalLM(qwen2_untied)),
                                    root / "qwen2_untied")
+    qwen3 = t.Qwen3Config(**{**LLAMA, "num_hidden_layers": 4}, head_dim=32,
+                          tie_word_embeddings=False)
+    models["qwen3"] = _save(_random_constants(t.Qwen3ForCausalLM(qwen3)), root / "qwen3")
     return models
 
 
@@ -106,7 +110,8 @@ LAYOUTS = {"tp1": ({}, 1), "tp2": ({"tensor_parallel_size": 2}, 2),
 @pytest.mark.parametrize("name,layout", [
     ("llama31_tied", "tp1"), ("llama31_tied", "tp2"), ("llama_untied", "pp2"),
     ("mixtral", "ep2"), ("mixtral", "tp2"), ("gpt2", "tp2"), ("gpt2", "pp2"),
-    ("qwen2", "tp1"), ("qwen2", "tp2"), ("qwen2_untied", "pp2")])
+    ("qwen2", "tp1"), ("qwen2", "tp2"), ("qwen2_untied", "pp2"),
+    ("qwen3", "tp1"), ("qwen3", "tp2"), ("qwen3", "pp2")])
 def test_imported_logits_equal_transformers(hf_models, name, layout):
     parallelism, ranks = LAYOUTS[layout]
     results = run_distributed("tests.test_convert_hf:layout_worker", ranks,
@@ -164,7 +169,9 @@ def _same_tensors(a: str, b: str) -> None:
                       "parallelism.zero_stage=3"]),
     ("qwen2", ["engine=megatron", "parallelism.tensor_parallel_size=2"]),
     ("qwen2_untied", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"]),
-    ("qwen2", ["engine=deepspeed", "parallelism.zero_stage=3"])])
+    ("qwen2", ["engine=deepspeed", "parallelism.zero_stage=3"]),
+    ("qwen3", ["engine=megatron", "parallelism.pipeline_parallel_size=2"]),
+    ("qwen3", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"])])
 def test_import_export_round_trip_is_identical(hf_models, tmp_path, name, layout):
     run, out = tmp_path / "run", tmp_path / "hf_out"
     imported = _cli("launcher.convert", "from_hf", f"hf={hf_models[name]}", f"out={run}",
@@ -177,7 +184,7 @@ def test_import_export_round_trip_is_identical(hf_models, tmp_path, name, layout
     _same_tensors(hf_models[name], str(out))
 
 
-@pytest.mark.parametrize("name", ["llama_untied", "qwen2"])
+@pytest.mark.parametrize("name", ["llama_untied", "qwen2", "qwen3"])
 def test_generate_at_tp2_equals_transformers_greedy(hf_models, name):
     path = hf_models[name]
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -272,7 +279,8 @@ def test_preset_prints_a_model_that_composes(hf_models, tmp_path):
     assert cfg.model.seq_length == 8192 and cfg.model.max_position_embeddings == 131072
 
 
-@pytest.mark.parametrize("name", ["qwen2", "qwen2_untied", "llama31_tied", "mixtral", "gpt2"])
+@pytest.mark.parametrize("name", ["qwen2", "qwen2_untied", "qwen3", "llama31_tied", "mixtral",
+                                  "gpt2"])
 def test_the_plan_counts_the_parameters_transformers_counts(hf_models, name):
     """The plan's published figure (no vocabulary padding) of the imported config equals
     num_parameters() of the transformers model."""

@@ -20,6 +20,8 @@ CASES = {
     "llama_gqa": SMALL + ["model.num_query_groups=2"],
     "llama_tied_qkv_bias": SMALL + ["model.untie_embeddings_and_output_weights=false",
                                     "model.add_qkv_bias=true", "model.kv_channels=32"],
+    "llama_qk_norm": SMALL + ["model.qk_layernorm=true", "model.kv_channels=32",
+                              "model.num_query_groups=2"],
     "gpt2": SMALL + ["model.arch=gpt2", "model.untie_embeddings_and_output_weights=false",
                      "model.add_bias_linear=true", "model.max_position_embeddings=48"],
     "moe": SMALL + ["model.num_experts=4", "model.moe_router_topk=2",

@@ -186,6 +186,7 @@ def _arch_fields(model: ModelConfig, resolved: ResolvedModel) -> dict:
         activation_func=activation_function(model, fused=fusions["bias_activation_fusion"]),
         add_bias_linear=resolved.bias,
         add_qkv_bias=resolved.qkv_bias,
+        qk_layernorm=resolved.qk_norm,
         masked_softmax_fusion=False,  # needs Megatron-LM's compiled softmax kernels
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,  # needs main_grad, which DeepSpeed does not have
@@ -343,13 +344,34 @@ class _SequenceParallelTorchNorm:
         return norm
 
 
+class _HeadTorchNorm:
+    """torch RMSNorm/LayerNorm for the query and key norms under sequence parallelism: they act
+    on whole sequences (after the all-gather) of this rank's heads, so they are not
+    sequence-parallel, which Megatron's local WrappedTorchNorm asserts of every norm. Their
+    gradients are summed over the TP group by name (finalize_model_grads; the DeepSpeed
+    engine's hook)."""
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_unused):
+        norm_cls = torch.nn.RMSNorm if config.normalization == "RMSNorm" else torch.nn.LayerNorm
+        return norm_cls(hidden_size, eps=eps)
+
+
 def _with_sp_norms(block_spec):
-    """Swap the local norms of a block spec for :class:`_SequenceParallelTorchNorm`."""
+    """Swap the local norms of a block spec for :class:`_SequenceParallelTorchNorm` (the QK
+    norms, when the spec has them, for :class:`_HeadTorchNorm`)."""
+    from megatron.core.transformer.identity_op import IdentityOp
+
     layers = []
     for spec in block_spec.layer_specs:
+        attention = spec.submodules.self_attention
+        heads = getattr(attention.submodules, "q_layernorm", IdentityOp)
+        if heads is not IdentityOp:
+            attention = dataclasses.replace(attention, submodules=dataclasses.replace(
+                attention.submodules, q_layernorm=_HeadTorchNorm, k_layernorm=_HeadTorchNorm))
         subs = dataclasses.replace(
             spec.submodules,
             input_layernorm=_SequenceParallelTorchNorm,
+            self_attention=attention,
             pre_mlp_layernorm=_SequenceParallelTorchNorm,
         )
         layers.append(dataclasses.replace(spec, submodules=subs))

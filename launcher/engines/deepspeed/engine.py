@@ -83,9 +83,12 @@ def deepspeed_config(batch: Batch, *, parallelism: ParallelismConfig, optimizer:
     }
 
 
-def _sync_sequence_parallel_grads(module: torch.nn.Module) -> None:
-    """Sum the gradients of sequence-parallel norm weights over the TP group as they are
-    produced (Megatron's finalize_model_grads does this; DeepSpeed does not)."""
+def _sync_replicated_norm_grads(module: torch.nn.Module) -> None:
+    """Sum the gradients of the norm weights every TP rank holds whole but sees only part of the
+    data through, over the TP group, as they are produced: sequence-parallel norms (each rank
+    holds a slice of the sequence) and query/key norms (each rank holds some of the heads).
+    Megatron's finalize_model_grads does this (``_allreduce_non_tensor_model_parallel_grads``,
+    which finds the QK norms by name, as here); DeepSpeed does not."""
     from megatron.core import parallel_state
 
     if parallel_state.get_tensor_model_parallel_world_size() == 1:
@@ -95,8 +98,9 @@ def _sync_sequence_parallel_grads(module: torch.nn.Module) -> None:
     def reduce(grad):
         return collectives.sum_(grad.clone(), group)
 
-    for param in module.parameters():
-        if getattr(param, "sequence_parallel", False):
+    for name, param in module.named_parameters():
+        qk_norm = ".q_layernorm." in name or ".k_layernorm." in name
+        if getattr(param, "sequence_parallel", False) or qk_norm:
             param.register_hook(reduce)
 
 
@@ -115,8 +119,8 @@ def build_engine(*, batch: Batch, model: ModelConfig, parallelism: ParallelismCo
     gpt = build_gpt_model(model, parallelism, trainer)
     initialize_weights([gpt], init_from=trainer.init_from, seed=trainer.seed,
                        layout_invariant=trainer.layout_invariant_init)
-    if parallelism.sequence_parallel:
-        _sync_sequence_parallel_grads(gpt)
+    if parallelism.sequence_parallel or model.qk_layernorm:
+        _sync_replicated_norm_grads(gpt)
     adamw = torch.optim.AdamW(param_groups(gpt, optimizer.weight_decay), lr=optimizer.lr,
                               betas=(optimizer.adam_beta1, optimizer.adam_beta2),
                               eps=optimizer.adam_eps)

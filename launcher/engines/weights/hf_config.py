@@ -1,7 +1,7 @@
 """Hugging Face ``config.json`` <-> trainwright ``model`` group (torch-free).
 
 :func:`model_fields` reads an HF config of a supported family (``llama``, ``mixtral``, ``gpt2``,
-``qwen2``) into ModelConfig fields and raises :class:`UnsupportedModel` naming every feature Megatron-Core
+``qwen2``, ``qwen3``) into ModelConfig fields and raises :class:`UnsupportedModel` naming every feature Megatron-Core
 cannot reproduce; :func:`hf_config` writes the config transformers (and vLLM) load for a
 ModelConfig. Field names and defaults follow transformers 4.45-5.x, including both spellings of
 the RoPE settings (``rope_theta`` + ``rope_scaling`` before 5.0, ``rope_parameters`` since).
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-FAMILIES = ("llama", "mixtral", "gpt2", "qwen2")
+FAMILIES = ("llama", "mixtral", "gpt2", "qwen2", "qwen3")
 """HF ``model_type`` values that convert."""
 
 MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -113,6 +113,18 @@ def _qwen2_fields(config: Mapping, problems: list) -> dict:
     return fields
 
 
+def _qwen3_fields(config: Mapping, problems: list) -> dict:
+    """Qwen3 (dense): a Llama with an RMSNorm over each query and key head (``q_norm``,
+    ``k_norm``); ``attention_bias`` would also put a bias on the output projection, which
+    Megatron-Core's QKV-only bias does not have."""
+    if config.get("attention_bias"):
+        problems.append("attention_bias=true (Qwen3's biases include the output projection; "
+                        "Megatron-Core biases the QKV projection only)")
+    fields = _qwen2_fields({**config, "attention_bias": False}, problems)
+    fields.update(add_qkv_bias=False, qk_layernorm=True)
+    return fields
+
+
 def _gpt2_fields(config: Mapping, problems: list) -> dict:
     hidden = int(config["n_embd"])
     act = config.get("activation_function", "gelu_new")
@@ -141,7 +153,7 @@ def model_fields(config: Mapping, source: str = "config.json") -> dict:
                                         f"{', '.join(FAMILIES)})"])
     problems: list[str] = []
     fields = {"llama": _llama_fields, "mixtral": _mixtral_fields, "gpt2": _gpt2_fields,
-              "qwen2": _qwen2_fields}[kind](config, problems)
+              "qwen2": _qwen2_fields, "qwen3": _qwen3_fields}[kind](config, problems)
     if config.get("tie_word_embeddings") is False and kind == "gpt2":
         problems.append("tie_word_embeddings=false (GPT-2 always ties its output layer)")
     if problems:
@@ -172,9 +184,12 @@ def _llama_config(m: Mapping, dtype: str) -> dict:
         "initializer_range": float(m.get("init_method_std", 0.02)), "torch_dtype": dtype,
         "dtype": dtype, "use_cache": True, "attention_dropout": 0.0,
     }
-    if m.get("add_qkv_bias") and int(m.get("num_experts") or 0) == 0:
-        del config["attention_bias"], config["mlp_bias"]
-        config.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"],
+    qwen = "qwen3" if m.get("qk_layernorm") else "qwen2" if m.get("add_qkv_bias") else ""
+    if qwen and int(m.get("num_experts") or 0) == 0:
+        del config["mlp_bias"]
+        if qwen == "qwen2":
+            del config["attention_bias"]
+        config.update(model_type=qwen, architectures=[f"{qwen.capitalize()}ForCausalLM"],
                       use_sliding_window=False, sliding_window=None,
                       max_window_layers=int(m["num_layers"]),
                       layer_types=["full_attention"] * int(m["num_layers"]))
@@ -213,6 +228,10 @@ def export_problems(model: Mapping) -> list[str]:
                    "biases on every linear layer of a Llama)")
     if m.get("add_qkv_bias") and int(m.get("num_experts") or 0) > 0:
         out.append("model.add_qkv_bias=true with num_experts>0 (Mixtral has no QKV bias)")
+    if m.get("qk_layernorm") and (m.get("add_qkv_bias") or int(m.get("num_experts") or 0) > 0
+                                  or m.get("arch") == "gpt2"):
+        out.append("model.qk_layernorm=true with QKV biases, experts or arch=gpt2 (Qwen3, the "
+                   "family with QK-norm, has none of them)")
     return out
 
 

@@ -55,6 +55,11 @@ def _llama_rules(d: ResolvedModel) -> list[Rule]:
     if d.qkv_bias:  # Qwen2: biases on q, k and v only, grouped as their rows
         rules.append(Rule(L + "self_attention.linear_qkv.bias",
                           tuple(p + f"self_attn.{x}_proj.bias" for x in "qkv"), "qkv", 1))
+    if d.qk_norm:  # Qwen3: one RMSNorm over the head dimension for queries, one for keys
+        rules += [Rule(L + "self_attention.q_layernorm.weight", (p + "self_attn.q_norm.weight",),
+                       "copy", 1),
+                  Rule(L + "self_attention.k_layernorm.weight", (p + "self_attn.k_norm.weight",),
+                       "copy", 1)]
     rules += [Rule(L + "self_attention.linear_proj.weight", (p + "self_attn.o_proj.weight",),
                    "copy", 1),
               Rule(L + "mlp.linear_fc1.layer_norm_weight",
