@@ -232,6 +232,10 @@ class ModelConfig:
     """Biases in every linear layer."""
     add_qkv_bias: bool = False
     """Bias in the QKV projection only (Qwen style); implied by add_bias_linear."""
+    window_size: int = 0
+    """Sliding-window attention, in tokens: each token attends to itself and the
+    window_size - 1 tokens before it, in every layer (Mistral's ``sliding_window``); 0 = full
+    causal attention."""
     qk_layernorm: bool = False
     """A norm (the model's kind: RMSNorm for llama) of every query and key head over its head
     dimension, before RoPE and attention, one weight vector shared by the heads (Qwen3's

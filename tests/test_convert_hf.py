@@ -1,6 +1,7 @@
 """Models in and out: tiny random transformers models (Llama with GQA, tied and untied, Llama 3.1
 RoPE scaling; Mixtral with 4 experts top-2; GPT-2; Qwen2 with its QKV biases, tied and untied;
-Qwen3 with QK-norm and a head dimension other than hidden / heads)
+Qwen3 with QK-norm and a head dimension other than hidden / heads; Mistral with a sliding window
+shorter than the prompt)
 imported at TP=1/TP=2/PP=2/EP=2 give the
 logits of transformers within 1e-4 (fp32); greedy generation equals transformers'; import ->
 export through both engines gives identical tensors; a trained checkpoint exports to a
@@ -28,6 +29,8 @@ PROMPT = [5, 17, 42, 99, 7, 3, 250, 11]
 LLAMA = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=131072,
              rope_theta=500000.0, initializer_range=0.2)
+MISTRAL_WINDOW = 4
+"""Shorter than PROMPT: its later tokens attend to 4 of the 8."""
 LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
@@ -71,6 +74,9 @@ def hf_models(tmp_path_factory) -> dict:
     qwen3 = t.Qwen3Config(**{**LLAMA, "num_hidden_layers": 4}, head_dim=32,
                           tie_word_embeddings=False)
     models["qwen3"] = _save(_random_constants(t.Qwen3ForCausalLM(qwen3)), root / "qwen3")
+    mistral = t.MistralConfig(**{**LLAMA, "num_hidden_layers": 4}, head_dim=16,
+                              sliding_window=MISTRAL_WINDOW, tie_word_embeddings=False)
+    models["mistral"] = _save(_random_constants(t.MistralForCausalLM(mistral)), root / "mistral")
     return models
 
 
@@ -111,7 +117,8 @@ LAYOUTS = {"tp1": ({}, 1), "tp2": ({"tensor_parallel_size": 2}, 2),
     ("llama31_tied", "tp1"), ("llama31_tied", "tp2"), ("llama_untied", "pp2"),
     ("mixtral", "ep2"), ("mixtral", "tp2"), ("gpt2", "tp2"), ("gpt2", "pp2"),
     ("qwen2", "tp1"), ("qwen2", "tp2"), ("qwen2_untied", "pp2"),
-    ("qwen3", "tp1"), ("qwen3", "tp2"), ("qwen3", "pp2")])
+    ("qwen3", "tp1"), ("qwen3", "tp2"), ("qwen3", "pp2"),
+    ("mistral", "tp1"), ("mistral", "tp2"), ("mistral", "pp2")])
 def test_imported_logits_equal_transformers(hf_models, name, layout):
     parallelism, ranks = LAYOUTS[layout]
     results = run_distributed("tests.test_convert_hf:layout_worker", ranks,
@@ -170,7 +177,8 @@ def _same_tensors(a: str, b: str) -> None:
     ("qwen2", ["engine=megatron", "parallelism.tensor_parallel_size=2"]),
     ("qwen2_untied", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"]),
     ("qwen3", ["engine=megatron", "parallelism.pipeline_parallel_size=2"]),
-    ("qwen3", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"])])
+    ("qwen3", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"]),
+    ("mistral", ["engine=megatron", "parallelism.tensor_parallel_size=2"])])
 def test_import_export_round_trip_is_identical(hf_models, tmp_path, name, layout):
     run, out = tmp_path / "run", tmp_path / "hf_out"
     imported = _cli("launcher.convert", "from_hf", f"hf={hf_models[name]}", f"out={run}",
@@ -183,7 +191,7 @@ def test_import_export_round_trip_is_identical(hf_models, tmp_path, name, layout
     _same_tensors(hf_models[name], str(out))
 
 
-@pytest.mark.parametrize("name", ["llama_untied", "qwen2", "qwen3"])
+@pytest.mark.parametrize("name", ["llama_untied", "qwen2", "qwen3", "mistral"])
 def test_generate_at_tp2_equals_transformers_greedy(hf_models, name):
     path = hf_models[name]
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -278,8 +286,8 @@ def test_preset_prints_a_model_that_composes(hf_models, tmp_path):
     assert cfg.model.seq_length == 8192 and cfg.model.max_position_embeddings == 131072
 
 
-@pytest.mark.parametrize("name", ["qwen2", "qwen2_untied", "qwen3", "llama31_tied", "mixtral",
-                                  "gpt2"])
+@pytest.mark.parametrize("name", ["qwen2", "qwen2_untied", "qwen3", "mistral", "llama31_tied",
+                                  "mixtral", "gpt2"])
 def test_the_plan_counts_the_parameters_transformers_counts(hf_models, name):
     """The plan's published figure (no vocabulary padding) of the imported config equals
     num_parameters() of the transformers model."""
@@ -313,3 +321,14 @@ def test_export_refuses_a_model_no_family_holds_before_writing():
     assert "num_experts>0" in export_problems(moe)[0]
     with pytest.raises(UnsupportedModel, match="add_qkv_bias"):
         hf_config({**moe, "name": "m"}, dtype="float32")
+
+
+def test_the_mistral_window_changes_the_logits(hf_models, tmp_path):
+    """The sliding window really acts on PROMPT (so the Mistral tests above test it): the same
+    weights without it give other logits."""
+    full = tmp_path / "full"
+    full.mkdir()
+    config = json.loads(Path(hf_models["mistral"], "config.json").read_text())
+    (full / "config.json").write_text(json.dumps({**config, "sliding_window": None}))
+    os.symlink(Path(hf_models["mistral"], "model.safetensors"), full / "model.safetensors")
+    assert np.abs(reference_logits(str(full)) - reference_logits(hf_models["mistral"])).max() > 1e-3

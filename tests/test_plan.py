@@ -57,7 +57,7 @@ def test_70b_fits_with_full_recompute_not_with_selective():
     ("llama3_1b", 1_235_814_400), ("llama3_8b", 8_030_261_248), ("llama3_70b", 70_553_706_496),
     ("llama3_405b", 405_853_388_800), ("mixtral_8x7b", 46_702_792_704),
     ("gpt2_124m", 124_439_808), ("qwen2_5_7b", 7_615_616_512),
-    ("qwen3_8b", 8_190_735_360),
+    ("qwen3_8b", 8_190_735_360), ("mistral_7b", 7_241_732_096),
 ])
 def test_preset_parameter_totals_match_published(preset, published):
     model = to_object(compose_config([f"model={preset}"])).model
@@ -254,3 +254,28 @@ def test_unfused_swiglu_keeps_one_more_ffn_per_token():
     per_layer = extra * model.seq_length * cpu.batch.micro_batch_size / (2 * 128)
     assert cpu.memory.per_gpu.activations - gpu.memory.per_gpu.activations == \
         pytest.approx(per_layer * model.num_layers)
+
+
+def test_a_sliding_window_bounds_the_attention_flops_and_is_refused_with_chat_rows():
+    """model.window_size: a query's scores cover W keys (W - W^2 / 2s under the causal mask);
+    a window as long as the sequence changes nothing; packed chat rows are refused (the local
+    attention would drop their mask for the window's)."""
+    from launcher.plan.flops import attended_keys, forward_flops_per_token
+    from launcher.plan.validate import _check_window
+    from launcher.shape.model import ResolvedModel
+
+    def resolved(*overrides):
+        return ResolvedModel.of(to_object(compose_config(["model=tiny", *overrides])).model)
+
+    full, windowed, long = resolved(), resolved("model.window_size=16"), \
+        resolved("model.window_size=4096")
+    assert full.seq == 256
+    assert (attended_keys(full, False), attended_keys(full, True)) == (256, 128)
+    assert (attended_keys(windowed, False), attended_keys(windowed, True)) == (16, 15.5)
+    assert forward_flops_per_token(long, True) == forward_flops_per_token(full, True)
+    saved = 2 * 2 * (128 - 15.5) * full.q_dim * full.layers
+    assert forward_flops_per_token(full, True) - forward_flops_per_token(windowed, True) == saved
+    chat = to_object(compose_config(["model.window_size=64", "data.format=chat"]))
+    [problem] = _check_window(chat, 1)
+    assert problem.keys == ("model.window_size", "data.format")
+    assert "model.window_size=64 with data.format=chat" in problem.message

@@ -35,6 +35,10 @@ CASES = {
     "global_batch_not_divisible": (
         ["trainer.global_batch_size=10", "trainer.micro_batch_size=4"],
         ["trainer.global_batch_size=10", "4 x 2 = 8", "multiple of 8", "micro_batch_size from 1, 5"]),
+    "window_with_context_parallelism": (
+        ["model.window_size=64", "parallelism.context_parallel_size=2", "engine=megatron"],
+        ["model.window_size=64 with context_parallel_size=2", "set context_parallel_size=1"]),
+    "window_size_negative": (["model.window_size=-1"], ["model.window_size must be >= 0"]),
     "seq_not_divisible_by_2cp": (
         ["model.seq_length=250", "parallelism.context_parallel_size=2", "engine=megatron"],
         ["model.seq_length=250", "2 x context_parallel_size = 4"]),

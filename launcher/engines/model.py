@@ -187,6 +187,8 @@ def _arch_fields(model: ModelConfig, resolved: ResolvedModel) -> dict:
         add_bias_linear=resolved.bias,
         add_qkv_bias=resolved.qkv_bias,
         qk_layernorm=resolved.qk_norm,
+        # Megatron-Core's (left, right) window: the window_size - 1 tokens before, none after
+        window_size=(resolved.window - 1, 0) if resolved.window else None,
         masked_softmax_fusion=False,  # needs Megatron-LM's compiled softmax kernels
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,  # needs main_grad, which DeepSpeed does not have

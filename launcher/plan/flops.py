@@ -9,6 +9,10 @@ recompute adds hardware FLOPs but not model FLOPs, so MFU ignores it.
 ``causal=True`` counts half of the attention scores and weighted values (a causal mask computes
 only the lower triangle), as Megatron-LM's and NeMo's logged TFLOP/s do: the figure to compare
 with those logs (``mfu_causal``). ``mfu`` stays the full-attention one (PaLM, torchtitan).
+
+A sliding window of W tokens (``model.window_size``) bounds the keys of every query: W instead
+of the sequence in the full convention, and W - W^2 / (2 s) on average under the causal mask
+(s / 2 when W reaches the sequence).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from launcher.shape.model import ResolvedModel
 
 def forward_flops_per_token(d: ResolvedModel, causal: bool = False) -> float:
     attn_linear = 2 * d.hidden * (d.q_dim + 2 * d.kv_dim) + 2 * d.q_dim * d.hidden
-    attn_scores = 2 * 2 * d.seq * d.q_dim / (2 if causal else 1)  # QK^T and scores x V
+    attn_scores = 2 * 2 * attended_keys(d, causal) * d.q_dim  # QK^T and scores x V
     matrices = 3 if d.gated else 2
     if d.experts:
         mlp = d.topk * 2 * matrices * d.hidden * d.expert_ffn + 2 * d.hidden * d.experts
@@ -26,6 +30,14 @@ def forward_flops_per_token(d: ResolvedModel, causal: bool = False) -> float:
         mlp = 2 * matrices * d.hidden * d.ffn
     logits = 2 * d.hidden * d.padded_vocab
     return d.layers * (attn_linear + attn_scores + mlp) + logits
+
+
+def attended_keys(d: ResolvedModel, causal: bool) -> float:
+    """Keys a query's scores are computed over, on average (module docstring)."""
+    window = min(d.window or d.seq, d.seq)
+    if not causal:
+        return float(window)
+    return window - window * window / (2 * d.seq)
 
 
 def train_flops_per_token(d: ResolvedModel, causal: bool = False) -> float:

@@ -43,7 +43,7 @@ def check_positive(cfg: TrainwrightConfig) -> list[Problem]:
     problems = [Problem((k,), f"{k}={v} must be a positive integer") for k, v in values.items()
                 if v < 1]
     for key in ("model.num_query_groups", "model.kv_channels", "model.num_experts",
-                "trainer.global_batch_size", "trainer.train_tokens", "trainer.train_steps"):
+                "model.window_size", "trainer.global_batch_size", "trainer.train_tokens", "trainer.train_steps"):
         group, name = key.split(".")
         if getattr(getattr(cfg, group), name) < 0:
             problems.append(Problem((key,), f"{key} must be >= 0 (0 means derived/unset)"))
@@ -152,6 +152,26 @@ def check_model_shapes(cfg: TrainwrightConfig, dims: ParallelDims) -> list[Probl
             f"{2 * cp} (each CP rank takes two balanced chunks); use context_parallel_size with "
             f"2 x CP from {fmt_values(divisors(m.seq_length))}"))
     problems += _check_experts(m.num_experts, ep) + _check_expert_bias(m, tp)
+    return problems + _check_window(cfg, cp)
+
+
+def _check_window(cfg: TrainwrightConfig, cp: int) -> list[Problem]:
+    """Sliding-window attention (model.window_size) with what it is not built for here:
+    Megatron-Core's local attention replaces a given mask by the window's (packed chat rows
+    would attend across their boundaries), and context parallelism's ring is not windowed."""
+    window = cfg.model.window_size
+    if not window:
+        return []
+    problems = []
+    if cfg.data.format == "chat":
+        problems.append(Problem(("model.window_size", "data.format"), (
+            f"model.window_size={window} with data.format=chat: Megatron-Core's local attention "
+            "drops the packed rows' mask for the window's, so conversations would attend to each "
+            "other; train with full attention (model.window_size=0) or on text")))
+    if cp > 1:
+        problems.append(Problem(("model.window_size", "parallelism.context_parallel_size"), (
+            f"model.window_size={window} with context_parallel_size={cp}: the window is not "
+            "applied across context-parallel chunks here; set context_parallel_size=1")))
     return problems
 
 

@@ -23,7 +23,7 @@ ARCHITECTURE_KEYS = (
     "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
     "max_position_embeddings", "rotary_base", "rope_scaling", "rope_scaling_factor",
     "norm_epsilon", "untie_embeddings_and_output_weights", "add_bias_linear", "add_qkv_bias",
-    "qk_layernorm", "num_experts", "moe_router_topk", "moe_ffn_hidden_size")
+    "qk_layernorm", "window_size", "num_experts", "moe_router_topk", "moe_ffn_hidden_size")
 """What the architecture record holds, in message order: every model setting that gives the
 weights their meaning (dropout, init and the MoE loss and capacity are training settings). The
 padded vocabulary is not part of it: it follows TP, and Megatron-Core loads embeddings padded
@@ -76,6 +76,8 @@ class ResolvedModel:
     qkv_bias: bool
     qk_norm: bool
     """A norm over each query and key head (model.qk_layernorm)."""
+    window: int
+    """Keys a query attends to at most, itself included (model.window_size; 0 = all before)."""
     experts: int
     topk: int
     """Experts a token is routed to (0 for a dense model)."""
@@ -104,7 +106,7 @@ class ResolvedModel:
             normalization="LayerNorm" if gpt2 else "RMSNorm",
             activation=_activation(model), norm_params=model.hidden_size * (2 if gpt2 else 1),
             bias=model.add_bias_linear, qkv_bias=model.add_bias_linear or model.add_qkv_bias,
-            qk_norm=model.qk_layernorm,
+            qk_norm=model.qk_layernorm, window=model.window_size,
             experts=model.num_experts, topk=model.moe_router_topk if model.num_experts else 0,
             expert_ffn=model.moe_ffn_hidden_size or model.ffn_hidden_size,
             tied=not model.untie_embeddings_and_output_weights, rotary_base=model.rotary_base,
@@ -155,7 +157,7 @@ class ResolvedModel:
             "norm_epsilon": self.norm_epsilon,
             "untie_embeddings_and_output_weights": not self.tied,
             "add_bias_linear": self.bias, "add_qkv_bias": self.qkv_bias,
-            "qk_layernorm": self.qk_norm,
+            "qk_layernorm": self.qk_norm, "window_size": self.window,
             "num_experts": self.experts, "moe_router_topk": self.topk if moe else None,
             "moe_ffn_hidden_size": self.expert_ffn if moe else None,
         }

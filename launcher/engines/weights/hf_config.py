@@ -1,7 +1,7 @@
 """Hugging Face ``config.json`` <-> trainwright ``model`` group (torch-free).
 
 :func:`model_fields` reads an HF config of a supported family (``llama``, ``mixtral``, ``gpt2``,
-``qwen2``, ``qwen3``) into ModelConfig fields and raises :class:`UnsupportedModel` naming every feature Megatron-Core
+``qwen2``, ``qwen3``, ``mistral``) into ModelConfig fields and raises :class:`UnsupportedModel` naming every feature Megatron-Core
 cannot reproduce; :func:`hf_config` writes the config transformers (and vLLM) load for a
 ModelConfig. Field names and defaults follow transformers 4.45-5.x, including both spellings of
 the RoPE settings (``rope_theta`` + ``rope_scaling`` before 5.0, ``rope_parameters`` since).
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-FAMILIES = ("llama", "mixtral", "gpt2", "qwen2", "qwen3")
+FAMILIES = ("llama", "mixtral", "gpt2", "qwen2", "qwen3", "mistral")
 """HF ``model_type`` values that convert."""
 
 MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -125,6 +125,18 @@ def _qwen3_fields(config: Mapping, problems: list) -> dict:
     return fields
 
 
+def _mistral_fields(config: Mapping, problems: list) -> dict:
+    """Mistral: a Llama whose every layer attends within ``sliding_window`` tokens, itself
+    included (null: full causal attention, as from v0.2 on)."""
+    if config.get("attention_bias") or config.get("mlp_bias"):
+        problems.append("attention_bias/mlp_bias (Mistral has no biases)")
+    fields = _llama_fields({**config, "attention_bias": False, "mlp_bias": False,
+                            "sliding_window": None}, problems)
+    if config.get("sliding_window"):
+        fields["window_size"] = int(config["sliding_window"])
+    return fields
+
+
 def _gpt2_fields(config: Mapping, problems: list) -> dict:
     hidden = int(config["n_embd"])
     act = config.get("activation_function", "gelu_new")
@@ -153,7 +165,8 @@ def model_fields(config: Mapping, source: str = "config.json") -> dict:
                                         f"{', '.join(FAMILIES)})"])
     problems: list[str] = []
     fields = {"llama": _llama_fields, "mixtral": _mixtral_fields, "gpt2": _gpt2_fields,
-              "qwen2": _qwen2_fields, "qwen3": _qwen3_fields}[kind](config, problems)
+              "qwen2": _qwen2_fields, "qwen3": _qwen3_fields,
+              "mistral": _mistral_fields}[kind](config, problems)
     if config.get("tie_word_embeddings") is False and kind == "gpt2":
         problems.append("tie_word_embeddings=false (GPT-2 always ties its output layer)")
     if problems:
@@ -185,7 +198,11 @@ def _llama_config(m: Mapping, dtype: str) -> dict:
         "dtype": dtype, "use_cache": True, "attention_dropout": 0.0,
     }
     qwen = "qwen3" if m.get("qk_layernorm") else "qwen2" if m.get("add_qkv_bias") else ""
-    if qwen and int(m.get("num_experts") or 0) == 0:
+    if int(m.get("window_size") or 0) > 0:
+        del config["attention_bias"], config["mlp_bias"]
+        config.update(model_type="mistral", architectures=["MistralForCausalLM"],
+                      sliding_window=int(m["window_size"]))
+    elif qwen and int(m.get("num_experts") or 0) == 0:
         del config["mlp_bias"]
         if qwen == "qwen2":
             del config["attention_bias"]
@@ -232,6 +249,11 @@ def export_problems(model: Mapping) -> list[str]:
                                   or m.get("arch") == "gpt2"):
         out.append("model.qk_layernorm=true with QKV biases, experts or arch=gpt2 (Qwen3, the "
                    "family with QK-norm, has none of them)")
+    if int(m.get("window_size") or 0) > 0 and (
+            m.get("add_qkv_bias") or m.get("qk_layernorm") or int(m.get("num_experts") or 0) > 0
+            or m.get("arch") == "gpt2"):
+        out.append("model.window_size>0 with QKV biases, QK-norm, experts or arch=gpt2 (Mistral, "
+                   "the family with a sliding window in every layer, has none of them)")
     return out
 
 
