@@ -28,6 +28,24 @@ class Arch(StrEnum):
     """LayerNorm, GELU MLP, learned absolute positions, biases, tied embeddings by default."""
 
 
+class HfFamily(StrEnum):
+    """The Hugging Face family (``model_type``) whose tensor names and config.json the weights
+    take in and out. The math is the ModelConfig's; a family only names it."""
+
+    auto = "auto"
+    """From the model's features: QK-norm qwen3, QKV biases qwen2, a window mistral, experts
+    mixtral, arch=gpt2 gpt2, else llama."""
+    llama = "llama"
+    mixtral = "mixtral"
+    gpt2 = "gpt2"
+    qwen2 = "qwen2"
+    qwen3 = "qwen3"
+    mistral = "mistral"
+    phi3 = "phi3"
+    """Phi-3: the query, key and value projections fused into one ``qkv_proj`` (all queries,
+    then keys, then values) and the gate and up projections into one ``gate_up_proj``."""
+
+
 class Activation(StrEnum):
     auto = "auto"
     """The architecture's own: SwiGLU for llama, exact (erf) GeLU for gpt2."""
@@ -232,6 +250,9 @@ class ModelConfig:
     """Biases in every linear layer."""
     add_qkv_bias: bool = False
     """Bias in the QKV projection only (Qwen style); implied by add_bias_linear."""
+    hf_family: HfFamily = HfFamily.auto
+    """The Hugging Face family the weights are named after when they are read from or written
+    to a Hugging Face directory (an import sets it; auto: inferred from the features)."""
     window_size: int = 0
     """Sliding-window attention, in tokens: each token attends to itself and the
     window_size - 1 tokens before it, in every layer (Mistral's ``sliding_window``); 0 = full

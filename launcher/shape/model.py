@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from launcher.config import Activation, Arch, ModelConfig, RopeScaling
+from launcher.config import Activation, Arch, HfFamily, ModelConfig, RopeScaling
 
 ARCHITECTURE_KEYS = (
     "arch", "normalization", "activation", "position_embedding", "num_layers", "hidden_size",
@@ -33,7 +33,8 @@ DERIVED = {"normalization": "from model.arch", "activation": "from model.arch an
            "position_embedding": "from model.arch"}
 """Architecture entries that are not a config key of their own: what sets them."""
 
-_ENUMS = {"arch": Arch, "activation": Activation, "rope_scaling": RopeScaling}
+_ENUMS = {"arch": Arch, "activation": Activation, "rope_scaling": RopeScaling,
+          "hf_family": HfFamily}
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: int = 1) -> int:
@@ -78,6 +79,8 @@ class ResolvedModel:
     """A norm over each query and key head (model.qk_layernorm)."""
     window: int
     """Keys a query attends to at most, itself included (model.window_size; 0 = all before)."""
+    family: HfFamily
+    """The Hugging Face family of the weights' names (model.hf_family, auto resolved)."""
     experts: int
     topk: int
     """Experts a token is routed to (0 for a dense model)."""
@@ -106,7 +109,7 @@ class ResolvedModel:
             normalization="LayerNorm" if gpt2 else "RMSNorm",
             activation=_activation(model), norm_params=model.hidden_size * (2 if gpt2 else 1),
             bias=model.add_bias_linear, qkv_bias=model.add_bias_linear or model.add_qkv_bias,
-            qk_norm=model.qk_layernorm, window=model.window_size,
+            qk_norm=model.qk_layernorm, window=model.window_size, family=hf_family_of(model),
             experts=model.num_experts, topk=model.moe_router_topk if model.num_experts else 0,
             expert_ffn=model.moe_ffn_hidden_size or model.ffn_hidden_size,
             tied=not model.untie_embeddings_and_output_weights, rotary_base=model.rotary_base,
@@ -161,6 +164,21 @@ class ResolvedModel:
             "num_experts": self.experts, "moe_router_topk": self.topk if moe else None,
             "moe_ffn_hidden_size": self.expert_ffn if moe else None,
         }
+
+
+def hf_family_of(model: ModelConfig) -> HfFamily:
+    """model.hf_family, or the family its features imply (HfFamily.auto)."""
+    if model.hf_family != HfFamily.auto:
+        return HfFamily(model.hf_family)
+    if model.arch == Arch.gpt2:
+        return HfFamily.gpt2
+    if model.num_experts:
+        return HfFamily.mixtral
+    if model.qk_layernorm:
+        return HfFamily.qwen3
+    if model.add_qkv_bias:
+        return HfFamily.qwen2
+    return HfFamily.mistral if model.window_size else HfFamily.llama
 
 
 def _activation(model: ModelConfig) -> str:

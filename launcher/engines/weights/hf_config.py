@@ -1,7 +1,7 @@
 """Hugging Face ``config.json`` <-> trainwright ``model`` group (torch-free).
 
 :func:`model_fields` reads an HF config of a supported family (``llama``, ``mixtral``, ``gpt2``,
-``qwen2``, ``qwen3``, ``mistral``) into ModelConfig fields and raises :class:`UnsupportedModel` naming every feature Megatron-Core
+``qwen2``, ``qwen3``, ``mistral``, ``phi3``) into ModelConfig fields and raises :class:`UnsupportedModel` naming every feature Megatron-Core
 cannot reproduce; :func:`hf_config` writes the config transformers (and vLLM) load for a
 ModelConfig. Field names and defaults follow transformers 4.45-5.x, including both spellings of
 the RoPE settings (``rope_theta`` + ``rope_scaling`` before 5.0, ``rope_parameters`` since).
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-FAMILIES = ("llama", "mixtral", "gpt2", "qwen2", "qwen3", "mistral")
+FAMILIES = ("llama", "mixtral", "gpt2", "qwen2", "qwen3", "mistral", "phi3")
 """HF ``model_type`` values that convert."""
 
 MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -137,6 +137,17 @@ def _mistral_fields(config: Mapping, problems: list) -> dict:
     return fields
 
 
+def _phi3_fields(config: Mapping, problems: list) -> dict:
+    """Phi-3: a Mistral-like model (window where ``sliding_window`` sets one) whose query, key and
+    value projections are one tensor, and gate and up projections another; RoPE over part of the
+    head (``partial_rotary_factor`` < 1, Phi-4-mini) is not Megatron-Core's."""
+    partial = (config.get("rope_parameters") or {}).get(
+        "partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    if float(partial) != 1.0:
+        problems.append(f"partial_rotary_factor={partial} (RoPE over the whole head only)")
+    return _mistral_fields(config, problems)
+
+
 def _gpt2_fields(config: Mapping, problems: list) -> dict:
     hidden = int(config["n_embd"])
     act = config.get("activation_function", "gelu_new")
@@ -165,18 +176,19 @@ def model_fields(config: Mapping, source: str = "config.json") -> dict:
                                         f"{', '.join(FAMILIES)})"])
     problems: list[str] = []
     fields = {"llama": _llama_fields, "mixtral": _mixtral_fields, "gpt2": _gpt2_fields,
-              "qwen2": _qwen2_fields, "qwen3": _qwen3_fields,
-              "mistral": _mistral_fields}[kind](config, problems)
+              "qwen2": _qwen2_fields, "qwen3": _qwen3_fields, "mistral": _mistral_fields,
+              "phi3": _phi3_fields}[kind](config, problems)
     if config.get("tie_word_embeddings") is False and kind == "gpt2":
         problems.append("tie_word_embeddings=false (GPT-2 always ties its output layer)")
     if problems:
         raise UnsupportedModel(source, problems)
     name = str(config.get("_name_or_path") or "").rstrip("/").rsplit("/", 1)[-1]
     fields["name"] = name or f"hf_{kind}"
+    fields["hf_family"] = kind
     return fields
 
 
-def _llama_config(m: Mapping, dtype: str) -> dict:
+def _llama_config(m: Mapping, dtype: str, family: str) -> dict:
     heads = int(m["num_attention_heads"])
     rope: dict[str, Any] = {"rope_theta": float(m["rotary_base"]), "rope_type": "default"}
     if m.get("rope_scaling", "none") == "llama3":
@@ -197,28 +209,8 @@ def _llama_config(m: Mapping, dtype: str) -> dict:
         "initializer_range": float(m.get("init_method_std", 0.02)), "torch_dtype": dtype,
         "dtype": dtype, "use_cache": True, "attention_dropout": 0.0,
     }
-    qwen = "qwen3" if m.get("qk_layernorm") else "qwen2" if m.get("add_qkv_bias") else ""
-    if int(m.get("window_size") or 0) > 0:
-        del config["attention_bias"], config["mlp_bias"]
-        config.update(model_type="mistral", architectures=["MistralForCausalLM"],
-                      sliding_window=int(m["window_size"]))
-    elif qwen and int(m.get("num_experts") or 0) == 0:
-        del config["mlp_bias"]
-        if qwen == "qwen2":
-            del config["attention_bias"]
-        config.update(model_type=qwen, architectures=[f"{qwen.capitalize()}ForCausalLM"],
-                      use_sliding_window=False, sliding_window=None,
-                      max_window_layers=int(m["num_layers"]),
-                      layer_types=["full_attention"] * int(m["num_layers"]))
-    elif int(m.get("num_experts") or 0) > 0:
-        config.update(model_type="mixtral", architectures=["MixtralForCausalLM"],
-                      num_local_experts=int(m["num_experts"]),
-                      num_experts_per_tok=int(m["moe_router_topk"]),
-                      router_aux_loss_coef=float(m.get("moe_aux_loss_coeff", 0.01)),
-                      sliding_window=None, output_router_logits=False, router_jitter_noise=0.0)
-        del config["attention_bias"], config["mlp_bias"]
-    else:
-        config.update(model_type="llama", architectures=["LlamaForCausalLM"], pretraining_tp=1)
+    config.update(model_type=family, architectures=[ARCHITECTURES[family]])
+    _family_settings(config, m, family)
     return config
 
 
@@ -237,24 +229,77 @@ def _gpt2_config(m: Mapping, dtype: str) -> dict:
     }
 
 
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                 "mixtral": "MixtralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM",
+                 "gpt2": "GPT2LMHeadModel"}
+"""The transformers class of each family."""
+
+FAMILY_FEATURES = {
+    "llama": (set(), set()), "mistral": (set(), {"model.window_size"}),
+    "phi3": (set(), {"model.window_size"}),
+    "mixtral": ({"model.num_experts"}, {"model.num_experts"}),
+    "qwen2": ({"model.add_qkv_bias"}, {"model.add_qkv_bias"}),
+    "qwen3": ({"model.qk_layernorm"}, {"model.qk_layernorm"}),
+    "gpt2": ({"model.arch=gpt2"}, {"model.arch=gpt2"}),
+}
+"""Each family's (features it must have, features it may have) of :func:`_features`."""
+
+
+def _features(m: Mapping) -> set:
+    """The features of ``m`` that only some families have."""
+    gpt2, experts = m.get("arch") == "gpt2", int(m.get("num_experts") or 0) > 0
+    return {name for name, on in (
+        ("model.arch=gpt2", gpt2), ("model.add_bias_linear", m.get("add_bias_linear") and not gpt2),
+        ("model.add_qkv_bias", m.get("add_qkv_bias") and not gpt2),
+        ("model.qk_layernorm", m.get("qk_layernorm")),
+        ("model.window_size", int(m.get("window_size") or 0) > 0),
+        ("model.num_experts", experts)) if on}
+
+
+def _family_of(m: Mapping) -> str:
+    from launcher.shape.model import hf_family_of, model_config
+
+    return hf_family_of(model_config(m)).value
+
+
 def export_problems(model: Mapping) -> list[str]:
-    """Why no Hugging Face family holds ``model`` exactly ([] when one does)."""
-    m, out = dict(model), []
-    if m.get("arch", "llama") == "llama" and m.get("add_bias_linear"):
-        out.append("model.add_bias_linear=true with arch=llama (no Hugging Face family has "
-                   "biases on every linear layer of a Llama)")
-    if m.get("add_qkv_bias") and int(m.get("num_experts") or 0) > 0:
-        out.append("model.add_qkv_bias=true with num_experts>0 (Mixtral has no QKV bias)")
-    if m.get("qk_layernorm") and (m.get("add_qkv_bias") or int(m.get("num_experts") or 0) > 0
-                                  or m.get("arch") == "gpt2"):
-        out.append("model.qk_layernorm=true with QKV biases, experts or arch=gpt2 (Qwen3, the "
-                   "family with QK-norm, has none of them)")
-    if int(m.get("window_size") or 0) > 0 and (
-            m.get("add_qkv_bias") or m.get("qk_layernorm") or int(m.get("num_experts") or 0) > 0
-            or m.get("arch") == "gpt2"):
-        out.append("model.window_size>0 with QKV biases, QK-norm, experts or arch=gpt2 (Mistral, "
-                   "the family with a sliding window in every layer, has none of them)")
+    """Why the model's Hugging Face family (model.hf_family, or the one its features imply)
+    does not hold it exactly ([] when it does)."""
+    m = dict(model)
+    family = _family_of(m)
+    required, allowed = FAMILY_FEATURES[family]
+    features = _features(m)
+    out = [f"model.hf_family={family} needs {f}" for f in sorted(required - features)]
+    out += [f"{f} has no place in {family} (Hugging Face's {ARCHITECTURES[family]} has none)"
+            for f in sorted(features - allowed)]
     return out
+
+
+def _family_settings(config: dict, m: Mapping, family: str) -> None:
+    """The family's own config.json entries (and the Llama ones it does not have)."""
+    window = int(m.get("window_size") or 0) or None
+    if family != "llama":
+        del config["attention_bias"], config["mlp_bias"]
+    if family == "llama":
+        config["pretraining_tp"] = 1
+    elif family in ("mistral", "phi3"):
+        config["sliding_window"] = window
+        if family == "phi3":  # Phi3Config's defaults name token 32000, beyond small vocabularies
+            config.update(pad_token_id=None, partial_rotary_factor=1.0, resid_pdrop=0.0,
+                          embd_pdrop=0.0,
+                          original_max_position_embeddings=config["max_position_embeddings"])
+    elif family in ("qwen2", "qwen3"):
+        if family == "qwen3":
+            config["attention_bias"] = False
+        config.update(use_sliding_window=False, sliding_window=None,
+                      max_window_layers=int(m["num_layers"]),
+                      layer_types=["full_attention"] * int(m["num_layers"]))
+    elif family == "mixtral":
+        config.update(num_local_experts=int(m["num_experts"]),
+                      num_experts_per_tok=int(m["moe_router_topk"]),
+                      router_aux_loss_coef=float(m.get("moe_aux_loss_coeff", 0.01)),
+                      sliding_window=None, output_router_logits=False, router_jitter_noise=0.0)
 
 
 def hf_config(model: Mapping, *, dtype: str, eos_id: int = -1, bos_id: int = -1) -> dict:
@@ -264,7 +309,8 @@ def hf_config(model: Mapping, *, dtype: str, eos_id: int = -1, bos_id: int = -1)
     problems = export_problems(m)
     if problems:
         raise UnsupportedModel(f"model {m.get('name', '')!r}", problems)
-    config = _gpt2_config(m, dtype) if m["arch"] == "gpt2" else _llama_config(m, dtype)
+    family = _family_of(m)
+    config = _gpt2_config(m, dtype) if family == "gpt2" else _llama_config(m, dtype, family)
     config["bos_token_id"] = bos_id if bos_id >= 0 else None
     config["eos_token_id"] = eos_id if eos_id >= 0 else None
     return config

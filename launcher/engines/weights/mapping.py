@@ -29,6 +29,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from launcher.config import HfFamily
 from launcher.shape import ResolvedModel
 
 L = "decoder.layers."
@@ -41,7 +42,7 @@ class Rule:
 
     key: str
     hf: tuple  # name templates with {l} (layer) and {e} (expert)
-    kind: str  # copy | vocab | qkv | glu | t | gpt2_qkv | gpt2_qkv_bias
+    kind: str  # copy | vocab | qkv | qkv_fused | glu | t | gpt2_qkv | gpt2_qkv_bias
     stacked: int  # 0 (whole model), 1 (per layer) or 2 (per layer and expert)
 
 
@@ -50,8 +51,7 @@ def _llama_rules(d: ResolvedModel) -> list[Rule]:
     rules = [Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab", 0),
              Rule(L + "self_attention.linear_qkv.layer_norm_weight",
                   (p + "input_layernorm.weight",), "copy", 1),
-             Rule(L + "self_attention.linear_qkv.weight",
-                  tuple(p + f"self_attn.{x}_proj.weight" for x in "qkv"), "qkv", 1)]
+             _qkv_rule(d, p)]
     if d.qkv_bias:  # Qwen2: biases on q, k and v only, grouped as their rows
         rules.append(Rule(L + "self_attention.linear_qkv.bias",
                           tuple(p + f"self_attn.{x}_proj.bias" for x in "qkv"), "qkv", 1))
@@ -70,6 +70,9 @@ def _llama_rules(d: ResolvedModel) -> list[Rule]:
                   Rule(EXPERTS + "linear_fc1.weight",
                        (moe + "experts.{e}.w1.weight", moe + "experts.{e}.w3.weight"), "glu", 2),
                   Rule(EXPERTS + "linear_fc2.weight", (moe + "experts.{e}.w2.weight",), "copy", 2)]
+    elif d.family == HfFamily.phi3:  # gate_up_proj is [gate; up], as linear_fc1
+        rules += [Rule(L + "mlp.linear_fc1.weight", (p + "mlp.gate_up_proj.weight",), "copy", 1),
+                  Rule(L + "mlp.linear_fc2.weight", (p + "mlp.down_proj.weight",), "copy", 1)]
     else:
         rules += [Rule(L + "mlp.linear_fc1.weight",
                        (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), "glu", 1),
@@ -78,6 +81,15 @@ def _llama_rules(d: ResolvedModel) -> list[Rule]:
     if not d.tied:
         rules.append(Rule("output_layer.weight", ("lm_head.weight",), "vocab", 0))
     return rules
+
+
+def _qkv_rule(d: ResolvedModel, p: str) -> Rule:
+    """The fused QKV weight: from q/k/v_proj, or Phi-3's one qkv_proj ([all q; all k; all v])."""
+    if d.family == HfFamily.phi3:
+        return Rule(L + "self_attention.linear_qkv.weight", (p + "self_attn.qkv_proj.weight",),
+                    "qkv_fused", 1)
+    return Rule(L + "self_attention.linear_qkv.weight",
+                tuple(p + f"self_attn.{x}_proj.weight" for x in "qkv"), "qkv", 1)
 
 
 def _gpt2_rules(d: ResolvedModel) -> list[Rule]:
@@ -180,6 +192,8 @@ def to_canonical(rule: Rule, index: tuple, read: Callable[[str], torch.Tensor], 
         return _qkv_join(*[w.t() for w in torch.chunk(hf[0], 3, dim=1)], d).contiguous()
     if rule.kind == "gpt2_qkv_bias":
         return _qkv_join(*torch.chunk(hf[0], 3, dim=0), d)
+    if rule.kind == "qkv_fused":
+        return _qkv_join(*torch.split(hf[0], [d.q_dim, d.kv_dim, d.kv_dim], dim=0), d)
     raise ValueError(f"unknown mapping kind {rule.kind!r}")
 
 
@@ -198,7 +212,7 @@ def to_hf(rule: Rule, index: tuple, tensor: torch.Tensor, d: ResolvedModel) -> l
         parts = [tensor.t()]
     elif rule.kind == "gpt2_qkv":
         parts = [torch.cat([t.t() for t in _qkv_split(tensor, d)], dim=1)]
-    elif rule.kind == "gpt2_qkv_bias":
+    elif rule.kind in ("gpt2_qkv_bias", "qkv_fused"):
         parts = [torch.cat(_qkv_split(tensor, d), dim=0)]
     else:
         raise ValueError(f"unknown mapping kind {rule.kind!r}")
