@@ -33,14 +33,16 @@ class HfFamily(StrEnum):
     take in and out. The math is the ModelConfig's; a family only names it."""
 
     auto = "auto"
-    """From the model's features: QK-norm qwen3, QKV biases qwen2, a window mistral, experts
-    mixtral, arch=gpt2 gpt2, else llama."""
+    """From the model's features: experts with QK-norm qwen3_moe, experts mixtral, QK-norm
+    qwen3, QKV biases qwen2, a window mistral, arch=gpt2 gpt2, else llama."""
     llama = "llama"
     mixtral = "mixtral"
     gpt2 = "gpt2"
     qwen2 = "qwen2"
     qwen3 = "qwen3"
     mistral = "mistral"
+    qwen3_moe = "qwen3_moe"
+    """Qwen3's mixture of experts: QK-norm, experts named as a Llama MLP, no shared expert."""
     phi3 = "phi3"
     """Phi-3: the query, key and value projections fused into one ``qkv_proj`` (all queries,
     then keys, then values) and the gate and up projections into one ``gate_up_proj``."""
@@ -275,6 +277,11 @@ class ModelConfig:
     """Inner width of each expert; 0 = ffn_hidden_size (MoE only)."""
     moe_aux_loss_coeff: float = 0.01
     """Weight of the load-balancing auxiliary loss (MoE only)."""
+    moe_router_pre_softmax: bool = False
+    """How the router weighs a token's top-k experts (MoE only). False: a softmax over the
+    chosen experts' logits, which sum to 1 (Mixtral; Qwen3-MoE with ``norm_topk_prob``). True:
+    the chosen experts' probabilities under a softmax over all experts, as they are (Qwen3-MoE
+    without ``norm_topk_prob``)."""
     moe_capacity_factor: float = 0.0
     """Expert capacity as a multiple of the even share of tokens; 0 = no token dropping."""
 

@@ -1,7 +1,8 @@
 """Models in and out: tiny random transformers models (Llama with GQA, tied and untied, Llama 3.1
 RoPE scaling; Mixtral with 4 experts top-2; GPT-2; Qwen2 with its QKV biases, tied and untied;
 Qwen3 with QK-norm and a head dimension other than hidden / heads; Mistral with a sliding window
-shorter than the prompt; Phi-3 with its fused projections and a window)
+shorter than the prompt; Phi-3 with its fused projections and a window; Qwen3-MoE with 4 experts
+top-2 weighted by the softmax over all experts)
 imported at TP=1/TP=2/PP=2/EP=2 give the
 logits of transformers within 1e-4 (fp32); greedy generation equals transformers'; import ->
 export through both engines gives identical tensors; a trained checkpoint exports to a
@@ -80,6 +81,11 @@ def hf_models(tmp_path_factory) -> dict:
     phi3 = t.Phi3Config(**LLAMA, sliding_window=MISTRAL_WINDOW, pad_token_id=0, eos_token_id=0,
                         bos_token_id=0, tie_word_embeddings=False)
     models["phi3"] = _save(_random_constants(t.Phi3ForCausalLM(phi3)), root / "phi3")
+    qwen3_moe = t.Qwen3MoeConfig(**{**LLAMA, "max_position_embeddings": 4096}, head_dim=16,
+                                 num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                 norm_topk_prob=False, tie_word_embeddings=False)
+    models["qwen3_moe"] = _save(_random_constants(t.Qwen3MoeForCausalLM(qwen3_moe)),
+                                root / "qwen3_moe")
     return models
 
 
@@ -122,7 +128,8 @@ LAYOUTS = {"tp1": ({}, 1), "tp2": ({"tensor_parallel_size": 2}, 2),
     ("qwen2", "tp1"), ("qwen2", "tp2"), ("qwen2_untied", "pp2"),
     ("qwen3", "tp1"), ("qwen3", "tp2"), ("qwen3", "pp2"),
     ("mistral", "tp1"), ("mistral", "tp2"), ("mistral", "pp2"),
-    ("phi3", "tp1"), ("phi3", "tp2"), ("phi3", "pp2")])
+    ("phi3", "tp1"), ("phi3", "tp2"), ("phi3", "pp2"),
+    ("qwen3_moe", "tp1"), ("qwen3_moe", "ep2"), ("qwen3_moe", "tp2")])
 def test_imported_logits_equal_transformers(hf_models, name, layout):
     parallelism, ranks = LAYOUTS[layout]
     results = run_distributed("tests.test_convert_hf:layout_worker", ranks,
@@ -184,7 +191,8 @@ def _same_tensors(a: str, b: str) -> None:
     ("qwen3", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"]),
     ("mistral", ["engine=megatron", "parallelism.tensor_parallel_size=2"]),
     ("phi3", ["engine=megatron", "parallelism.tensor_parallel_size=2"]),
-    ("phi3", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"])])
+    ("phi3", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"]),
+    ("qwen3_moe", ["engine=megatron", "parallelism.expert_parallel_size=2"])])
 def test_import_export_round_trip_is_identical(hf_models, tmp_path, name, layout):
     run, out = tmp_path / "run", tmp_path / "hf_out"
     imported = _cli("launcher.convert", "from_hf", f"hf={hf_models[name]}", f"out={run}",
@@ -197,7 +205,8 @@ def test_import_export_round_trip_is_identical(hf_models, tmp_path, name, layout
     _same_tensors(hf_models[name], str(out))
 
 
-@pytest.mark.parametrize("name", ["llama_untied", "qwen2", "qwen3", "mistral", "phi3"])
+@pytest.mark.parametrize("name", ["llama_untied", "mixtral", "gpt2", "qwen2", "qwen3",
+                                  "mistral", "phi3", "qwen3_moe"])
 def test_generate_at_tp2_equals_transformers_greedy(hf_models, name):
     path = hf_models[name]
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -293,7 +302,7 @@ def test_preset_prints_a_model_that_composes(hf_models, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["qwen2", "qwen2_untied", "qwen3", "mistral", "phi3",
-                                  "llama31_tied", "mixtral", "gpt2"])
+                                  "qwen3_moe", "llama31_tied", "mixtral", "gpt2"])
 def test_the_plan_counts_the_parameters_transformers_counts(hf_models, name):
     """The plan's published figure (no vocabulary padding) of the imported config equals
     num_parameters() of the transformers model."""

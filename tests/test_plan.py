@@ -58,7 +58,7 @@ def test_70b_fits_with_full_recompute_not_with_selective():
     ("llama3_405b", 405_853_388_800), ("mixtral_8x7b", 46_702_792_704),
     ("gpt2_124m", 124_439_808), ("qwen2_5_7b", 7_615_616_512),
     ("qwen3_8b", 8_190_735_360), ("mistral_7b", 7_241_732_096),
-    ("phi3_mini", 3_821_079_552),
+    ("phi3_mini", 3_821_079_552), ("qwen3_30b_a3b", 30_532_122_624),
 ])
 def test_preset_parameter_totals_match_published(preset, published):
     model = to_object(compose_config([f"model={preset}"])).model

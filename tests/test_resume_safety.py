@@ -60,6 +60,15 @@ def test_architecture_record_resolves_sentinels_and_leaves_out_training_settings
     assert (gpt2["max_position_embeddings"], gpt2["rotary_base"]) == (128, None)
 
 
+def test_the_router_weighting_is_architecture_as_are_experts():
+    """Qwen3-MoE without norm_topk_prob and Mixtral have the same tensors; only the router's
+    weighting of the chosen experts tells them apart, so a resume must not change it."""
+    moe = {**MODEL, "num_experts": 4, "moe_router_topk": 2}
+    assert rs.architecture(moe)["moe_router_pre_softmax"] is False
+    assert rs.architecture({**moe, "moe_router_pre_softmax": True})["moe_router_pre_softmax"]
+    assert rs.architecture({**MODEL, "moe_router_pre_softmax": True}) == rs.architecture(MODEL)
+
+
 def test_changed_heads_with_the_same_shapes_are_refused_naming_every_field(tmp_path):
     """Heads 8 -> 16 and groups 4 -> 8 keep every tensor's shape (kv_channels 8 -> 4): the load
     would succeed silently; the check refuses before anything is read, exit 2."""

@@ -226,6 +226,7 @@ def _moe_fields(model: ModelConfig, resolved: ResolvedModel, parallelism: Parall
         moe_router_topk=resolved.topk,
         moe_ffn_hidden_size=resolved.expert_ffn,
         moe_aux_loss_coeff=model.moe_aux_loss_coeff,
+        moe_router_pre_softmax=model.moe_router_pre_softmax,
         moe_router_load_balancing_type="aux_loss",
         moe_expert_capacity_factor=model.moe_capacity_factor or None,
         # The alltoall dispatcher creates a torch.cuda.Stream (token_dispatcher.py); without

@@ -23,7 +23,8 @@ ARCHITECTURE_KEYS = (
     "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
     "max_position_embeddings", "rotary_base", "rope_scaling", "rope_scaling_factor",
     "norm_epsilon", "untie_embeddings_and_output_weights", "add_bias_linear", "add_qkv_bias",
-    "qk_layernorm", "window_size", "num_experts", "moe_router_topk", "moe_ffn_hidden_size")
+    "qk_layernorm", "window_size", "num_experts", "moe_router_topk", "moe_ffn_hidden_size",
+    "moe_router_pre_softmax")
 """What the architecture record holds, in message order: every model setting that gives the
 weights their meaning (dropout, init and the MoE loss and capacity are training settings). The
 padded vocabulary is not part of it: it follows TP, and Megatron-Core loads embeddings padded
@@ -86,6 +87,8 @@ class ResolvedModel:
     """Experts a token is routed to (0 for a dense model)."""
     expert_ffn: int
     """Inner width of each expert (moe_ffn_hidden_size, 0 = ffn)."""
+    pre_softmax: bool
+    """The chosen experts weighed by the softmax over all experts (model.moe_router_pre_softmax)."""
     tied: bool
     """The output layer reuses the input embedding."""
     rotary_base: int
@@ -112,6 +115,7 @@ class ResolvedModel:
             qk_norm=model.qk_layernorm, window=model.window_size, family=hf_family_of(model),
             experts=model.num_experts, topk=model.moe_router_topk if model.num_experts else 0,
             expert_ffn=model.moe_ffn_hidden_size or model.ffn_hidden_size,
+            pre_softmax=bool(model.num_experts and model.moe_router_pre_softmax),
             tied=not model.untie_embeddings_and_output_weights, rotary_base=model.rotary_base,
             rope_scaling=RopeScaling(model.rope_scaling),
             rope_scaling_factor=model.rope_scaling_factor, norm_epsilon=model.norm_epsilon)
@@ -163,6 +167,7 @@ class ResolvedModel:
             "qk_layernorm": self.qk_norm, "window_size": self.window,
             "num_experts": self.experts, "moe_router_topk": self.topk if moe else None,
             "moe_ffn_hidden_size": self.expert_ffn if moe else None,
+            "moe_router_pre_softmax": self.pre_softmax if moe else None,
         }
 
 
@@ -173,7 +178,7 @@ def hf_family_of(model: ModelConfig) -> HfFamily:
     if model.arch == Arch.gpt2:
         return HfFamily.gpt2
     if model.num_experts:
-        return HfFamily.mixtral
+        return HfFamily.qwen3_moe if model.qk_layernorm else HfFamily.mixtral
     if model.qk_layernorm:
         return HfFamily.qwen3
     if model.add_qkv_bias:

@@ -1,7 +1,7 @@
 """Hugging Face ``config.json`` <-> trainwright ``model`` group (torch-free).
 
 :func:`model_fields` reads an HF config of a supported family (``llama``, ``mixtral``, ``gpt2``,
-``qwen2``, ``qwen3``, ``mistral``, ``phi3``) into ModelConfig fields and raises :class:`UnsupportedModel` naming every feature Megatron-Core
+``qwen2``, ``qwen3``, ``qwen3_moe``, ``mistral``, ``phi3``) into ModelConfig fields and raises :class:`UnsupportedModel` naming every feature Megatron-Core
 cannot reproduce; :func:`hf_config` writes the config transformers (and vLLM) load for a
 ModelConfig. Field names and defaults follow transformers 4.45-5.x, including both spellings of
 the RoPE settings (``rope_theta`` + ``rope_scaling`` before 5.0, ``rope_parameters`` since).
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-FAMILIES = ("llama", "mixtral", "gpt2", "qwen2", "qwen3", "mistral", "phi3")
+FAMILIES = ("llama", "mixtral", "gpt2", "qwen2", "qwen3", "qwen3_moe", "mistral", "phi3")
 """HF ``model_type`` values that convert."""
 
 MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -137,6 +137,28 @@ def _mistral_fields(config: Mapping, problems: list) -> dict:
     return fields
 
 
+def _qwen3_moe_fields(config: Mapping, problems: list) -> dict:
+    """Qwen3-MoE: Qwen3 (QK-norm) whose every MLP is a mixture of ``num_experts`` experts of
+    width ``moe_intermediate_size``, top ``num_experts_per_tok``; ``norm_topk_prob`` renormalises
+    the chosen experts' probabilities (Megatron-Core's default router), else they stay as the
+    softmax over all experts gave them (``moe_router_pre_softmax``). Dense layers among them
+    (``mlp_only_layers``, ``decoder_sparse_step`` > 1) are not built here."""
+    dense = list(config.get("mlp_only_layers") or [])
+    step = int(config.get("decoder_sparse_step", 1) or 1)
+    if dense or step != 1:
+        problems.append(f"mlp_only_layers={dense}, decoder_sparse_step={step} (every layer a "
+                        "mixture of experts only)")
+    if int(config.get("shared_expert_intermediate_size") or 0):
+        problems.append("shared_expert_intermediate_size (Qwen3-MoE has no shared expert)")
+    fields = _qwen3_fields(config, problems)
+    experts = config.get("num_experts", config.get("num_local_experts"))  # both spellings
+    fields.update(num_experts=int(experts), moe_router_topk=int(config["num_experts_per_tok"]),
+                  moe_ffn_hidden_size=int(config["moe_intermediate_size"]),
+                  moe_aux_loss_coeff=float(config.get("router_aux_loss_coef", 0.001)),
+                  moe_router_pre_softmax=not config.get("norm_topk_prob", False))
+    return fields
+
+
 def _phi3_fields(config: Mapping, problems: list) -> dict:
     """Phi-3: a Mistral-like model (window where ``sliding_window`` sets one) whose query, key and
     value projections are one tensor, and gate and up projections another; RoPE over part of the
@@ -177,7 +199,7 @@ def model_fields(config: Mapping, source: str = "config.json") -> dict:
     problems: list[str] = []
     fields = {"llama": _llama_fields, "mixtral": _mixtral_fields, "gpt2": _gpt2_fields,
               "qwen2": _qwen2_fields, "qwen3": _qwen3_fields, "mistral": _mistral_fields,
-              "phi3": _phi3_fields}[kind](config, problems)
+              "phi3": _phi3_fields, "qwen3_moe": _qwen3_moe_fields}[kind](config, problems)
     if config.get("tie_word_embeddings") is False and kind == "gpt2":
         problems.append("tie_word_embeddings=false (GPT-2 always ties its output layer)")
     if problems:
@@ -231,7 +253,8 @@ def _gpt2_config(m: Mapping, dtype: str) -> dict:
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "mixtral": "MixtralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                 "phi3": "Phi3ForCausalLM",
                  "gpt2": "GPT2LMHeadModel"}
 """The transformers class of each family."""
 
@@ -241,6 +264,8 @@ FAMILY_FEATURES = {
     "mixtral": ({"model.num_experts"}, {"model.num_experts"}),
     "qwen2": ({"model.add_qkv_bias"}, {"model.add_qkv_bias"}),
     "qwen3": ({"model.qk_layernorm"}, {"model.qk_layernorm"}),
+    "qwen3_moe": ({"model.qk_layernorm", "model.num_experts"},
+                  {"model.qk_layernorm", "model.num_experts", "model.moe_router_pre_softmax"}),
     "gpt2": ({"model.arch=gpt2"}, {"model.arch=gpt2"}),
 }
 """Each family's (features it must have, features it may have) of :func:`_features`."""
@@ -254,7 +279,8 @@ def _features(m: Mapping) -> set:
         ("model.add_qkv_bias", m.get("add_qkv_bias") and not gpt2),
         ("model.qk_layernorm", m.get("qk_layernorm")),
         ("model.window_size", int(m.get("window_size") or 0) > 0),
-        ("model.num_experts", experts)) if on}
+        ("model.num_experts", experts),
+        ("model.moe_router_pre_softmax", experts and m.get("moe_router_pre_softmax"))) if on}
 
 
 def _family_of(m: Mapping) -> str:
@@ -295,6 +321,16 @@ def _family_settings(config: dict, m: Mapping, family: str) -> None:
         config.update(use_sliding_window=False, sliding_window=None,
                       max_window_layers=int(m["num_layers"]),
                       layer_types=["full_attention"] * int(m["num_layers"]))
+    elif family == "qwen3_moe":
+        config.update(attention_bias=False, num_experts=int(m["num_experts"]),
+                      num_experts_per_tok=int(m["moe_router_topk"]),
+                      moe_intermediate_size=int(m.get("moe_ffn_hidden_size") or
+                                                m["ffn_hidden_size"]),
+                      norm_topk_prob=not m.get("moe_router_pre_softmax"),
+                      router_aux_loss_coef=float(m.get("moe_aux_loss_coeff", 0.001)),
+                      decoder_sparse_step=1, mlp_only_layers=[], output_router_logits=False,
+                      use_sliding_window=False, sliding_window=None,
+                      max_window_layers=int(m["num_layers"]))
     elif family == "mixtral":
         config.update(num_local_experts=int(m["num_experts"]),
                       num_experts_per_tok=int(m["moe_router_topk"]),

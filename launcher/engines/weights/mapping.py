@@ -65,11 +65,7 @@ def _llama_rules(d: ResolvedModel) -> list[Rule]:
               Rule(L + "mlp.linear_fc1.layer_norm_weight",
                    (p + "post_attention_layernorm.weight",), "copy", 1)]
     if d.experts:
-        moe = p + "block_sparse_moe."
-        rules += [Rule(L + "mlp.router.weight", (moe + "gate.weight",), "copy", 1),
-                  Rule(EXPERTS + "linear_fc1.weight",
-                       (moe + "experts.{e}.w1.weight", moe + "experts.{e}.w3.weight"), "glu", 2),
-                  Rule(EXPERTS + "linear_fc2.weight", (moe + "experts.{e}.w2.weight",), "copy", 2)]
+        rules += _expert_rules(d, p)
     elif d.family == HfFamily.phi3:  # gate_up_proj is [gate; up], as linear_fc1
         rules += [Rule(L + "mlp.linear_fc1.weight", (p + "mlp.gate_up_proj.weight",), "copy", 1),
                   Rule(L + "mlp.linear_fc2.weight", (p + "mlp.down_proj.weight",), "copy", 1)]
@@ -81,6 +77,20 @@ def _llama_rules(d: ResolvedModel) -> list[Rule]:
     if not d.tied:
         rules.append(Rule("output_layer.weight", ("lm_head.weight",), "vocab", 0))
     return rules
+
+
+def _expert_rules(d: ResolvedModel, p: str) -> list[Rule]:
+    """Router and experts: Mixtral's ``block_sparse_moe`` (w1, w3, w2), or Qwen3-MoE's ``mlp``
+    (gate_proj, up_proj, down_proj per expert)."""
+    if d.family == HfFamily.qwen3_moe:
+        moe, (gate, up, down) = p + "mlp.", ("gate_proj", "up_proj", "down_proj")
+    else:
+        moe, (gate, up, down) = p + "block_sparse_moe.", ("w1", "w3", "w2")
+    return [Rule(L + "mlp.router.weight", (moe + "gate.weight",), "copy", 1),
+            Rule(EXPERTS + "linear_fc1.weight", (moe + f"experts.{{e}}.{gate}.weight",
+                                                  moe + f"experts.{{e}}.{up}.weight"), "glu", 2),
+            Rule(EXPERTS + "linear_fc2.weight", (moe + f"experts.{{e}}.{down}.weight",),
+                 "copy", 2)]
 
 
 def _qkv_rule(d: ResolvedModel, p: str) -> Rule:
