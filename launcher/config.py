@@ -33,8 +33,8 @@ class HfFamily(StrEnum):
     take in and out. The math is the ModelConfig's; a family only names it."""
 
     auto = "auto"
-    """From the model's features: experts with QK-norm qwen3_moe, experts mixtral, QK-norm
-    qwen3, QKV biases qwen2, a window mistral, arch=gpt2 gpt2, else llama."""
+    """From the model's features: post-norms olmo2, experts with QK-norm qwen3_moe, experts
+    mixtral, QK-norm qwen3, QKV biases qwen2, a window mistral, arch=gpt2 gpt2, else llama."""
     llama = "llama"
     mixtral = "mixtral"
     gpt2 = "gpt2"
@@ -43,9 +43,21 @@ class HfFamily(StrEnum):
     mistral = "mistral"
     qwen3_moe = "qwen3_moe"
     """Qwen3's mixture of experts: QK-norm, experts named as a Llama MLP, no shared expert."""
+    olmo2 = "olmo2"
+    """OLMo 2: norms after attention and MLP, a query norm and a key norm over all heads."""
     phi3 = "phi3"
     """Phi-3: the query, key and value projections fused into one ``qkv_proj`` (all queries,
     then keys, then values) and the gate and up projections into one ``gate_up_proj``."""
+
+
+class NormPlacement(StrEnum):
+    """Where a layer's two hidden-size norms sit (arch=llama)."""
+
+    pre = "pre"
+    """On the input of attention and of the MLP (Llama, GPT-2)."""
+    post = "post"
+    """On the output of attention and of the MLP, before the residual add; the inputs are not
+    normalised (OLMo 2)."""
 
 
 class Activation(StrEnum):
@@ -263,6 +275,13 @@ class ModelConfig:
     """A norm (the model's kind: RMSNorm for llama) of every query and key head over its head
     dimension, before RoPE and attention, one weight vector shared by the heads (Qwen3's
     q_norm/k_norm)."""
+    qk_layernorm_all_heads: bool = False
+    """With qk_layernorm: the query norm runs over all query heads of a token at once (one
+    weight of heads x head-dimension elements) and the key norm over all key/value heads
+    (OLMo 2's q_norm/k_norm), instead of over each head with one shared weight (Qwen3)."""
+    norm_placement: NormPlacement = NormPlacement.pre
+    """Where each layer's two norms sit: pre = on the inputs of attention and MLP; post = on
+    their outputs, before the residual add (OLMo 2). arch=llama only."""
     hidden_dropout: float = 0.0
     """Dropout probability after attention and MLP blocks."""
     attention_dropout: float = 0.0

@@ -86,6 +86,9 @@ def hf_models(tmp_path_factory) -> dict:
                                  norm_topk_prob=False, tie_word_embeddings=False)
     models["qwen3_moe"] = _save(_random_constants(t.Qwen3MoeForCausalLM(qwen3_moe)),
                                 root / "qwen3_moe")
+    olmo2 = t.Olmo2Config(**{**LLAMA, "num_hidden_layers": 4}, pad_token_id=0, eos_token_id=0,
+                          tie_word_embeddings=False)
+    models["olmo2"] = _save(_random_constants(t.Olmo2ForCausalLM(olmo2)), root / "olmo2")
     return models
 
 
@@ -129,7 +132,8 @@ LAYOUTS = {"tp1": ({}, 1), "tp2": ({"tensor_parallel_size": 2}, 2),
     ("qwen3", "tp1"), ("qwen3", "tp2"), ("qwen3", "pp2"),
     ("mistral", "tp1"), ("mistral", "tp2"), ("mistral", "pp2"),
     ("phi3", "tp1"), ("phi3", "tp2"), ("phi3", "pp2"),
-    ("qwen3_moe", "tp1"), ("qwen3_moe", "ep2"), ("qwen3_moe", "tp2")])
+    ("qwen3_moe", "tp1"), ("qwen3_moe", "ep2"), ("qwen3_moe", "tp2"),
+    ("olmo2", "tp1"), ("olmo2", "tp2"), ("olmo2", "pp2")])
 def test_imported_logits_equal_transformers(hf_models, name, layout):
     parallelism, ranks = LAYOUTS[layout]
     results = run_distributed("tests.test_convert_hf:layout_worker", ranks,
@@ -192,7 +196,9 @@ def _same_tensors(a: str, b: str) -> None:
     ("mistral", ["engine=megatron", "parallelism.tensor_parallel_size=2"]),
     ("phi3", ["engine=megatron", "parallelism.tensor_parallel_size=2"]),
     ("phi3", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"]),
-    ("qwen3_moe", ["engine=megatron", "parallelism.expert_parallel_size=2"])])
+    ("qwen3_moe", ["engine=megatron", "parallelism.expert_parallel_size=2"]),
+    ("olmo2", ["engine=megatron", "parallelism.tensor_parallel_size=2"]),
+    ("olmo2", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"])])
 def test_import_export_round_trip_is_identical(hf_models, tmp_path, name, layout):
     run, out = tmp_path / "run", tmp_path / "hf_out"
     imported = _cli("launcher.convert", "from_hf", f"hf={hf_models[name]}", f"out={run}",
@@ -206,7 +212,7 @@ def test_import_export_round_trip_is_identical(hf_models, tmp_path, name, layout
 
 
 @pytest.mark.parametrize("name", ["llama_untied", "mixtral", "gpt2", "qwen2", "qwen3",
-                                  "mistral", "phi3", "qwen3_moe"])
+                                  "mistral", "phi3", "qwen3_moe", "olmo2"])
 def test_generate_at_tp2_equals_transformers_greedy(hf_models, name):
     path = hf_models[name]
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -302,7 +308,7 @@ def test_preset_prints_a_model_that_composes(hf_models, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["qwen2", "qwen2_untied", "qwen3", "mistral", "phi3",
-                                  "qwen3_moe", "llama31_tied", "mixtral", "gpt2"])
+                                  "qwen3_moe", "olmo2", "llama31_tied", "mixtral", "gpt2"])
 def test_the_plan_counts_the_parameters_transformers_counts(hf_models, name):
     """The plan's published figure (no vocabulary padding) of the imported config equals
     num_parameters() of the transformers model."""

@@ -27,6 +27,8 @@ CASES = {
     "moe": SMALL + ["model.num_experts=4", "model.moe_router_topk=2",
                     "model.moe_ffn_hidden_size=96", "model.num_query_groups=2"],
     "moe_bias": SMALL + ["model.num_experts=4", "model.add_bias_linear=true"],
+    "olmo2": SMALL + ["model.qk_layernorm=true", "model.qk_layernorm_all_heads=true",
+                      "model.norm_placement=post", "model.num_query_groups=2"],
 }
 
 
@@ -111,7 +113,7 @@ PP2 = ["parallelism.pipeline_parallel_size=2"]
 LAYOUTS = {  # name: (overrides, cases); 2 ranks each
     # Megatron-Core refuses MoE biases with expert tensor parallelism (ETP = TP) > 1.
     "tp2": (["parallelism.tensor_parallel_size=2", "parallelism.sequence_parallel=true"],
-            DENSE + ["moe"]),
+            DENSE + ["moe", "olmo2"]),
     "pp2": (PP2, DENSE + MOE_CASES),
     "pp2_vpp2": (PP2 + ["parallelism.virtual_pipeline_parallel_size=2", "model.num_layers=4"],
                  DENSE + ["moe"]),

@@ -59,6 +59,7 @@ def test_70b_fits_with_full_recompute_not_with_selective():
     ("gpt2_124m", 124_439_808), ("qwen2_5_7b", 7_615_616_512),
     ("qwen3_8b", 8_190_735_360), ("mistral_7b", 7_241_732_096),
     ("phi3_mini", 3_821_079_552), ("qwen3_30b_a3b", 30_532_122_624),
+    ("olmo2_7b", 7_298_617_344),
 ])
 def test_preset_parameter_totals_match_published(preset, published):
     model = to_object(compose_config([f"model={preset}"])).model

@@ -39,6 +39,16 @@ CASES = {
         ["model.window_size=64", "parallelism.context_parallel_size=2", "engine=megatron"],
         ["model.window_size=64 with context_parallel_size=2", "set context_parallel_size=1"]),
     "window_size_negative": (["model.window_size=-1"], ["model.window_size must be >= 0"]),
+    "post_norm_with_experts": (
+        ["model.norm_placement=post", "model.num_experts=4"],
+        ["model.norm_placement=post is built for a dense Llama layer without biases, not with "
+         "model.num_experts=4", "set model.norm_placement=pre or change model.num_experts"]),
+    "post_norm_gpt2": (
+        ["model.norm_placement=post", "model=gpt2_124m"],
+        ["not with model.arch=gpt2", "change model.arch"]),
+    "all_heads_qk_norm_without_qk_norm": (
+        ["model.qk_layernorm_all_heads=true"],
+        ["model.qk_layernorm=false has none", "set model.qk_layernorm=true"]),
     "seq_not_divisible_by_2cp": (
         ["model.seq_length=250", "parallelism.context_parallel_size=2", "engine=megatron"],
         ["model.seq_length=250", "2 x context_parallel_size = 4"]),

@@ -21,6 +21,7 @@ from launcher.config import (Activation, AmaxAlgo, Arch, AttentionBackend, Cross
                              Fp8Format, Fp8Recipe, ModelConfig, ParallelismConfig, Precision,
                              Recompute, RopeScaling, TrainerConfig, compute_precision, is_fp8,
                              loss_kernel)
+from launcher.engines.layer_spec import block_spec
 from launcher.shape import ResolvedModel
 
 __all__ = [
@@ -186,7 +187,8 @@ def _arch_fields(model: ModelConfig, resolved: ResolvedModel) -> dict:
         activation_func=activation_function(model, fused=fusions["bias_activation_fusion"]),
         add_bias_linear=resolved.bias,
         add_qkv_bias=resolved.qkv_bias,
-        qk_layernorm=resolved.qk_norm,
+        # Megatron-Core's QK norms are per head; OLMo 2's over all heads are in our layer spec
+        qk_layernorm=resolved.qk_norm and not resolved.qk_all_heads,
         # Megatron-Core's (left, right) window: the window_size - 1 tokens before, none after
         window_size=(resolved.window - 1, 0) if resolved.window else None,
         masked_softmax_fusion=False,  # needs Megatron-LM's compiled softmax kernels
@@ -331,70 +333,6 @@ def transformer_config(model: ModelConfig, parallelism: ParallelismConfig, train
     )
 
 
-class _SequenceParallelTorchNorm:
-    """torch LayerNorm/RMSNorm whose parameters are tagged ``sequence_parallel``.
-
-    Megatron's local WrappedTorchNorm refuses sequence parallelism because it does not tag its
-    parameters; finalize_model_grads all-reduces the grads of tagged parameters across the TP group
-    (as TENorm and FusedLayerNorm do), which is all sequence parallelism needs from a norm.
-    """
-
-    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_unused):
-        norm_cls = torch.nn.RMSNorm if config.normalization == "RMSNorm" else torch.nn.LayerNorm
-        norm = norm_cls(hidden_size, eps=eps)
-        for param in norm.parameters():
-            setattr(param, "sequence_parallel", config.sequence_parallel)
-        return norm
-
-
-class _HeadTorchNorm:
-    """torch RMSNorm/LayerNorm for the query and key norms under sequence parallelism: they act
-    on whole sequences (after the all-gather) of this rank's heads, so they are not
-    sequence-parallel, which Megatron's local WrappedTorchNorm asserts of every norm. Their
-    gradients are summed over the TP group by name (finalize_model_grads; the DeepSpeed
-    engine's hook)."""
-
-    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_unused):
-        norm_cls = torch.nn.RMSNorm if config.normalization == "RMSNorm" else torch.nn.LayerNorm
-        return norm_cls(hidden_size, eps=eps)
-
-
-def _with_sp_norms(block_spec):
-    """Swap the local norms of a block spec for :class:`_SequenceParallelTorchNorm` (the QK
-    norms, when the spec has them, for :class:`_HeadTorchNorm`)."""
-    from megatron.core.transformer.identity_op import IdentityOp
-
-    layers = []
-    for spec in block_spec.layer_specs:
-        attention = spec.submodules.self_attention
-        heads = getattr(attention.submodules, "q_layernorm", IdentityOp)
-        if heads is not IdentityOp:
-            attention = dataclasses.replace(attention, submodules=dataclasses.replace(
-                attention.submodules, q_layernorm=_HeadTorchNorm, k_layernorm=_HeadTorchNorm))
-        subs = dataclasses.replace(
-            spec.submodules,
-            input_layernorm=_SequenceParallelTorchNorm,
-            self_attention=attention,
-            pre_mlp_layernorm=_SequenceParallelTorchNorm,
-        )
-        layers.append(dataclasses.replace(spec, submodules=subs))
-    norm = _SequenceParallelTorchNorm
-    return dataclasses.replace(block_spec, layer_specs=layers, layer_norm=norm)
-
-
-def _block_spec(config, vp_stage: Optional[int]):
-    """Layer specs of this pipeline stage (dense or MoE), TE or local."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
-
-    use_te = use_transformer_engine()
-    spec = get_gpt_decoder_block_spec(
-        config, use_transformer_engine=use_te, normalization=config.normalization, vp_stage=vp_stage
-    )
-    if not use_te and config.sequence_parallel:
-        spec = _with_sp_norms(spec)
-    return spec
-
-
 def build_gpt_model(
     model: ModelConfig,
     parallelism: ParallelismConfig,
@@ -414,7 +352,8 @@ def build_gpt_model(
     r = ResolvedModel.of(model, parallelism.tensor_parallel_size)
     gpt = GPTModel(
         config=config,
-        transformer_layer_spec=_block_spec(config, vp_stage),
+        transformer_layer_spec=block_spec(config, vp_stage, use_te=use_transformer_engine(),
+                                          post_norm=r.post_norm, qk_all_heads=r.qk_all_heads),
         vocab_size=r.padded_vocab,
         max_sequence_length=r.max_positions,
         pre_process=pre_process,

@@ -10,7 +10,7 @@ import math
 import signal
 from pathlib import PurePath
 
-from launcher.config import ModelConfig, TrainwrightConfig, compute_precision
+from launcher.config import Arch, ModelConfig, NormPlacement, TrainwrightConfig, compute_precision
 from launcher.core.problems import Problem, divisors, fmt_values
 from launcher.core.stop import resolve_signal
 from launcher.engines import spec
@@ -152,7 +152,28 @@ def check_model_shapes(cfg: TrainwrightConfig, dims: ParallelDims) -> list[Probl
             f"{2 * cp} (each CP rank takes two balanced chunks); use context_parallel_size with "
             f"2 x CP from {fmt_values(divisors(m.seq_length))}"))
     problems += _check_experts(m.num_experts, ep) + _check_expert_bias(m, tp)
-    return problems + _check_window(cfg, cp)
+    return problems + _check_window(cfg, cp) + _check_norms(m)
+
+
+def _check_norms(m: ModelConfig) -> list[Problem]:
+    """OLMo 2's layer (norms after attention and MLP, QK norms over all heads) as built here: a
+    dense Llama layer without biases. (Key norms over all heads need each rank's own key heads:
+    num_query_groups divisible by TP, checked above.)"""
+    problems = []
+    if m.norm_placement == NormPlacement.post:
+        for key, bad, why in (("model.arch", m.arch != Arch.llama, f"arch={m.arch}"),
+                              ("model.num_experts", m.num_experts > 0,
+                               f"num_experts={m.num_experts}"),
+                              ("model.add_bias_linear", m.add_bias_linear, "add_bias_linear=true")):
+            if bad:
+                problems.append(Problem(("model.norm_placement", key), (
+                    f"model.norm_placement=post is built for a dense Llama layer without biases, "
+                    f"not with model.{why}; set model.norm_placement=pre or change {key}")))
+    if m.qk_layernorm_all_heads and not m.qk_layernorm:
+        problems.append(Problem(("model.qk_layernorm_all_heads", "model.qk_layernorm"), (
+            "model.qk_layernorm_all_heads=true says how the query and key norms run, but "
+            "model.qk_layernorm=false has none; set model.qk_layernorm=true or drop it")))
+    return problems
 
 
 def _check_window(cfg: TrainwrightConfig, cp: int) -> list[Problem]:

@@ -16,14 +16,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from launcher.config import Activation, Arch, HfFamily, ModelConfig, RopeScaling
+from launcher.config import Activation, Arch, HfFamily, ModelConfig, NormPlacement, RopeScaling
 
 ARCHITECTURE_KEYS = (
     "arch", "normalization", "activation", "position_embedding", "num_layers", "hidden_size",
     "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
     "max_position_embeddings", "rotary_base", "rope_scaling", "rope_scaling_factor",
     "norm_epsilon", "untie_embeddings_and_output_weights", "add_bias_linear", "add_qkv_bias",
-    "qk_layernorm", "window_size", "num_experts", "moe_router_topk", "moe_ffn_hidden_size",
+    "qk_layernorm", "qk_layernorm_all_heads", "norm_placement", "window_size", "num_experts", "moe_router_topk", "moe_ffn_hidden_size",
     "moe_router_pre_softmax")
 """What the architecture record holds, in message order: every model setting that gives the
 weights their meaning (dropout, init and the MoE loss and capacity are training settings). The
@@ -35,7 +35,7 @@ DERIVED = {"normalization": "from model.arch", "activation": "from model.arch an
 """Architecture entries that are not a config key of their own: what sets them."""
 
 _ENUMS = {"arch": Arch, "activation": Activation, "rope_scaling": RopeScaling,
-          "hf_family": HfFamily}
+          "hf_family": HfFamily, "norm_placement": NormPlacement}
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: int = 1) -> int:
@@ -78,6 +78,10 @@ class ResolvedModel:
     qkv_bias: bool
     qk_norm: bool
     """A norm over each query and key head (model.qk_layernorm)."""
+    qk_all_heads: bool
+    """The query and key norms run over all heads at once (model.qk_layernorm_all_heads)."""
+    post_norm: bool
+    """The layer's norms sit on the outputs of attention and MLP (model.norm_placement=post)."""
     window: int
     """Keys a query attends to at most, itself included (model.window_size; 0 = all before)."""
     family: HfFamily
@@ -112,7 +116,10 @@ class ResolvedModel:
             normalization="LayerNorm" if gpt2 else "RMSNorm",
             activation=_activation(model), norm_params=model.hidden_size * (2 if gpt2 else 1),
             bias=model.add_bias_linear, qkv_bias=model.add_bias_linear or model.add_qkv_bias,
-            qk_norm=model.qk_layernorm, window=model.window_size, family=hf_family_of(model),
+            qk_norm=model.qk_layernorm,
+            qk_all_heads=model.qk_layernorm and model.qk_layernorm_all_heads,
+            post_norm=NormPlacement(model.norm_placement) == NormPlacement.post,
+            window=model.window_size, family=hf_family_of(model),
             experts=model.num_experts, topk=model.moe_router_topk if model.num_experts else 0,
             expert_ffn=model.moe_ffn_hidden_size or model.ffn_hidden_size,
             pre_softmax=bool(model.num_experts and model.moe_router_pre_softmax),
@@ -136,10 +143,17 @@ class ResolvedModel:
 
     @property
     def qk_norm_params(self) -> int:
-        """Parameters of a layer's query and key norms (replicated over TP), 0 without them."""
+        """Parameters of a layer's query and key norms (whole), 0 without them."""
         if not self.qk_norm:
             return 0
+        if self.qk_all_heads:
+            return self.q_dim + self.kv_dim
         return 2 * self.head_dim * (2 if self.normalization == "LayerNorm" else 1)
+
+    def qk_norm_params_per_gpu(self, tp: int) -> int:
+        """Of those, what one GPU of a TP group holds (per-head norms are replicated; norms over
+        all heads are split with the heads)."""
+        return self.qk_norm_params // tp if self.qk_all_heads else self.qk_norm_params
 
     @property
     def llama(self) -> bool:
@@ -164,7 +178,10 @@ class ResolvedModel:
             "norm_epsilon": self.norm_epsilon,
             "untie_embeddings_and_output_weights": not self.tied,
             "add_bias_linear": self.bias, "add_qkv_bias": self.qkv_bias,
-            "qk_layernorm": self.qk_norm, "window_size": self.window,
+            "qk_layernorm": self.qk_norm,
+            "qk_layernorm_all_heads": self.qk_all_heads if self.qk_norm else None,
+            "norm_placement": "post" if self.post_norm else "pre",
+            "window_size": self.window,
             "num_experts": self.experts, "moe_router_topk": self.topk if moe else None,
             "moe_ffn_hidden_size": self.expert_ffn if moe else None,
             "moe_router_pre_softmax": self.pre_softmax if moe else None,
@@ -177,6 +194,8 @@ def hf_family_of(model: ModelConfig) -> HfFamily:
         return HfFamily(model.hf_family)
     if model.arch == Arch.gpt2:
         return HfFamily.gpt2
+    if model.norm_placement == NormPlacement.post:
+        return HfFamily.olmo2
     if model.num_experts:
         return HfFamily.qwen3_moe if model.qk_layernorm else HfFamily.mixtral
     if model.qk_layernorm:

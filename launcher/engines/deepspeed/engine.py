@@ -99,7 +99,8 @@ def _sync_replicated_norm_grads(module: torch.nn.Module) -> None:
         return collectives.sum_(grad.clone(), group)
 
     for name, param in module.named_parameters():
-        qk_norm = ".q_layernorm." in name or ".k_layernorm." in name
+        qk_norm = (".q_layernorm." in name or ".k_layernorm." in name) and not getattr(
+            param, "tensor_model_parallel", False)  # OLMo 2's over all heads: split, not summed
         if getattr(param, "sequence_parallel", False) or qk_norm:
             param.register_hook(reduce)
 

@@ -1,7 +1,7 @@
 """Hugging Face ``config.json`` <-> trainwright ``model`` group (torch-free).
 
 :func:`model_fields` reads an HF config of a supported family (``llama``, ``mixtral``, ``gpt2``,
-``qwen2``, ``qwen3``, ``qwen3_moe``, ``mistral``, ``phi3``) into ModelConfig fields and raises :class:`UnsupportedModel` naming every feature Megatron-Core
+``qwen2``, ``qwen3``, ``qwen3_moe``, ``mistral``, ``phi3``, ``olmo2``) into ModelConfig fields and raises :class:`UnsupportedModel` naming every feature Megatron-Core
 cannot reproduce; :func:`hf_config` writes the config transformers (and vLLM) load for a
 ModelConfig. Field names and defaults follow transformers 4.45-5.x, including both spellings of
 the RoPE settings (``rope_theta`` + ``rope_scaling`` before 5.0, ``rope_parameters`` since).
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-FAMILIES = ("llama", "mixtral", "gpt2", "qwen2", "qwen3", "qwen3_moe", "mistral", "phi3")
+FAMILIES = ("llama", "mixtral", "gpt2", "qwen2", "qwen3", "qwen3_moe", "mistral", "phi3",
+            "olmo2")
 """HF ``model_type`` values that convert."""
 
 MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -159,6 +160,15 @@ def _qwen3_moe_fields(config: Mapping, problems: list) -> dict:
     return fields
 
 
+def _olmo2_fields(config: Mapping, problems: list) -> dict:
+    """OLMo 2: a Llama whose norms sit on the outputs of attention and MLP
+    (``post_attention_layernorm``, ``post_feedforward_layernorm``) and whose ``q_norm``/``k_norm``
+    run over all heads of a token at once."""
+    fields = _llama_fields(config, problems)
+    fields.update(qk_layernorm=True, qk_layernorm_all_heads=True, norm_placement="post")
+    return fields
+
+
 def _phi3_fields(config: Mapping, problems: list) -> dict:
     """Phi-3: a Mistral-like model (window where ``sliding_window`` sets one) whose query, key and
     value projections are one tensor, and gate and up projections another; RoPE over part of the
@@ -199,7 +209,8 @@ def model_fields(config: Mapping, source: str = "config.json") -> dict:
     problems: list[str] = []
     fields = {"llama": _llama_fields, "mixtral": _mixtral_fields, "gpt2": _gpt2_fields,
               "qwen2": _qwen2_fields, "qwen3": _qwen3_fields, "mistral": _mistral_fields,
-              "phi3": _phi3_fields, "qwen3_moe": _qwen3_moe_fields}[kind](config, problems)
+              "phi3": _phi3_fields, "qwen3_moe": _qwen3_moe_fields,
+              "olmo2": _olmo2_fields}[kind](config, problems)
     if config.get("tie_word_embeddings") is False and kind == "gpt2":
         problems.append("tie_word_embeddings=false (GPT-2 always ties its output layer)")
     if problems:
@@ -254,9 +265,11 @@ def _gpt2_config(m: Mapping, dtype: str) -> dict:
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "mixtral": "MixtralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                 "phi3": "Phi3ForCausalLM",
+                 "phi3": "Phi3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                  "gpt2": "GPT2LMHeadModel"}
 """The transformers class of each family."""
+
+_OLMO2 = {"model.qk_layernorm", "model.qk_layernorm_all_heads", "model.norm_placement=post"}
 
 FAMILY_FEATURES = {
     "llama": (set(), set()), "mistral": (set(), {"model.window_size"}),
@@ -266,6 +279,7 @@ FAMILY_FEATURES = {
     "qwen3": ({"model.qk_layernorm"}, {"model.qk_layernorm"}),
     "qwen3_moe": ({"model.qk_layernorm", "model.num_experts"},
                   {"model.qk_layernorm", "model.num_experts", "model.moe_router_pre_softmax"}),
+    "olmo2": (_OLMO2, _OLMO2),
     "gpt2": ({"model.arch=gpt2"}, {"model.arch=gpt2"}),
 }
 """Each family's (features it must have, features it may have) of :func:`_features`."""
@@ -278,6 +292,8 @@ def _features(m: Mapping) -> set:
         ("model.arch=gpt2", gpt2), ("model.add_bias_linear", m.get("add_bias_linear") and not gpt2),
         ("model.add_qkv_bias", m.get("add_qkv_bias") and not gpt2),
         ("model.qk_layernorm", m.get("qk_layernorm")),
+        ("model.qk_layernorm_all_heads", m.get("qk_layernorm") and m.get("qk_layernorm_all_heads")),
+        ("model.norm_placement=post", str(m.get("norm_placement", "pre")) == "post"),
         ("model.window_size", int(m.get("window_size") or 0) > 0),
         ("model.num_experts", experts),
         ("model.moe_router_pre_softmax", experts and m.get("moe_router_pre_softmax"))) if on}
@@ -321,6 +337,8 @@ def _family_settings(config: dict, m: Mapping, family: str) -> None:
         config.update(use_sliding_window=False, sliding_window=None,
                       max_window_layers=int(m["num_layers"]),
                       layer_types=["full_attention"] * int(m["num_layers"]))
+    elif family == "olmo2":
+        config["attention_bias"] = False
     elif family == "qwen3_moe":
         config.update(attention_bias=False, num_experts=int(m["num_experts"]),
                       num_experts_per_tok=int(m["moe_router_topk"]),

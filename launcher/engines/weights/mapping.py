@@ -49,21 +49,17 @@ class Rule:
 def _llama_rules(d: ResolvedModel) -> list[Rule]:
     p = "model.layers.{l}."
     rules = [Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab", 0),
-             Rule(L + "self_attention.linear_qkv.layer_norm_weight",
-                  (p + "input_layernorm.weight",), "copy", 1),
-             _qkv_rule(d, p)]
+             _qkv_rule(d, p)] + _layer_norm_rules(d, p)
     if d.qkv_bias:  # Qwen2: biases on q, k and v only, grouped as their rows
         rules.append(Rule(L + "self_attention.linear_qkv.bias",
                           tuple(p + f"self_attn.{x}_proj.bias" for x in "qkv"), "qkv", 1))
-    if d.qk_norm:  # Qwen3: one RMSNorm over the head dimension for queries, one for keys
+    if d.qk_norm:  # Qwen3: over each head, one weight; OLMo 2: over all heads (split over TP)
         rules += [Rule(L + "self_attention.q_layernorm.weight", (p + "self_attn.q_norm.weight",),
                        "copy", 1),
                   Rule(L + "self_attention.k_layernorm.weight", (p + "self_attn.k_norm.weight",),
                        "copy", 1)]
-    rules += [Rule(L + "self_attention.linear_proj.weight", (p + "self_attn.o_proj.weight",),
-                   "copy", 1),
-              Rule(L + "mlp.linear_fc1.layer_norm_weight",
-                   (p + "post_attention_layernorm.weight",), "copy", 1)]
+    rules.append(Rule(L + "self_attention.linear_proj.weight", (p + "self_attn.o_proj.weight",),
+                      "copy", 1))
     if d.experts:
         rules += _expert_rules(d, p)
     elif d.family == HfFamily.phi3:  # gate_up_proj is [gate; up], as linear_fc1
@@ -77,6 +73,20 @@ def _llama_rules(d: ResolvedModel) -> list[Rule]:
     if not d.tied:
         rules.append(Rule("output_layer.weight", ("lm_head.weight",), "vocab", 0))
     return rules
+
+
+def _layer_norm_rules(d: ResolvedModel, p: str) -> list[Rule]:
+    """A layer's two hidden-size norms: on the inputs of attention and MLP (saved under the
+    TE-fused names), or OLMo 2's on their outputs (``.post_norm`` of the output projections)."""
+    if d.post_norm:
+        return [Rule(L + "self_attention.linear_proj.post_norm.weight",
+                     (p + "post_attention_layernorm.weight",), "copy", 1),
+                Rule(L + "mlp.linear_fc2.post_norm.weight",
+                     (p + "post_feedforward_layernorm.weight",), "copy", 1)]
+    return [Rule(L + "self_attention.linear_qkv.layer_norm_weight",
+                 (p + "input_layernorm.weight",), "copy", 1),
+            Rule(L + "mlp.linear_fc1.layer_norm_weight",
+                 (p + "post_attention_layernorm.weight",), "copy", 1)]
 
 
 def _expert_rules(d: ResolvedModel, p: str) -> list[Rule]:

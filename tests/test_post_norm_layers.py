@@ -1,0 +1,46 @@
+"""OLMo 2's layer as trainwright builds it (launcher/engines/layer_spec.py): norms after attention
+and MLP, query and key norms over all heads, trained at TP=2 with sequence parallelism by both
+engines. The norms over all heads sum their squares over the TP group and split their weights
+with the heads; the post-norms see a slice of the sequence under SP. Any of these wrong and TP=2
+trains another model than TP=1: the losses and gradient norms of 3 steps are compared (fp32,
+same initial weights and data)."""
+
+from __future__ import annotations
+
+import pytest
+
+OLMO2 = ["model.qk_layernorm=true", "model.qk_layernorm_all_heads=true",
+         "model.norm_placement=post"]
+TP2_SP = ["parallelism.tensor_parallel_size=2", "parallelism.sequence_parallel=true"]
+
+
+def engines_worker(args: dict) -> dict:
+    """TP=1 (both ranks the same replica) and TP=2 + SP, for each engine, 3 steps each."""
+    from tests.helpers.engines import build
+    from tests.test_engine_deepspeed import run_layout
+    from tests.test_megatron_engine import train
+
+    out = {}
+    # one micro-batch a step: TP=1's two replicas see the same batch, as TP=2's one does
+    for name, layout, batch in (("tp1", [], 4), ("tp2", TP2_SP, 2)):
+        cfg, _, eng = build(OLMO2 + layout + [f"trainer.global_batch_size={batch}"])
+        out[f"megatron_{name}"] = train(eng, cfg, 3, data_seed=7)
+        out[f"deepspeed_{name}"] = run_layout(OLMO2 + layout + ["parallelism.zero_stage=1"], 3,
+                                              data_seed=7)
+    return out
+
+
+@pytest.mark.slow
+def test_olmo2_layers_train_the_same_model_at_tp2_with_sequence_parallelism():
+    from tests.helpers.dist import run_distributed
+
+    ranks = run_distributed("tests.test_post_norm_layers:engines_worker", 2, {})
+    for rank in ranks:
+        for engine in ("megatron", "deepspeed"):
+            tp1, tp2 = rank[f"{engine}_tp1"], rank[f"{engine}_tp2"]
+            assert tp1["loss"][-1] < tp1["loss"][0], (engine, tp1["loss"])
+            for a, b in zip(tp1["loss"], tp2["loss"]):
+                assert abs(a - b) < 1e-4, (engine, tp1["loss"], tp2["loss"])
+            for a, b in zip(tp1["grad_norm"], tp2["grad_norm"]):
+                assert abs(a - b) < 1e-4 * max(1.0, a), (engine, tp1["grad_norm"],
+                                                          tp2["grad_norm"])
