@@ -33,8 +33,9 @@ class HfFamily(StrEnum):
     take in and out. The math is the ModelConfig's; a family only names it."""
 
     auto = "auto"
-    """From the model's features: post-norms olmo2, experts with QK-norm qwen3_moe, experts
-    mixtral, QK-norm qwen3, QKV biases qwen2, a window mistral, arch=gpt2 gpt2, else llama."""
+    """From the model's features: zero-centred norms gemma3_text, post-norms olmo2, experts
+    with QK-norm qwen3_moe, experts mixtral, QK-norm qwen3, QKV biases qwen2, a window
+    mistral, arch=gpt2 gpt2, else llama."""
     llama = "llama"
     mixtral = "mixtral"
     gpt2 = "gpt2"
@@ -45,6 +46,9 @@ class HfFamily(StrEnum):
     """Qwen3's mixture of experts: QK-norm, experts named as a Llama MLP, no shared expert."""
     olmo2 = "olmo2"
     """OLMo 2: norms after attention and MLP, a query norm and a key norm over all heads."""
+    gemma3_text = "gemma3_text"
+    """Gemma 3's language model: four norms a layer, zero-centred, scaled embeddings, GeGLU,
+    sliding-window layers with a RoPE base of their own between full-attention layers."""
     phi3 = "phi3"
     """Phi-3: the query, key and value projections fused into one ``qkv_proj`` (all queries,
     then keys, then values) and the gate and up projections into one ``gate_up_proj``."""
@@ -58,6 +62,8 @@ class NormPlacement(StrEnum):
     post = "post"
     """On the output of attention and of the MLP, before the residual add; the inputs are not
     normalised (OLMo 2)."""
+    pre_post = "pre_post"
+    """Both: four norms a layer, on the inputs and on the outputs (Gemma 2 and 3)."""
 
 
 class Activation(StrEnum):
@@ -66,7 +72,8 @@ class Activation(StrEnum):
     gelu = "gelu"
     """Exact GeLU (gpt2 arch)."""
     gelu_tanh = "gelu_tanh"
-    """GeLU with the tanh approximation, GPT-2's original ("gelu_new" in Hugging Face)."""
+    """GeLU with the tanh approximation, GPT-2's original ("gelu_new" in Hugging Face); with
+    arch=llama the gated MLP's activation (GeGLU, Gemma's "gelu_pytorch_tanh")."""
 
 
 class RopeScaling(StrEnum):
@@ -75,6 +82,9 @@ class RopeScaling(StrEnum):
     llama3 = "llama3"
     """Llama 3.1's frequency scaling for long context (factor model.rope_scaling_factor; low and
     high frequency factors 1 and 4, original context 8,192, fixed by Megatron-Core)."""
+    linear = "linear"
+    """Positions divided by model.rope_scaling_factor (position interpolation; Gemma 3's global
+    layers: 8)."""
 
 
 class Recompute(StrEnum):
@@ -253,9 +263,14 @@ class ModelConfig:
     rope_scaling: RopeScaling = RopeScaling.none
     """RoPE frequency scaling (llama arch; see RopeScaling)."""
     rope_scaling_factor: float = 8.0
-    """rope_scaling=llama3: how much the low frequencies are slowed down (Llama 3.1: 8, 3.2: 32)."""
+    """rope_scaling=llama3: how much the low frequencies are slowed down (Llama 3.1: 8, 3.2: 32);
+    rope_scaling=linear: what positions are divided by."""
+    rotary_base_local: int = 0
+    """RoPE base frequency of the sliding-window layers, which take no rope_scaling (Gemma 3:
+    10,000); 0 = rotary_base and rope_scaling, as every layer."""
     activation: Activation = Activation.auto
-    """MLP activation; auto = the arch's own (see Activation); llama accepts only auto."""
+    """MLP activation; auto = the arch's own (see Activation); llama accepts auto (SwiGLU) and
+    gelu_tanh (GeGLU)."""
     norm_epsilon: float = 1e-5
     """Epsilon of RMSNorm / LayerNorm."""
     untie_embeddings_and_output_weights: bool = True
@@ -269,8 +284,11 @@ class ModelConfig:
     to a Hugging Face directory (an import sets it; auto: inferred from the features)."""
     window_size: int = 0
     """Sliding-window attention, in tokens: each token attends to itself and the
-    window_size - 1 tokens before it, in every layer (Mistral's ``sliding_window``); 0 = full
-    causal attention."""
+    window_size - 1 tokens before it, in every layer (Mistral's ``sliding_window``) or in all but
+    every full_attention_every-th; 0 = full causal attention."""
+    full_attention_every: int = 0
+    """With window_size: layers N, 2N, 3N, ... (counted from 1) attend to every token before them,
+    the others within the window (Gemma 3: 6); 0 = every layer within the window."""
     qk_layernorm: bool = False
     """A norm (the model's kind: RMSNorm for llama) of every query and key head over its head
     dimension, before RoPE and attention, one weight vector shared by the heads (Qwen3's
@@ -280,8 +298,17 @@ class ModelConfig:
     weight of heads x head-dimension elements) and the key norm over all key/value heads
     (OLMo 2's q_norm/k_norm), instead of over each head with one shared weight (Qwen3)."""
     norm_placement: NormPlacement = NormPlacement.pre
-    """Where each layer's two norms sit: pre = on the inputs of attention and MLP; post = on
-    their outputs, before the residual add (OLMo 2). arch=llama only."""
+    """Where each layer's norms sit: pre = on the inputs of attention and MLP; post = on their
+    outputs, before the residual add (OLMo 2); pre_post = both (Gemma 3). arch=llama only."""
+    norm_zero_centered: bool = False
+    """Every RMSNorm multiplies by 1 + weight, its weight stored as the offset from 1 (Gemma;
+    Megatron-Core's layernorm_zero_centered_gamma)."""
+    scale_embeddings: bool = False
+    """The input embeddings multiplied by sqrt(hidden_size), rounded to the weights' dtype
+    (Gemma)."""
+    softmax_scale_dim: int = 0
+    """Attention scores scaled by 1/sqrt(softmax_scale_dim) (Gemma 3's query_pre_attn_scalar);
+    0 = kv_channels (the usual 1/sqrt(head dimension))."""
     hidden_dropout: float = 0.0
     """Dropout probability after attention and MLP blocks."""
     attention_dropout: float = 0.0

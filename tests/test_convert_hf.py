@@ -89,7 +89,19 @@ def hf_models(tmp_path_factory) -> dict:
     olmo2 = t.Olmo2Config(**{**LLAMA, "num_hidden_layers": 4}, pad_token_id=0, eos_token_id=0,
                           tie_word_embeddings=False)
     models["olmo2"] = _save(_random_constants(t.Olmo2ForCausalLM(olmo2)), root / "olmo2")
+    models["gemma3"] = _save(_random_constants(t.Gemma3ForCausalLM(GEMMA3(t))), root / "gemma3")
     return models
+
+
+def GEMMA3(t):
+    """Every Gemma 3 feature on: windowed layers 1 and 3 (RoPE base 10,000) between full ones
+    (base 1e6, linear scaling 8), an attention scale other than the head dimension's."""
+    return t.Gemma3TextConfig(
+        **{**LLAMA, "num_hidden_layers": 4}, head_dim=32, query_pre_attn_scalar=24,
+        sliding_window=MISTRAL_WINDOW, layer_types=["sliding_attention", "full_attention"] * 2,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                            "rope_theta": 1_000_000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})
 
 
 def reference_logits(path: str, ids=PROMPT) -> np.ndarray:
@@ -133,7 +145,8 @@ LAYOUTS = {"tp1": ({}, 1), "tp2": ({"tensor_parallel_size": 2}, 2),
     ("mistral", "tp1"), ("mistral", "tp2"), ("mistral", "pp2"),
     ("phi3", "tp1"), ("phi3", "tp2"), ("phi3", "pp2"),
     ("qwen3_moe", "tp1"), ("qwen3_moe", "ep2"), ("qwen3_moe", "tp2"),
-    ("olmo2", "tp1"), ("olmo2", "tp2"), ("olmo2", "pp2")])
+    ("olmo2", "tp1"), ("olmo2", "tp2"), ("olmo2", "pp2"),
+    ("gemma3", "tp1"), ("gemma3", "tp2"), ("gemma3", "pp2")])
 def test_imported_logits_equal_transformers(hf_models, name, layout):
     parallelism, ranks = LAYOUTS[layout]
     results = run_distributed("tests.test_convert_hf:layout_worker", ranks,
@@ -198,7 +211,9 @@ def _same_tensors(a: str, b: str) -> None:
     ("phi3", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"]),
     ("qwen3_moe", ["engine=megatron", "parallelism.expert_parallel_size=2"]),
     ("olmo2", ["engine=megatron", "parallelism.tensor_parallel_size=2"]),
-    ("olmo2", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"])])
+    ("olmo2", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"]),
+    ("gemma3", ["engine=megatron", "parallelism.pipeline_parallel_size=2"]),
+    ("gemma3", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"])])
 def test_import_export_round_trip_is_identical(hf_models, tmp_path, name, layout):
     run, out = tmp_path / "run", tmp_path / "hf_out"
     imported = _cli("launcher.convert", "from_hf", f"hf={hf_models[name]}", f"out={run}",
@@ -212,7 +227,7 @@ def test_import_export_round_trip_is_identical(hf_models, tmp_path, name, layout
 
 
 @pytest.mark.parametrize("name", ["llama_untied", "mixtral", "gpt2", "qwen2", "qwen3",
-                                  "mistral", "phi3", "qwen3_moe", "olmo2"])
+                                  "mistral", "phi3", "qwen3_moe", "olmo2", "gemma3"])
 def test_generate_at_tp2_equals_transformers_greedy(hf_models, name):
     path = hf_models[name]
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -308,7 +323,8 @@ def test_preset_prints_a_model_that_composes(hf_models, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["qwen2", "qwen2_untied", "qwen3", "mistral", "phi3",
-                                  "qwen3_moe", "olmo2", "llama31_tied", "mixtral", "gpt2"])
+                                  "qwen3_moe", "olmo2", "gemma3", "llama31_tied", "mixtral",
+                                  "gpt2"])
 def test_the_plan_counts_the_parameters_transformers_counts(hf_models, name):
     """The plan's published figure (no vocabulary padding) of the imported config equals
     num_parameters() of the transformers model."""

@@ -29,6 +29,12 @@ CASES = {
     "moe_bias": SMALL + ["model.num_experts=4", "model.add_bias_linear=true"],
     "olmo2": SMALL + ["model.qk_layernorm=true", "model.qk_layernorm_all_heads=true",
                       "model.norm_placement=post", "model.num_query_groups=2"],
+    "gemma3": SMALL + ["model.qk_layernorm=true", "model.norm_placement=pre_post",
+                       "model.norm_zero_centered=true", "model.scale_embeddings=true",
+                       "model.activation=gelu_tanh", "model.num_query_groups=2",
+                       "model.window_size=8", "model.full_attention_every=2",
+                       "model.rotary_base_local=10000",
+                       "model.untie_embeddings_and_output_weights=false"],
 }
 
 
@@ -113,7 +119,7 @@ PP2 = ["parallelism.pipeline_parallel_size=2"]
 LAYOUTS = {  # name: (overrides, cases); 2 ranks each
     # Megatron-Core refuses MoE biases with expert tensor parallelism (ETP = TP) > 1.
     "tp2": (["parallelism.tensor_parallel_size=2", "parallelism.sequence_parallel=true"],
-            DENSE + ["moe", "olmo2"]),
+            DENSE + ["moe", "olmo2", "gemma3"]),
     "pp2": (PP2, DENSE + MOE_CASES),
     "pp2_vpp2": (PP2 + ["parallelism.virtual_pipeline_parallel_size=2", "model.num_layers=4"],
                  DENSE + ["moe"]),

@@ -59,7 +59,7 @@ def test_70b_fits_with_full_recompute_not_with_selective():
     ("gpt2_124m", 124_439_808), ("qwen2_5_7b", 7_615_616_512),
     ("qwen3_8b", 8_190_735_360), ("mistral_7b", 7_241_732_096),
     ("phi3_mini", 3_821_079_552), ("qwen3_30b_a3b", 30_532_122_624),
-    ("olmo2_7b", 7_298_617_344),
+    ("olmo2_7b", 7_298_617_344), ("gemma3_12b", 11_766_034_176),
 ])
 def test_preset_parameter_totals_match_published(preset, published):
     model = to_object(compose_config([f"model={preset}"])).model
@@ -277,6 +277,16 @@ def test_a_sliding_window_bounds_the_attention_flops_and_is_refused_with_chat_ro
     assert forward_flops_per_token(long, True) == forward_flops_per_token(full, True)
     saved = 2 * 2 * (128 - 15.5) * full.q_dim * full.layers
     assert forward_flops_per_token(full, True) - forward_flops_per_token(windowed, True) == saved
+    # Gemma 3's layers are built from Megatron-Core's local spec: unfused attention on a GPU too
+    small = ["cluster=slurm_h100", "engine=megatron", "trainer.micro_batch_size=1",
+             "trainer.activation_recompute=full", "parallelism.tensor_parallel_size=8"]
+    gemma, llama = plan_of("model=gemma3_12b", *small), plan_of("model=llama3_8b", *small)
+    assert llama.memory.flash_attention and not gemma.memory.flash_attention
+    # Gemma 3's interleaving: layers 2 and 4 of 4 attend over the sequence, 1 and 3 within 16
+    mixed = resolved("model.window_size=16", "model.full_attention_every=2",
+                     "model.num_layers=4")
+    assert mixed.windowed_layers == 2
+    assert attended_keys(mixed, True) == (15.5 + 128) / 2 and attended_keys(mixed, False) == 136
     chat = to_object(compose_config(["model.window_size=64", "data.format=chat"]))
     [problem] = _check_window(chat, 1)
     assert problem.keys == ("model.window_size", "data.format")

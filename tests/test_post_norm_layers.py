@@ -1,9 +1,11 @@
-"""OLMo 2's layer as trainwright builds it (launcher/engines/layer_spec.py): norms after attention
-and MLP, query and key norms over all heads, trained at TP=2 with sequence parallelism by both
-engines. The norms over all heads sum their squares over the TP group and split their weights
-with the heads; the post-norms see a slice of the sequence under SP. Any of these wrong and TP=2
-trains another model than TP=1: the losses and gradient norms of 3 steps are compared (fp32,
-same initial weights and data)."""
+"""The layers trainwright builds from rewritten specs (launcher/engines/layer_spec.py), trained at
+TP=2 with sequence parallelism by both engines: OLMo 2's (norms after attention and MLP, query
+and key norms over all heads) and Gemma 3's (zero-centred norms on both sides, per-head QK norms,
+scaled embeddings, GeGLU, windowed layers with their own RoPE base between full ones). The norms
+over all heads sum their squares over the TP group and split their weights with the heads; the
+post-norms see a slice of the sequence under SP; the per-head norms' gradients are summed over
+TP. Any of these wrong and TP=2 trains another model than TP=1: the losses and gradient norms of
+3 steps are compared (fp32, same initial weights and data)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,12 @@ import pytest
 
 OLMO2 = ["model.qk_layernorm=true", "model.qk_layernorm_all_heads=true",
          "model.norm_placement=post"]
+GEMMA3 = ["model.qk_layernorm=true", "model.norm_placement=pre_post",
+          "model.norm_zero_centered=true", "model.scale_embeddings=true",
+          "model.activation=gelu_tanh", "model.kv_channels=32", "model.softmax_scale_dim=24",
+          "model.window_size=8", "model.full_attention_every=2", "model.rotary_base_local=10000",
+          "model.rope_scaling=linear", "model.rope_scaling_factor=8"]
+MODELS = {"olmo2": OLMO2, "gemma3": GEMMA3}
 TP2_SP = ["parallelism.tensor_parallel_size=2", "parallelism.sequence_parallel=true"]
 
 
@@ -20,21 +28,22 @@ def engines_worker(args: dict) -> dict:
     from tests.test_engine_deepspeed import run_layout
     from tests.test_megatron_engine import train
 
-    out = {}
+    out, model = {}, MODELS[args["model"]]
     # one micro-batch a step: TP=1's two replicas see the same batch, as TP=2's one does
     for name, layout, batch in (("tp1", [], 4), ("tp2", TP2_SP, 2)):
-        cfg, _, eng = build(OLMO2 + layout + [f"trainer.global_batch_size={batch}"])
+        cfg, _, eng = build(model + layout + [f"trainer.global_batch_size={batch}"])
         out[f"megatron_{name}"] = train(eng, cfg, 3, data_seed=7)
-        out[f"deepspeed_{name}"] = run_layout(OLMO2 + layout + ["parallelism.zero_stage=1"], 3,
+        out[f"deepspeed_{name}"] = run_layout(model + layout + ["parallelism.zero_stage=1"], 3,
                                               data_seed=7)
     return out
 
 
 @pytest.mark.slow
-def test_olmo2_layers_train_the_same_model_at_tp2_with_sequence_parallelism():
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_rewritten_layers_train_the_same_model_at_tp2_with_sequence_parallelism(model):
     from tests.helpers.dist import run_distributed
 
-    ranks = run_distributed("tests.test_post_norm_layers:engines_worker", 2, {})
+    ranks = run_distributed("tests.test_post_norm_layers:engines_worker", 2, {"model": model})
     for rank in ranks:
         for engine in ("megatron", "deepspeed"):
             tp1, tp2 = rank[f"{engine}_tp1"], rank[f"{engine}_tp2"]

@@ -46,6 +46,20 @@ CASES = {
     "post_norm_gpt2": (
         ["model.norm_placement=post", "model=gpt2_124m"],
         ["not with model.arch=gpt2", "change model.arch"]),
+    "windowed_layer_settings_without_a_window": (
+        ["model.full_attention_every=6", "model.rotary_base_local=10000"],
+        ["model.full_attention_every=6 sets the sliding-window layers apart, but "
+         "model.window_size=0 makes none", "model.rotary_base_local=10000 sets"]),
+    "zero_centered_layernorm": (
+        ["model=gpt2_124m", "model.norm_zero_centered=true"],
+        ["model.norm_zero_centered=true is an RMSNorm (arch=llama), not arch=gpt2"]),
+    "flash_attention_for_local_layers": (
+        ["model.norm_placement=post", "trainer.attention_backend=flash"],
+        ["trainer.attention_backend=flash: this model's layers (model.norm_placement=post",
+         "set trainer.attention_backend=auto"]),
+    "llama_with_exact_gelu": (
+        ["model.activation=gelu"],
+        ["model.activation=gelu with model.arch=llama", "activation=gelu_tanh"]),
     "all_heads_qk_norm_without_qk_norm": (
         ["model.qk_layernorm_all_heads=true"],
         ["model.qk_layernorm=false has none", "set model.qk_layernorm=true"]),

@@ -7,8 +7,15 @@ they use where Megatron-Core (0.16) has none: the one place that rewrites a laye
 - OLMo 2 (``model.norm_placement=post``, ``model.qk_layernorm_all_heads``): no input norms; a norm
   on the output of attention and of the MLP before the residual add (:class:`RowParallelThenNorm`:
   the output projection, then the norm); query and key norms over all heads of a token, whose
-  weights are split over TP with the heads (:class:`AllHeadsRMSNorm`). Built on the local layers
-  (Transformer Engine's fuse the input norm into the QKV GEMM, which OLMo 2 does not have).
+  weights are split over TP with the heads (:class:`AllHeadsRMSNorm`).
+- Gemma 3 (``model.norm_placement=pre_post``, ``model.norm_zero_centered``,
+  ``model.rotary_base_local``): norms on both sides of attention and MLP, each multiplying by
+  1 + weight (:class:`ZeroCenteredRMSNorm`); the sliding-window layers rotate with a RoPE base of
+  their own (:class:`LocalRopeSelfAttention`).
+
+Models that need any of these are built on the local layers, GPU included (Transformer Engine's
+spec fuses the input norms into the QKV and first MLP linears; a TE variant is left for a GPU
+session).
 """
 
 from __future__ import annotations
@@ -19,8 +26,10 @@ from typing import Optional
 
 import torch
 
-__all__ = ["AllHeadsRMSNorm", "HeadTorchNorm", "RowParallelThenNorm", "SequenceParallelTorchNorm",
-           "block_spec"]
+from launcher.shape import ResolvedModel
+
+__all__ = ["AllHeadsRMSNorm", "HeadTorchNorm", "LocalRopeSelfAttention", "RowParallelThenNorm",
+           "SequenceParallelTorchNorm", "ZeroCenteredRMSNorm", "block_spec"]
 
 
 def _torch_norm(config, hidden_size: int, eps: float) -> torch.nn.Module:
@@ -52,6 +61,26 @@ class HeadTorchNorm:
 
     def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_unused):
         return _torch_norm(config, hidden_size, eps)
+
+
+class ZeroCenteredRMSNorm(torch.nn.Module):
+    """RMSNorm that multiplies by 1 + weight, the weight starting at 0 (Gemma's norms;
+    Megatron-Core's local norm refuses layernorm_zero_centered_gamma). Computed in fp32 and
+    cast back, as Hugging Face's Gemma3RMSNorm. A hidden-size norm is tagged sequence-parallel
+    under SP; a query/key norm (``heads``) is not (it sees whole sequences of its heads, and its
+    gradient is summed over TP by name)."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-6, heads: bool = False):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.zeros(hidden_size, dtype=config.params_dtype))
+        if not heads:
+            setattr(self.weight, "sequence_parallel", config.sequence_parallel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.float()
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * (1.0 + self.weight.float())).type_as(x)
 
 
 class AllHeadsRMSNorm(torch.nn.Module):
@@ -98,8 +127,8 @@ class RowParallelThenNorm:
     applied before the residual add. The norm is ``.post_norm`` of the linear; under sequence
     parallelism it sees this rank's slice of the sequence and is tagged so."""
 
-    def __new__(cls, *args, **kwargs):
-        return _row_parallel_then_norm()(*args, **kwargs)
+    def __new__(cls, *args, zero_centered: bool = False, **kwargs):
+        return _row_parallel_then_norm()(*args, zero_centered=zero_centered, **kwargs)
 
 
 @functools.cache
@@ -107,11 +136,11 @@ def _row_parallel_then_norm() -> type:
     from megatron.core.tensor_parallel import RowParallelLinear
 
     class RowParallelLinearThenNorm(RowParallelLinear):
-        def __init__(self, *args, **kwargs):
+        def __init__(self, *args, zero_centered: bool = False, **kwargs):
             super().__init__(*args, **kwargs)
             config = kwargs["config"]
-            self.post_norm = SequenceParallelTorchNorm(config, self.output_size,
-                                                       config.layernorm_epsilon)
+            norm = ZeroCenteredRMSNorm if zero_centered else SequenceParallelTorchNorm
+            self.post_norm = norm(config, self.output_size, config.layernorm_epsilon)
 
         def forward(self, x, *args, **kwargs):
             out, bias = super().forward(x, *args, **kwargs)
@@ -121,25 +150,77 @@ def _row_parallel_then_norm() -> type:
     return RowParallelLinearThenNorm
 
 
-def _post_norm_layer(spec, all_heads: bool):
-    """A dense local layer spec rewritten for OLMo 2."""
+class LocalRopeSelfAttention:
+    """Megatron-Core's SelfAttention whose sliding-window layers rotate queries and keys with a
+    RoPE of their own base (Gemma 3: 10,000 local, 1,000,000 global; the model's RoPE, scaling
+    included, stays the full-attention layers'). Which layers are windowed is Megatron-Core's
+    own rule (``is_layer_window_attention``), as its attention applies the window. Built for
+    whole sequences on one context-parallel rank (a window with CP is refused)."""
+
+    def __new__(cls, *args, rotary_base_local: int, **kwargs):
+        return _local_rope_attention()(*args, rotary_base_local=rotary_base_local, **kwargs)
+
+
+@functools.cache
+def _local_rope_attention() -> type:
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from megatron.core.transformer.attention import SelfAttention
+    from megatron.core.transformer.utils import is_layer_window_attention
+
+    class SelfAttentionWithLocalRope(SelfAttention):
+        def __init__(self, config, *args, rotary_base_local: int, **kwargs):
+            super().__init__(config, *args, **kwargs)
+            self.local_rope = None
+            if is_layer_window_attention(config.window_size, config.window_attn_skip_freq,
+                                         self.layer_number):
+                self.local_rope = RotaryEmbedding(
+                    kv_channels=config.kv_channels, rotary_percent=1.0,
+                    rotary_base=rotary_base_local,
+                    use_cpu_initialization=config.use_cpu_initialization)
+
+        def forward(self, hidden_states, attention_mask, *args, rotary_pos_emb=None, **kwargs):
+            if self.local_rope is not None and rotary_pos_emb is not None:
+                rotary_pos_emb = self.local_rope(rotary_pos_emb.shape[0])
+            return super().forward(hidden_states, attention_mask, *args,
+                                   rotary_pos_emb=rotary_pos_emb, **kwargs)
+
+    return SelfAttentionWithLocalRope
+
+
+def _rewritten_layer(spec, r: ResolvedModel):
+    """A dense local layer spec as ``r`` places and weighs its norms (OLMo 2, Gemma 3)."""
     from megatron.core.transformer.identity_op import IdentityOp
     from megatron.core.transformer.spec_utils import ModuleSpec
 
-    attention = spec.submodules.self_attention
-    attn_subs = dataclasses.replace(attention.submodules, linear_proj=RowParallelThenNorm)
-    if all_heads:
+    centered = r.zero_centered
+    hidden = ZeroCenteredRMSNorm if centered else SequenceParallelTorchNorm
+    attention, mlp, subs = (spec.submodules.self_attention, spec.submodules.mlp,
+                            spec.submodules)
+    attn_subs = attention.submodules
+    if r.post_norm:
+        then_norm = ModuleSpec(module=RowParallelThenNorm, params={"zero_centered": centered})
+        attn_subs = dataclasses.replace(attn_subs, linear_proj=then_norm)
+        mlp = dataclasses.replace(mlp, submodules=dataclasses.replace(
+            mlp.submodules, linear_fc2=then_norm))
+    if r.qk_all_heads:
         attn_subs = dataclasses.replace(
             attn_subs, q_layernorm=ModuleSpec(module=AllHeadsRMSNorm, params={"kind": "query"}),
             k_layernorm=ModuleSpec(module=AllHeadsRMSNorm, params={"kind": "key"}))
-    mlp = spec.submodules.mlp
-    mlp = dataclasses.replace(mlp, submodules=dataclasses.replace(
-        mlp.submodules, linear_fc2=RowParallelThenNorm))
-    subs = dataclasses.replace(
-        spec.submodules, input_layernorm=IdentityOp, pre_mlp_layernorm=IdentityOp,
-        self_attention=dataclasses.replace(attention, submodules=attn_subs), mlp=mlp,
-        sharded_state_dict_keys_map={})
-    return dataclasses.replace(spec, submodules=subs)
+    elif r.qk_norm:
+        heads = ModuleSpec(module=ZeroCenteredRMSNorm, params={"heads": True}) if centered \
+            else HeadTorchNorm
+        attn_subs = dataclasses.replace(attn_subs, q_layernorm=heads, k_layernorm=heads)
+    attention = dataclasses.replace(attention, submodules=attn_subs)
+    if r.rotary_base_local:
+        attention = dataclasses.replace(attention, module=LocalRopeSelfAttention, params={
+            **attention.params, "rotary_base_local": r.rotary_base_local})
+    if r.pre_norm:
+        subs = dataclasses.replace(subs, input_layernorm=hidden, pre_mlp_layernorm=hidden)
+    else:
+        subs = dataclasses.replace(subs, input_layernorm=IdentityOp,
+                                   pre_mlp_layernorm=IdentityOp, sharded_state_dict_keys_map={})
+    return dataclasses.replace(spec, submodules=dataclasses.replace(
+        subs, self_attention=attention, mlp=mlp))
 
 
 def _with_sp_norms(block_spec):
@@ -151,31 +232,32 @@ def _with_sp_norms(block_spec):
     for spec in block_spec.layer_specs:
         attention = spec.submodules.self_attention
         heads = getattr(attention.submodules, "q_layernorm", IdentityOp)
-        if heads is not IdentityOp and getattr(heads, "module", None) is not AllHeadsRMSNorm:
+        if heads is not IdentityOp:
             attention = dataclasses.replace(attention, submodules=dataclasses.replace(
                 attention.submodules, q_layernorm=HeadTorchNorm, k_layernorm=HeadTorchNorm))
-        subs = dataclasses.replace(spec.submodules, self_attention=attention)
-        if spec.submodules.input_layernorm is not IdentityOp:
-            subs = dataclasses.replace(subs, input_layernorm=SequenceParallelTorchNorm,
-                                       pre_mlp_layernorm=SequenceParallelTorchNorm)
+        subs = dataclasses.replace(spec.submodules, self_attention=attention,
+                                   input_layernorm=SequenceParallelTorchNorm,
+                                   pre_mlp_layernorm=SequenceParallelTorchNorm)
         layers.append(dataclasses.replace(spec, submodules=subs))
     return dataclasses.replace(block_spec, layer_specs=layers,
                                layer_norm=SequenceParallelTorchNorm)
 
 
-def block_spec(config, vp_stage: Optional[int], *, use_te: bool, post_norm: bool = False,
-               qk_all_heads: bool = False):
-    """Layer specs of this pipeline stage (dense or MoE), Transformer Engine's or local; with
-    ``post_norm`` (OLMo 2) local, rewritten as :func:`_post_norm_layer`."""
+def block_spec(config, vp_stage: Optional[int], *, use_te: bool, r: ResolvedModel):
+    """Layer specs of this pipeline stage (dense or MoE), Transformer Engine's or local; a
+    model that needs our norms or RoPE (``r.local_layers``) is built from rewritten local
+    specs, whose norms tag themselves for sequence parallelism."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
-    use_te = use_te and not post_norm
+    rewrite = r.local_layers
+    use_te = use_te and not rewrite
     spec = get_gpt_decoder_block_spec(
         config, use_transformer_engine=use_te, normalization=config.normalization, vp_stage=vp_stage
     )
-    if post_norm:
-        spec = dataclasses.replace(spec, layer_specs=[
-            _post_norm_layer(layer, qk_all_heads) for layer in spec.layer_specs])
+    if rewrite:
+        final = ZeroCenteredRMSNorm if r.zero_centered else SequenceParallelTorchNorm
+        return dataclasses.replace(spec, layer_norm=final, layer_specs=[
+            _rewritten_layer(layer, r) for layer in spec.layer_specs])
     if not use_te and config.sequence_parallel:
         spec = _with_sp_norms(spec)
     return spec

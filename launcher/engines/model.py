@@ -161,18 +161,19 @@ def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 
 def activation_function(model: ModelConfig, *, fused: bool = False):
-    """The MLP activation of ``model``: SiLU (gated: SwiGLU) for llama, exact or tanh GeLU for
-    gpt2; ValueError for llama with anything but ``auto``.
+    """The MLP activation of ``model``: SiLU (gated: SwiGLU) or tanh GeLU (GeGLU) for llama,
+    exact or tanh GeLU for gpt2; ValueError for llama with exact GeLU.
 
     With ``fused`` (bias-activation fusion) tanh GeLU is spelled ``F.gelu``: Megatron-Core
     0.16 recognises the activation by identity and its fused bias-GeLU kernel is the tanh
     approximation (megatron/core/fusions/fused_bias_gelu.py)."""
     activation = Activation(model.activation)
     if model.arch == Arch.llama:
-        if activation != Activation.auto:
-            raise ValueError(f"model.activation={activation.value} with model.arch=llama: a "
-                             "llama MLP is SwiGLU; set model.activation=auto")
-        return F.silu
+        if activation == Activation.gelu:
+            raise ValueError("model.activation=gelu with model.arch=llama: a llama MLP is SwiGLU "
+                             "(auto) or GeGLU with tanh GeLU (gelu_tanh); set one of them")
+        if activation == Activation.auto:
+            return F.silu
     if activation == Activation.gelu_tanh:
         return F.gelu if fused else _gelu_tanh
     return F.gelu
@@ -191,6 +192,9 @@ def _arch_fields(model: ModelConfig, resolved: ResolvedModel) -> dict:
         qk_layernorm=resolved.qk_norm and not resolved.qk_all_heads,
         # Megatron-Core's (left, right) window: the window_size - 1 tokens before, none after
         window_size=(resolved.window - 1, 0) if resolved.window else None,
+        window_attn_skip_freq=resolved.full_every or None,  # layers N, 2N, ... attend fully
+        softmax_scale=None if resolved.softmax_dim == resolved.head_dim
+        else resolved.softmax_dim ** -0.5,
         masked_softmax_fusion=False,  # needs Megatron-LM's compiled softmax kernels
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,  # needs main_grad, which DeepSpeed does not have
@@ -333,6 +337,14 @@ def transformer_config(model: ModelConfig, parallelism: ParallelismConfig, train
     )
 
 
+def _scale_by_sqrt_hidden(hidden: int):
+    """A forward hook that multiplies the embedding's output by sqrt(hidden) rounded to the
+    word embeddings' dtype (Gemma's scaled embeddings, as Hugging Face rounds them)."""
+    def hook(module, _inputs, output):
+        return output * torch.tensor(hidden ** 0.5, dtype=module.word_embeddings.weight.dtype)
+    return hook
+
+
 def build_gpt_model(
     model: ModelConfig,
     parallelism: ParallelismConfig,
@@ -352,8 +364,7 @@ def build_gpt_model(
     r = ResolvedModel.of(model, parallelism.tensor_parallel_size)
     gpt = GPTModel(
         config=config,
-        transformer_layer_spec=block_spec(config, vp_stage, use_te=use_transformer_engine(),
-                                          post_norm=r.post_norm, qk_all_heads=r.qk_all_heads),
+        transformer_layer_spec=block_spec(config, vp_stage, use_te=use_transformer_engine(), r=r),
         vocab_size=r.padded_vocab,
         max_sequence_length=r.max_positions,
         pre_process=pre_process,
@@ -363,8 +374,12 @@ def build_gpt_model(
         rotary_base=r.rotary_base,
         rope_scaling=r.llama and r.rope_scaling == RopeScaling.llama3,
         rope_scaling_factor=r.rope_scaling_factor,
+        seq_len_interpolation_factor=r.rope_scaling_factor
+        if r.llama and r.rope_scaling == RopeScaling.linear else None,
         vp_stage=vp_stage,
     )
+    if r.scale_embeddings and pre_process:
+        gpt.embedding.register_forward_hook(_scale_by_sqrt_hidden(r.hidden))
     if torch.cuda.is_available():
         # Megatron-Core allocates its parallel layers on the current GPU, but without Transformer
         # Engine the norms are plain torch modules, made on the host (as Megatron-LM's get_model

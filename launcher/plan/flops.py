@@ -12,7 +12,8 @@ with those logs (``mfu_causal``). ``mfu`` stays the full-attention one (PaLM, to
 
 A sliding window of W tokens (``model.window_size``) bounds the keys of every query: W instead
 of the sequence in the full convention, and W - W^2 / (2 s) on average under the causal mask
-(s / 2 when W reaches the sequence).
+(s / 2 when W reaches the sequence). With full-attention layers among the windowed ones
+(``model.full_attention_every``) the keys are averaged over the layers.
 """
 
 from __future__ import annotations
@@ -33,11 +34,16 @@ def forward_flops_per_token(d: ResolvedModel, causal: bool = False) -> float:
 
 
 def attended_keys(d: ResolvedModel, causal: bool) -> float:
-    """Keys a query's scores are computed over, on average (module docstring)."""
-    window = min(d.window or d.seq, d.seq)
-    if not causal:
-        return float(window)
-    return window - window * window / (2 * d.seq)
+    """Keys a query's scores are computed over, on average over the layers (module
+    docstring); full-attention layers between windowed ones attend over the sequence."""
+    windowed = d.windowed_layers
+    keys = _keys(min(d.window, d.seq), d.seq, causal) if windowed else 0.0
+    full = _keys(d.seq, d.seq, causal)
+    return (windowed * keys + (d.layers - windowed) * full) / d.layers
+
+
+def _keys(window: int, seq: int, causal: bool) -> float:
+    return float(window) if not causal else window - window * window / (2 * seq)
 
 
 def train_flops_per_token(d: ResolvedModel, causal: bool = False) -> float:

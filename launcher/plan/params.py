@@ -45,9 +45,9 @@ def layer_params(d: ResolvedModel, tp: int = 1, ep: int = 1) -> LayerParams:
     if d.experts:
         router = d.experts * d.hidden + (d.experts if d.bias else 0)
         experts = (d.experts // ep) * _mlp_params(d.hidden, d.expert_ffn, d.gated, d.bias, tp)
-        return LayerParams(attention, 2 * d.norm_params + d.qk_norm_params_per_gpu(tp), router,
+        return LayerParams(attention, d.layer_norms * d.norm_params + d.qk_norm_params_per_gpu(tp), router,
                            experts)
-    return LayerParams(attention, 2 * d.norm_params + d.qk_norm_params_per_gpu(tp),
+    return LayerParams(attention, d.layer_norms * d.norm_params + d.qk_norm_params_per_gpu(tp),
                        _mlp_params(d.hidden, d.ffn, d.gated, d.bias, tp), 0)
 
 

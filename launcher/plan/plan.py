@@ -233,8 +233,8 @@ def _compute_keys(c: Compute) -> dict:
 
 def _uses_flash(cfg: TrainwrightConfig, device: Device) -> bool:
     backend = cfg.trainer.attention_backend
-    if backend == AttentionBackend.auto:
-        return device.name != "cpu"
+    if backend == AttentionBackend.auto:  # local layers (OLMo 2, Gemma 3): unfused on a GPU too
+        return device.name != "cpu" and not ResolvedModel.of(cfg.model).local_layers
     return backend == AttentionBackend.flash
 
 

@@ -10,13 +10,15 @@ import math
 import signal
 from pathlib import PurePath
 
-from launcher.config import Arch, ModelConfig, NormPlacement, TrainwrightConfig, compute_precision
+from launcher.config import (Activation, Arch, AttentionBackend, ModelConfig, NormPlacement,
+                             TrainwrightConfig, compute_precision)
 from launcher.core.problems import Problem, divisors, fmt_values
 from launcher.core.stop import resolve_signal
 from launcher.engines import spec
 from launcher.plan.data_check import chat_pack_multiples
 from launcher.plan.kubernetes import kubernetes_problems
 from launcher.shape.dims import ParallelDims
+from launcher.shape.model import ResolvedModel
 from launcher.shape.stages import KEYS as SPLIT_KEYS, StageSplit, split_problems
 
 
@@ -43,7 +45,9 @@ def check_positive(cfg: TrainwrightConfig) -> list[Problem]:
     problems = [Problem((k,), f"{k}={v} must be a positive integer") for k, v in values.items()
                 if v < 1]
     for key in ("model.num_query_groups", "model.kv_channels", "model.num_experts",
-                "model.window_size", "trainer.global_batch_size", "trainer.train_tokens", "trainer.train_steps"):
+                "model.window_size", "model.full_attention_every", "model.rotary_base_local",
+                "model.softmax_scale_dim", "trainer.global_batch_size", "trainer.train_tokens",
+                "trainer.train_steps"):
         group, name = key.split(".")
         if getattr(getattr(cfg, group), name) < 0:
             problems.append(Problem((key,), f"{key} must be >= 0 (0 means derived/unset)"))
@@ -152,7 +156,22 @@ def check_model_shapes(cfg: TrainwrightConfig, dims: ParallelDims) -> list[Probl
             f"{2 * cp} (each CP rank takes two balanced chunks); use context_parallel_size with "
             f"2 x CP from {fmt_values(divisors(m.seq_length))}"))
     problems += _check_experts(m.num_experts, ep) + _check_expert_bias(m, tp)
-    return problems + _check_window(cfg, cp) + _check_norms(m)
+    return problems + _check_window(cfg, cp) + _check_norms(m) + _check_local_layers(cfg)
+
+
+def _check_local_layers(cfg: TrainwrightConfig) -> list[Problem]:
+    """Flash attention asked for a model built from rewritten local layers (OLMo 2, Gemma 3),
+    whose attention is Megatron-Core's unfused one."""
+    if cfg.trainer.attention_backend != AttentionBackend.flash:
+        return []
+    if not ResolvedModel.of(cfg.model).local_layers:
+        return []
+    return [Problem(("trainer.attention_backend", "model.norm_placement"), (
+        "trainer.attention_backend=flash: this model's layers (model.norm_placement="
+        f"{cfg.model.norm_placement}, norm_zero_centered={cfg.model.norm_zero_centered}, "
+        f"qk_layernorm_all_heads={cfg.model.qk_layernorm_all_heads}, rotary_base_local="
+        f"{cfg.model.rotary_base_local}) are built from Megatron-Core's local layers, whose "
+        "attention is unfused; set trainer.attention_backend=auto"))]
 
 
 def _check_norms(m: ModelConfig) -> list[Problem]:
@@ -160,20 +179,39 @@ def _check_norms(m: ModelConfig) -> list[Problem]:
     dense Llama layer without biases. (Key norms over all heads need each rank's own key heads:
     num_query_groups divisible by TP, checked above.)"""
     problems = []
-    if m.norm_placement == NormPlacement.post:
+    if m.norm_placement != NormPlacement.pre:
         for key, bad, why in (("model.arch", m.arch != Arch.llama, f"arch={m.arch}"),
                               ("model.num_experts", m.num_experts > 0,
                                f"num_experts={m.num_experts}"),
                               ("model.add_bias_linear", m.add_bias_linear, "add_bias_linear=true")):
             if bad:
                 problems.append(Problem(("model.norm_placement", key), (
-                    f"model.norm_placement=post is built for a dense Llama layer without biases, "
-                    f"not with model.{why}; set model.norm_placement=pre or change {key}")))
+                    f"model.norm_placement={m.norm_placement} is built for a dense Llama layer "
+                    f"without biases, not with model.{why}; set model.norm_placement=pre or "
+                    f"change {key}")))
+    if m.norm_zero_centered and m.arch != Arch.llama:
+        problems.append(Problem(("model.norm_zero_centered", "model.arch"), (
+            f"model.norm_zero_centered=true is an RMSNorm (arch=llama), not arch={m.arch}'s "
+            "LayerNorm; set model.norm_zero_centered=false")))
+    if m.arch == Arch.llama and m.activation == Activation.gelu:
+        problems.append(Problem(("model.activation", "model.arch"), (
+            "model.activation=gelu with model.arch=llama: a llama MLP is gated, SwiGLU "
+            "(activation=auto) or GeGLU with tanh GeLU (activation=gelu_tanh); set one of them")))
     if m.qk_layernorm_all_heads and not m.qk_layernorm:
         problems.append(Problem(("model.qk_layernorm_all_heads", "model.qk_layernorm"), (
             "model.qk_layernorm_all_heads=true says how the query and key norms run, but "
             "model.qk_layernorm=false has none; set model.qk_layernorm=true or drop it")))
     return problems
+
+
+def _needs_window(m: ModelConfig) -> list[Problem]:
+    """Settings of the windowed layers, given without a window."""
+    return [Problem((key, "model.window_size"), (
+        f"{key}={value} sets the sliding-window layers apart, but model.window_size=0 makes "
+        f"none; set model.window_size or {key}=0"))
+        for key, value in (("model.full_attention_every", m.full_attention_every),
+                           ("model.rotary_base_local", m.rotary_base_local))
+        if value > 0 and not m.window_size]
 
 
 def _check_window(cfg: TrainwrightConfig, cp: int) -> list[Problem]:
@@ -182,7 +220,7 @@ def _check_window(cfg: TrainwrightConfig, cp: int) -> list[Problem]:
     would attend across their boundaries), and context parallelism's ring is not windowed."""
     window = cfg.model.window_size
     if not window:
-        return []
+        return _needs_window(cfg.model)
     problems = []
     if cfg.data.format == "chat":
         problems.append(Problem(("model.window_size", "data.format"), (

@@ -23,7 +23,9 @@ ARCHITECTURE_KEYS = (
     "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
     "max_position_embeddings", "rotary_base", "rope_scaling", "rope_scaling_factor",
     "norm_epsilon", "untie_embeddings_and_output_weights", "add_bias_linear", "add_qkv_bias",
-    "qk_layernorm", "qk_layernorm_all_heads", "norm_placement", "window_size", "num_experts", "moe_router_topk", "moe_ffn_hidden_size",
+    "qk_layernorm", "qk_layernorm_all_heads", "norm_placement", "norm_zero_centered",
+    "scale_embeddings", "softmax_scale_dim", "window_size", "full_attention_every",
+    "rotary_base_local", "num_experts", "moe_router_topk", "moe_ffn_hidden_size",
     "moe_router_pre_softmax")
 """What the architecture record holds, in message order: every model setting that gives the
 weights their meaning (dropout, init and the MoE loss and capacity are training settings). The
@@ -80,10 +82,21 @@ class ResolvedModel:
     """A norm over each query and key head (model.qk_layernorm)."""
     qk_all_heads: bool
     """The query and key norms run over all heads at once (model.qk_layernorm_all_heads)."""
-    post_norm: bool
-    """The layer's norms sit on the outputs of attention and MLP (model.norm_placement=post)."""
+    placement: NormPlacement
+    """Where the layer's hidden-size norms sit (model.norm_placement)."""
+    zero_centered: bool
+    """Norms multiply by 1 + weight (model.norm_zero_centered)."""
+    scale_embeddings: bool
+    """Input embeddings times sqrt(hidden) (model.scale_embeddings)."""
+    softmax_dim: int
+    """Attention scores scaled by 1/sqrt(softmax_dim) (model.softmax_scale_dim, 0 resolved to
+    the head dimension)."""
     window: int
     """Keys a query attends to at most, itself included (model.window_size; 0 = all before)."""
+    full_every: int
+    """With a window: every full_every-th layer attends to all before it (0 = none does)."""
+    rotary_base_local: int
+    """RoPE base of the windowed layers (0 = rotary_base, as the others)."""
     family: HfFamily
     """The Hugging Face family of the weights' names (model.hf_family, auto resolved)."""
     experts: int
@@ -118,8 +131,12 @@ class ResolvedModel:
             bias=model.add_bias_linear, qkv_bias=model.add_bias_linear or model.add_qkv_bias,
             qk_norm=model.qk_layernorm,
             qk_all_heads=model.qk_layernorm and model.qk_layernorm_all_heads,
-            post_norm=NormPlacement(model.norm_placement) == NormPlacement.post,
-            window=model.window_size, family=hf_family_of(model),
+            placement=NormPlacement(model.norm_placement), zero_centered=model.norm_zero_centered,
+            scale_embeddings=model.scale_embeddings,
+            softmax_dim=model.softmax_scale_dim or model.kv_channels or model.hidden_size // heads,
+            window=model.window_size, full_every=model.full_attention_every if model.window_size
+            else 0, rotary_base_local=model.rotary_base_local if model.window_size else 0,
+            family=hf_family_of(model),
             experts=model.num_experts, topk=model.moe_router_topk if model.num_experts else 0,
             expert_ffn=model.moe_ffn_hidden_size or model.ffn_hidden_size,
             pre_softmax=bool(model.num_experts and model.moe_router_pre_softmax),
@@ -132,6 +149,36 @@ class ResolvedModel:
         """From ModelConfig fields as JSON holds them (a checkpoint's config, an HF import);
         fields the mapping lacks take ModelConfig's defaults."""
         return cls.of(model_config(fields), tensor_parallel_size)
+
+    @property
+    def pre_norm(self) -> bool:
+        """Norms on the inputs of attention and MLP."""
+        return self.placement in (NormPlacement.pre, NormPlacement.pre_post)
+
+    @property
+    def post_norm(self) -> bool:
+        """Norms on the outputs of attention and MLP, before the residual add."""
+        return self.placement in (NormPlacement.post, NormPlacement.pre_post)
+
+    @property
+    def layer_norms(self) -> int:
+        """Hidden-size norms a layer holds (2, or 4 with norms on both sides)."""
+        return 4 if self.placement == NormPlacement.pre_post else 2
+
+    @property
+    def local_layers(self) -> bool:
+        """Built from trainwright's rewrite of Megatron-Core's local layer spec, GPU included:
+        norms other than pre-norms of the usual kind, QK norms over all heads, or a second RoPE
+        (launcher/engines/layer_spec.py). Attention is then Megatron-Core's unfused one."""
+        return (self.placement != NormPlacement.pre or self.zero_centered or self.qk_all_heads
+                or bool(self.rotary_base_local))
+
+    @property
+    def windowed_layers(self) -> int:
+        """Layers that attend within the window (all but every full_every-th)."""
+        if not self.window:
+            return 0
+        return self.layers - (self.layers // self.full_every if self.full_every else 0)
 
     @property
     def q_dim(self) -> int:
@@ -180,8 +227,11 @@ class ResolvedModel:
             "add_bias_linear": self.bias, "add_qkv_bias": self.qkv_bias,
             "qk_layernorm": self.qk_norm,
             "qk_layernorm_all_heads": self.qk_all_heads if self.qk_norm else None,
-            "norm_placement": "post" if self.post_norm else "pre",
+            "norm_placement": self.placement.value, "norm_zero_centered": self.zero_centered,
+            "scale_embeddings": self.scale_embeddings, "softmax_scale_dim": self.softmax_dim,
             "window_size": self.window,
+            "full_attention_every": self.full_every if self.window else None,
+            "rotary_base_local": (self.rotary_base_local or None) if self.window else None,
             "num_experts": self.experts, "moe_router_topk": self.topk if moe else None,
             "moe_ffn_hidden_size": self.expert_ffn if moe else None,
             "moe_router_pre_softmax": self.pre_softmax if moe else None,
@@ -194,6 +244,8 @@ def hf_family_of(model: ModelConfig) -> HfFamily:
         return HfFamily(model.hf_family)
     if model.arch == Arch.gpt2:
         return HfFamily.gpt2
+    if model.norm_zero_centered:
+        return HfFamily.gemma3_text
     if model.norm_placement == NormPlacement.post:
         return HfFamily.olmo2
     if model.num_experts:
@@ -206,9 +258,10 @@ def hf_family_of(model: ModelConfig) -> HfFamily:
 
 
 def _activation(model: ModelConfig) -> str:
-    """The MLP activation's name: swiglu for llama, gelu or gelu_tanh for gpt2."""
+    """The MLP activation's name: swiglu (or geglu_tanh) for llama, gelu or gelu_tanh for
+    gpt2."""
     if model.arch == Arch.llama:
-        return "swiglu"
+        return "geglu_tanh" if model.activation == Activation.gelu_tanh else "swiglu"
     return "gelu_tanh" if model.activation == Activation.gelu_tanh else "gelu"
 
 

@@ -1,7 +1,7 @@
 """Hugging Face ``config.json`` <-> trainwright ``model`` group (torch-free).
 
 :func:`model_fields` reads an HF config of a supported family (``llama``, ``mixtral``, ``gpt2``,
-``qwen2``, ``qwen3``, ``qwen3_moe``, ``mistral``, ``phi3``, ``olmo2``) into ModelConfig fields and raises :class:`UnsupportedModel` naming every feature Megatron-Core
+``qwen2``, ``qwen3``, ``qwen3_moe``, ``mistral``, ``phi3``, ``olmo2``, ``gemma3_text``) into ModelConfig fields and raises :class:`UnsupportedModel` naming every feature Megatron-Core
 cannot reproduce; :func:`hf_config` writes the config transformers (and vLLM) load for a
 ModelConfig. Field names and defaults follow transformers 4.45-5.x, including both spellings of
 the RoPE settings (``rope_theta`` + ``rope_scaling`` before 5.0, ``rope_parameters`` since).
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 FAMILIES = ("llama", "mixtral", "gpt2", "qwen2", "qwen3", "qwen3_moe", "mistral", "phi3",
-            "olmo2")
+            "olmo2", "gemma3_text")
 """HF ``model_type`` values that convert."""
 
 MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -169,6 +169,74 @@ def _olmo2_fields(config: Mapping, problems: list) -> dict:
     return fields
 
 
+def _gemma3_rope(config: Mapping, problems: list) -> dict:
+    """Gemma 3's two RoPEs: the full-attention layers' (``rope_theta``, with linear scaling
+    in the 4B-27B models) and the sliding-window layers' (``rope_local_base_freq``), from
+    either spelling (transformers 5 nests them in ``rope_parameters``)."""
+    params = dict(config.get("rope_parameters") or {})
+    full = dict(params.get("full_attention") or {})
+    local = dict(params.get("sliding_attention") or {})
+    full.setdefault("rope_theta", config.get("rope_theta", 1_000_000.0))
+    for key, value in (config.get("rope_scaling") or {}).items():
+        full.setdefault(key, value)
+    local.setdefault("rope_theta", config.get("rope_local_base_freq", 10_000.0))
+    fields: dict[str, Any] = {"rotary_base": int(full["rope_theta"]),
+                              "rotary_base_local": int(local["rope_theta"])}
+    kind = full.get("rope_type", full.get("type", "default"))
+    if kind == "linear":
+        fields.update(rope_scaling="linear", rope_scaling_factor=float(full["factor"]))
+    elif kind != "default":
+        problems.append(f"rope type {kind!r} of the full-attention layers (default or linear)")
+    if local.get("rope_type", "default") != "default":
+        problems.append(f"rope type {local['rope_type']!r} of the sliding-window layers (default)")
+    return fields
+
+
+def _gemma3_window(config: Mapping, problems: list) -> dict:
+    """``layer_types`` (or ``sliding_window_pattern``) as a window and the period of the
+    full-attention layers among the windowed ones (layers N, 2N, ...; counted from 1)."""
+    layers = int(config["num_hidden_layers"])
+    kinds = config.get("layer_types") or [
+        "full_attention" if (i + 1) % int(config.get("sliding_window_pattern", 6)) == 0
+        else "sliding_attention" for i in range(layers)]
+    full = [i + 1 for i, kind in enumerate(kinds) if kind == "full_attention"]
+    if len(full) == layers or not config.get("sliding_window"):
+        return {}
+    every = full[0] if full else 0
+    if full != list(range(every, layers + 1, every or layers + 1)):
+        problems.append(f"layer_types with full attention at layers {full} (counted from 1): only "
+                        "every N-th layer, N fixed, is built here")
+    return {"window_size": int(config["sliding_window"]), "full_attention_every": every}
+
+
+def _gemma3_fields(config: Mapping, problems: list) -> dict:
+    """Gemma 3's language model: a Llama with four zero-centred norms a layer (on both sides
+    of attention and MLP), QK-norm, embeddings scaled by sqrt(hidden), GeGLU with tanh GeLU,
+    attention scaled by 1/sqrt(query_pre_attn_scalar), and sliding-window layers with a RoPE
+    of their own between full-attention ones."""
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if config.get(key) is not None:
+            problems.append(f"{key}={config[key]} (no soft-capping in Megatron-Core's attention "
+                            "and output layer here)")
+    if config.get("use_bidirectional_attention"):
+        problems.append("use_bidirectional_attention=true (causal attention only)")
+    act = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
+    if act != "gelu_pytorch_tanh":
+        problems.append(f"hidden_activation={act!r} (Gemma's GeGLU: gelu_pytorch_tanh)")
+    fields = _llama_fields({**config, "hidden_act": "silu", "sliding_window": None,
+                            "rope_parameters": None, "rope_scaling": None,
+                            "tie_word_embeddings": config.get("tie_word_embeddings", True)},
+                           problems)
+    fields.update(_gemma3_rope(config, problems), **_gemma3_window(config, problems))
+    fields.update(activation="gelu_tanh", qk_layernorm=True, norm_placement="pre_post",
+                  norm_zero_centered=True, scale_embeddings=True,
+                  softmax_scale_dim=int(config.get("query_pre_attn_scalar") or
+                                        fields["kv_channels"]))
+    if not fields.get("window_size"):
+        fields.pop("rotary_base_local")
+    return fields
+
+
 def _phi3_fields(config: Mapping, problems: list) -> dict:
     """Phi-3: a Mistral-like model (window where ``sliding_window`` sets one) whose query, key and
     value projections are one tensor, and gate and up projections another; RoPE over part of the
@@ -210,7 +278,7 @@ def model_fields(config: Mapping, source: str = "config.json") -> dict:
     fields = {"llama": _llama_fields, "mixtral": _mixtral_fields, "gpt2": _gpt2_fields,
               "qwen2": _qwen2_fields, "qwen3": _qwen3_fields, "mistral": _mistral_fields,
               "phi3": _phi3_fields, "qwen3_moe": _qwen3_moe_fields,
-              "olmo2": _olmo2_fields}[kind](config, problems)
+              "olmo2": _olmo2_fields, "gemma3_text": _gemma3_fields}[kind](config, problems)
     if config.get("tie_word_embeddings") is False and kind == "gpt2":
         problems.append("tie_word_embeddings=false (GPT-2 always ties its output layer)")
     if problems:
@@ -266,10 +334,13 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "mixtral": "MixtralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
                  "phi3": "Phi3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
+                 "gemma3_text": "Gemma3ForCausalLM",
                  "gpt2": "GPT2LMHeadModel"}
 """The transformers class of each family."""
 
 _OLMO2 = {"model.qk_layernorm", "model.qk_layernorm_all_heads", "model.norm_placement=post"}
+_GEMMA3 = {"model.qk_layernorm", "model.norm_placement=pre_post", "model.norm_zero_centered",
+           "model.scale_embeddings", "model.activation=gelu_tanh"}
 
 FAMILY_FEATURES = {
     "llama": (set(), set()), "mistral": (set(), {"model.window_size"}),
@@ -280,6 +351,9 @@ FAMILY_FEATURES = {
     "qwen3_moe": ({"model.qk_layernorm", "model.num_experts"},
                   {"model.qk_layernorm", "model.num_experts", "model.moe_router_pre_softmax"}),
     "olmo2": (_OLMO2, _OLMO2),
+    "gemma3_text": (_GEMMA3, _GEMMA3 | {"model.window_size", "model.full_attention_every",
+                                        "model.rotary_base_local", "model.softmax_scale_dim",
+                                        "model.rope_scaling=linear"}),
     "gpt2": ({"model.arch=gpt2"}, {"model.arch=gpt2"}),
 }
 """Each family's (features it must have, features it may have) of :func:`_features`."""
@@ -294,6 +368,15 @@ def _features(m: Mapping) -> set:
         ("model.qk_layernorm", m.get("qk_layernorm")),
         ("model.qk_layernorm_all_heads", m.get("qk_layernorm") and m.get("qk_layernorm_all_heads")),
         ("model.norm_placement=post", str(m.get("norm_placement", "pre")) == "post"),
+        ("model.norm_placement=pre_post", str(m.get("norm_placement", "pre")) == "pre_post"),
+        ("model.norm_zero_centered", m.get("norm_zero_centered")),
+        ("model.scale_embeddings", m.get("scale_embeddings")),
+        ("model.activation=gelu_tanh", str(m.get("activation", "auto")) == "gelu_tanh"
+         and not gpt2),
+        ("model.full_attention_every", int(m.get("full_attention_every") or 0) > 0),
+        ("model.rotary_base_local", int(m.get("rotary_base_local") or 0) > 0),
+        ("model.softmax_scale_dim", int(m.get("softmax_scale_dim") or 0) > 0),
+        ("model.rope_scaling=linear", str(m.get("rope_scaling", "none")) == "linear"),
         ("model.window_size", int(m.get("window_size") or 0) > 0),
         ("model.num_experts", experts),
         ("model.moe_router_pre_softmax", experts and m.get("moe_router_pre_softmax"))) if on}
@@ -339,6 +422,8 @@ def _family_settings(config: dict, m: Mapping, family: str) -> None:
                       layer_types=["full_attention"] * int(m["num_layers"]))
     elif family == "olmo2":
         config["attention_bias"] = False
+    elif family == "gemma3_text":
+        _gemma3_settings(config, m)
     elif family == "qwen3_moe":
         config.update(attention_bias=False, num_experts=int(m["num_experts"]),
                       num_experts_per_tok=int(m["moe_router_topk"]),
@@ -354,6 +439,33 @@ def _family_settings(config: dict, m: Mapping, family: str) -> None:
                       num_experts_per_tok=int(m["moe_router_topk"]),
                       router_aux_loss_coef=float(m.get("moe_aux_loss_coeff", 0.01)),
                       sliding_window=None, output_router_logits=False, router_jitter_noise=0.0)
+
+
+def _gemma3_settings(config: dict, m: Mapping) -> None:
+    """Gemma 3's config.json entries: GeGLU, the two RoPEs (both spellings), the layer types,
+    the attention scale, no soft-capping."""
+    layers, every = int(m["num_layers"]), int(m.get("full_attention_every") or 0)
+    window = int(m.get("window_size") or 0)
+    full_rope = {"rope_type": "default", "rope_theta": float(m["rotary_base"])}
+    if str(m.get("rope_scaling", "none")) == "linear":
+        full_rope.update(rope_type="linear", factor=float(m["rope_scaling_factor"]))
+    local_base = float(m.get("rotary_base_local") or m["rotary_base"])
+    head_dim = config["head_dim"]
+    for key in ("hidden_act", "pretraining_tp"):
+        config.pop(key, None)
+    config.update(
+        hidden_activation="gelu_pytorch_tanh", attention_bias=False,
+        query_pre_attn_scalar=int(m.get("softmax_scale_dim") or head_dim),
+        sliding_window=window or None, final_logit_softcapping=None,
+        attn_logit_softcapping=None, use_bidirectional_attention=False,
+        layer_types=["sliding_attention" if window and (not every or (i + 1) % every)
+                     else "full_attention" for i in range(layers)],
+        rope_parameters={"full_attention": full_rope,
+                         "sliding_attention": {"rope_type": "default",
+                                               "rope_theta": local_base}},
+        rope_theta=full_rope["rope_theta"], rope_local_base_freq=local_base,
+        rope_scaling=None if full_rope["rope_type"] == "default" else
+        {"rope_type": "linear", "factor": full_rope["factor"]})
 
 
 def hf_config(model: Mapping, *, dtype: str, eos_id: int = -1, bos_id: int = -1) -> dict:

@@ -29,7 +29,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from launcher.config import HfFamily
+from launcher.config import HfFamily, NormPlacement
 from launcher.shape import ResolvedModel
 
 L = "decoder.layers."
@@ -76,8 +76,18 @@ def _llama_rules(d: ResolvedModel) -> list[Rule]:
 
 
 def _layer_norm_rules(d: ResolvedModel, p: str) -> list[Rule]:
-    """A layer's two hidden-size norms: on the inputs of attention and MLP (saved under the
-    TE-fused names), or OLMo 2's on their outputs (``.post_norm`` of the output projections)."""
+    """A layer's hidden-size norms: on the inputs of attention and MLP (saved under the
+    TE-fused names), OLMo 2's on their outputs (``.post_norm`` of the output projections), or
+    Gemma's on both sides (its ``post_attention_layernorm`` is after attention)."""
+    if d.placement == NormPlacement.pre_post:
+        return [Rule(L + "self_attention.linear_qkv.layer_norm_weight",
+                     (p + "input_layernorm.weight",), "copy", 1),
+                Rule(L + "self_attention.linear_proj.post_norm.weight",
+                     (p + "post_attention_layernorm.weight",), "copy", 1),
+                Rule(L + "mlp.linear_fc1.layer_norm_weight",
+                     (p + "pre_feedforward_layernorm.weight",), "copy", 1),
+                Rule(L + "mlp.linear_fc2.post_norm.weight",
+                     (p + "post_feedforward_layernorm.weight",), "copy", 1)]
     if d.post_norm:
         return [Rule(L + "self_attention.linear_proj.post_norm.weight",
                      (p + "post_attention_layernorm.weight",), "copy", 1),
