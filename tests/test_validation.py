@@ -57,6 +57,12 @@ CASES = {
         ["model.norm_placement=post", "trainer.attention_backend=flash"],
         ["trainer.attention_backend=flash: this model's layers (model.norm_placement=post",
          "set trainer.attention_backend=auto"]),
+    "hf_family_without_its_features": (
+        ["model.hf_family=qwen2"],
+        ["model.hf_family=qwen2 needs model.add_qkv_bias; set model.hf_family=auto"]),
+    "hf_family_with_a_feature_it_lacks": (
+        ["model.hf_family=llama", "model.window_size=16"],
+        ["model.window_size has no place in llama", "set model.hf_family=auto"]),
     "llama_with_exact_gelu": (
         ["model.activation=gelu"],
         ["model.activation=gelu with model.arch=llama", "activation=gelu_tanh"]),

@@ -6,12 +6,13 @@ deriving anything, so a user sees every mistake at once, before any process is s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import signal
 from pathlib import PurePath
 
-from launcher.config import (Activation, Arch, AttentionBackend, ModelConfig, NormPlacement,
-                             TrainwrightConfig, compute_precision)
+from launcher.config import (Activation, Arch, AttentionBackend, HfFamily, ModelConfig,
+                             NormPlacement, TrainwrightConfig, compute_precision)
 from launcher.core.problems import Problem, divisors, fmt_values
 from launcher.core.stop import resolve_signal
 from launcher.engines import spec
@@ -156,7 +157,21 @@ def check_model_shapes(cfg: TrainwrightConfig, dims: ParallelDims) -> list[Probl
             f"{2 * cp} (each CP rank takes two balanced chunks); use context_parallel_size with "
             f"2 x CP from {fmt_values(divisors(m.seq_length))}"))
     problems += _check_experts(m.num_experts, ep) + _check_expert_bias(m, tp)
-    return problems + _check_window(cfg, cp) + _check_norms(m) + _check_local_layers(cfg)
+    return (problems + _check_window(cfg, cp) + _check_norms(m) + _check_local_layers(cfg)
+            + _check_hf_family(m))
+
+
+def _check_hf_family(m: ModelConfig) -> list[Problem]:
+    """A model.hf_family set by hand that cannot hold the model (its weights could not be
+    named in that family, nor exported): refused before the run, not at its export."""
+    if m.hf_family == HfFamily.auto:
+        return []
+    from launcher.engines.weights.hf_config import export_problems  # torch-free
+
+    fields = {f.name: getattr(m, f.name) for f in dataclasses.fields(m)}
+    return [Problem(("model.hf_family",), (
+        f"{line}; set model.hf_family=auto or change the model"))
+        for line in export_problems(fields)]
 
 
 def _check_local_layers(cfg: TrainwrightConfig) -> list[Problem]:
