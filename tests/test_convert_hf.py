@@ -90,6 +90,12 @@ def hf_models(tmp_path_factory) -> dict:
                           tie_word_embeddings=False)
     models["olmo2"] = _save(_random_constants(t.Olmo2ForCausalLM(olmo2)), root / "olmo2")
     models["gemma3"] = _save(_random_constants(t.Gemma3ForCausalLM(GEMMA3(t))), root / "gemma3")
+    vision = t.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                  num_attention_heads=2, image_size=28, patch_size=14)
+    multimodal = t.Gemma3Config(text_config=GEMMA3(t).to_dict(), vision_config=vision.to_dict(),
+                                mm_tokens_per_image=4)
+    models["gemma3_multimodal"] = _save(
+        _random_constants(t.Gemma3ForConditionalGeneration(multimodal)), root / "gemma3_mm")
     return models
 
 
@@ -146,14 +152,16 @@ LAYOUTS = {"tp1": ({}, 1), "tp2": ({"tensor_parallel_size": 2}, 2),
     ("phi3", "tp1"), ("phi3", "tp2"), ("phi3", "pp2"),
     ("qwen3_moe", "tp1"), ("qwen3_moe", "ep2"), ("qwen3_moe", "tp2"),
     ("olmo2", "tp1"), ("olmo2", "tp2"), ("olmo2", "pp2"),
-    ("gemma3", "tp1"), ("gemma3", "tp2"), ("gemma3", "pp2")])
-def test_imported_logits_equal_transformers(hf_models, name, layout):
+    ("gemma3", "tp1"), ("gemma3", "tp2"), ("gemma3", "pp2"), ("gemma3_multimodal", "tp2")])
+def test_imported_logits_equal_transformers(hf_models, name, layout, record_property):
+    """The largest difference is recorded (``--junitxml``: docs/convert.md's table)."""
     parallelism, ranks = LAYOUTS[layout]
     results = run_distributed("tests.test_convert_hf:layout_worker", ranks,
                               {"hf": hf_models[name], "parallelism": parallelism})
     ours = np.array(next(r for r in results if r is not None))
     ref = reference_logits(hf_models[name])
     assert ours.shape == ref.shape
+    record_property("max_abs_logit_diff", float(np.abs(ours - ref).max()))
     assert np.abs(ours - ref).max() < 1e-4, np.abs(ours - ref).max()
 
 
@@ -224,6 +232,26 @@ def test_import_export_round_trip_is_identical(hf_models, tmp_path, name, layout
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
     _same_tensors(hf_models[name], str(out))
+
+
+def test_a_multimodal_gemma3_exports_its_language_model(hf_models, tmp_path):
+    """Gemma 3 4B-27B are Gemma3ForConditionalGeneration: the language model (under
+    ``language_model.``) is imported, the vision encoder left; the export is the language model
+    as a Gemma3ForCausalLM, its tensors those of the original bitwise."""
+    run, out = tmp_path / "run", tmp_path / "hf_out"
+    imported = _cli("launcher.convert", "from_hf", f"hf={hf_models['gemma3_multimodal']}",
+                    f"out={run}", "engine=megatron", "parallelism.tensor_parallel_size=2",
+                    "cluster.gpus_per_node=2", "trainer.precision=fp32")
+    assert imported.returncode == 0, imported.stderr[-3000:]
+    exported = _cli("launcher.convert", "to_hf", f"checkpoint={run}", f"out={out}")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    original, ours = _hf_tensors(hf_models["gemma3_multimodal"]), _hf_tensors(str(out))
+    language = {k[len("language_model."):]: v for k, v in original.items()
+                if k.startswith("language_model.")}
+    assert len(language) < len(original) and sorted(language) == sorted(ours)
+    assert all(torch.equal(language[k], ours[k]) for k in ours)
+    config = transformers.AutoConfig.from_pretrained(str(out))
+    assert config.model_type == "gemma3_text" and config.layer_types[1] == "full_attention"
 
 
 @pytest.mark.parametrize("name", ["llama_untied", "mixtral", "gpt2", "qwen2", "qwen3",

@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 FAMILIES = ("llama", "mixtral", "gpt2", "qwen2", "qwen3", "qwen3_moe", "mistral", "phi3",
-            "olmo2", "gemma3_text")
-"""HF ``model_type`` values that convert."""
+            "olmo2", "gemma3_text", "gemma3")
+"""HF ``model_type`` values that convert (``gemma3``: the language model of the multimodal
+checkpoints; its vision encoder is neither read nor written)."""
 
 MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
                         "original_max_position_embeddings": 8192}
@@ -237,6 +238,17 @@ def _gemma3_fields(config: Mapping, problems: list) -> dict:
     return fields
 
 
+def _gemma3_multimodal_fields(config: Mapping, problems: list) -> dict:
+    """Gemma 3 4B-27B (``Gemma3ForConditionalGeneration``): the fields of its ``text_config``,
+    whose entries at their defaults the checkpoints leave out (transformers' Gemma3TextConfig
+    fills them in, as when it loads the model)."""
+    from transformers import Gemma3TextConfig
+
+    text = dict(config.get("text_config") or {})
+    text.setdefault("tie_word_embeddings", config.get("tie_word_embeddings", True))
+    return _gemma3_fields(Gemma3TextConfig(**text).to_dict(), problems)
+
+
 def _phi3_fields(config: Mapping, problems: list) -> dict:
     """Phi-3: a Mistral-like model (window where ``sliding_window`` sets one) whose query, key and
     value projections are one tensor, and gate and up projections another; RoPE over part of the
@@ -278,14 +290,15 @@ def model_fields(config: Mapping, source: str = "config.json") -> dict:
     fields = {"llama": _llama_fields, "mixtral": _mixtral_fields, "gpt2": _gpt2_fields,
               "qwen2": _qwen2_fields, "qwen3": _qwen3_fields, "mistral": _mistral_fields,
               "phi3": _phi3_fields, "qwen3_moe": _qwen3_moe_fields,
-              "olmo2": _olmo2_fields, "gemma3_text": _gemma3_fields}[kind](config, problems)
+              "olmo2": _olmo2_fields, "gemma3_text": _gemma3_fields,
+              "gemma3": _gemma3_multimodal_fields}[kind](config, problems)
     if config.get("tie_word_embeddings") is False and kind == "gpt2":
         problems.append("tie_word_embeddings=false (GPT-2 always ties its output layer)")
     if problems:
         raise UnsupportedModel(source, problems)
     name = str(config.get("_name_or_path") or "").rstrip("/").rsplit("/", 1)[-1]
     fields["name"] = name or f"hf_{kind}"
-    fields["hf_family"] = kind
+    fields["hf_family"] = "gemma3_text" if kind == "gemma3" else kind
     return fields
 
 

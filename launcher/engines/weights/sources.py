@@ -70,9 +70,12 @@ class HFSource:
             return {name: single for name in handle.keys()}
 
     def read(self, name: str) -> torch.Tensor:
-        """One HF tensor by name."""
+        """One HF tensor by name (a language model's name: a multimodal Gemma 3 keeps it under
+        ``language_model.``)."""
         from safetensors import safe_open
 
+        if name not in self.files and "language_model." + name in self.files:
+            name = "language_model." + name
         if name not in self.files:
             raise SourceError(f"{self.path}: tensor {name!r} is missing (is config.json's "
                               f"model_type={self.config.get('model_type')!r} right?)")
