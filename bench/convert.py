@@ -34,7 +34,7 @@ def hf_model(model: str, out: Path, layers: int) -> tuple[int, int]:
     import transformers
 
     from launcher.compose import compose_config, to_object
-    from launcher.engines.weights.hf_config import hf_config
+    from launcher.engines.weights.hf_export import hf_config
     from launcher.runtime.rundir import to_plain
 
     fields = to_plain(to_object(compose_config(

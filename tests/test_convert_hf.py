@@ -378,7 +378,8 @@ def test_a_qwen2_with_sliding_windows_is_refused_naming_the_setting(tmp_path):
 def test_export_refuses_a_model_no_family_holds_before_writing():
     """A Llama with biases on every linear layer, or QKV biases with experts: no Hugging Face
     family has them (before, the export wrote a Llama config without the biases)."""
-    from launcher.engines.weights.hf_config import UnsupportedModel, export_problems, hf_config
+    from launcher.engines.weights.hf_config import UnsupportedModel
+    from launcher.engines.weights.hf_export import export_problems, hf_config
 
     assert export_problems({"arch": "llama", "add_qkv_bias": True}) == []
     assert export_problems({"arch": "llama", "add_bias_linear": True}) == [

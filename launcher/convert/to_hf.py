@@ -20,7 +20,8 @@ import torch
 from launcher.convert import hf_writer
 from launcher.core.atomic import atomic_write_json
 from launcher.engines.weights import mapping
-from launcher.engines.weights.hf_config import UnsupportedModel, export_problems, hf_config
+from launcher.engines.weights.hf_config import UnsupportedModel
+from launcher.engines.weights.hf_export import export_problems, hf_config
 from launcher.engines.weights.sources import chat_template_text, checkpoint_meta, tokenizer_file
 from launcher.shape import ResolvedModel
 

@@ -166,7 +166,7 @@ def _check_hf_family(m: ModelConfig) -> list[Problem]:
     named in that family, nor exported): refused before the run, not at its export."""
     if m.hf_family == HfFamily.auto:
         return []
-    from launcher.engines.weights.hf_config import export_problems  # torch-free
+    from launcher.engines.weights.hf_export import export_problems  # torch-free
 
     fields = {f.name: getattr(m, f.name) for f in dataclasses.fields(m)}
     return [Problem(("model.hf_family",), (
