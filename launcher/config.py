@@ -288,7 +288,7 @@ class ModelConfig:
     every full_attention_every-th; 0 = full causal attention."""
     full_attention_every: int = 0
     """With window_size: layers N, 2N, 3N, ... (counted from 1) attend to every token before them,
-    the others within the window (Gemma 3: 6); 0 = every layer within the window."""
+    the others within the window (Gemma 3 uses 6); 0 = every layer within the window."""
     qk_layernorm: bool = False
     """A norm (the model's kind: RMSNorm for llama) of every query and key head over its head
     dimension, before RoPE and attention, one weight vector shared by the heads (Qwen3's

@@ -212,11 +212,12 @@ def _same_tensors(a: str, b: str) -> None:
                       "parallelism.zero_stage=3"]),
     ("qwen2", ["engine=megatron", "parallelism.tensor_parallel_size=2"]),
     ("qwen2_untied", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"]),
-    ("qwen3", ["engine=megatron", "parallelism.pipeline_parallel_size=2"]),
+    # one round trip a family where its tensors add nothing per engine (CI time): Qwen3's
+    # per-head QK norms go through Megatron at PP=2 with Gemma 3's, Phi-3's fused projections
+    # are converted to and from the same model space by either engine
     ("qwen3", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"]),
     ("mistral", ["engine=megatron", "parallelism.tensor_parallel_size=2"]),
     ("phi3", ["engine=megatron", "parallelism.tensor_parallel_size=2"]),
-    ("phi3", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"]),
     ("qwen3_moe", ["engine=megatron", "parallelism.expert_parallel_size=2"]),
     ("olmo2", ["engine=megatron", "parallelism.tensor_parallel_size=2"]),
     ("olmo2", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"]),
