@@ -126,6 +126,23 @@ def test_activations_match_korthikanti_formula(tp, sp):
     assert layer_activation_bytes(d, full) == pytest.approx(2 * s * b * h / (tp if sp else 1))
 
 
+def test_norms_on_both_sides_and_qk_norms_keep_their_inputs():
+    """Gemma's norms after attention and MLP keep the two outputs they normalise; QK norms keep
+    the queries and keys they normalise (hidden 64, 4 heads of 16, 2 groups, bf16, TP=2, SP)."""
+    def layer(*overrides):
+        model = to_object(compose_config(["model=tiny", "model.num_query_groups=2",
+                                          *overrides])).model
+        settings = ActivationSettings(2, 256, 2, True, Recompute.selective, True, 2, True, False)
+        return ResolvedModel.of(model), layer_activation_bytes(ResolvedModel.of(model), settings)
+
+    d, base = layer()
+    _, qk = layer("model.qk_layernorm=true")
+    _, both = layer("model.qk_layernorm=true", "model.norm_placement=pre_post")
+    tokens = 2 * 256
+    assert qk - base == tokens * (d.q_dim + d.kv_dim) * 2 / 2
+    assert both - qk == 2 * tokens * d.hidden * 2 / 2
+
+
 def test_flops_match_megatron_formula():
     """72 B s L h^2 (1 + s/6h + V/12hL) for a GPT block (Narayanan et al. 2021)."""
     p = plan_of("model=gpt2_124m", "trainer.micro_batch_size=8")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.config import Precision, Recompute
+from launcher.config import NormPlacement, Precision, Recompute
 from launcher.engines import spec
 from launcher.engines.base import StateBytes
 from launcher.shape.dims import ParallelDims
@@ -69,9 +69,13 @@ def layer_activation_bytes(d: ResolvedModel, a: ActivationSettings) -> float:
     if a.recompute == Recompute.full:
         return sb * d.hidden * e / sp  # only the layer input
     mask = 1 if a.hidden_dropout else 0
-    # Norm inputs, QKV input, MLP input, dropout masks: split over TP only with SP.
-    replicated = sb * d.hidden * (4 * e + 2 * mask) / sp
+    # Norm inputs, QKV input, MLP input, dropout masks: split over TP only with SP; norms on
+    # both sides of attention and MLP (Gemma) keep the two outputs they normalise as well.
+    hidden_tensors = 6 if d.placement == NormPlacement.pre_post else 4
+    replicated = sb * d.hidden * (hidden_tensors * e + 2 * mask) / sp
     attention = sb * (2 * d.q_dim + 2 * d.kv_dim) * e / t  # Q, K, V, projection input
+    if d.qk_norm:  # the query and key norms' inputs
+        attention += sb * (d.q_dim + d.kv_dim) * e / t
     if a.flash:
         attention += sb * d.heads * 4 / t  # softmax log-sum-exp, fp32
     elif a.recompute != Recompute.selective:
