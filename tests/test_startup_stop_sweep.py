@@ -87,6 +87,16 @@ def test_the_agent_holds_a_stop_signal_across_its_exec_and_the_job_exits_75(tmp_
     Before the fix the signal killed the process: 143."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
            "PYTHONPATH": str(REPO)}
+    if moment == "exec":  # the exec'd interpreter's start lasts 2 s more, so that the watch
+        # below sees it (a few tens of ms, missed on a loaded machine): a sitecustomize that
+        # sleeps in the interpreter whose command is launcher.train, before its first line
+        slow = tmp_path / "slow_start"
+        slow.mkdir()
+        (slow / "sitecustomize.py").write_text(
+            "import time\n"
+            "if b'launcher.train' in open('/proc/self/cmdline', 'rb').read():\n"
+            "    time.sleep(2.0)\n")
+        env["PYTHONPATH"] = f"{slow}{os.pathsep}{REPO}"
     port = free_port()
     log = tmp_path / "agent.log"
     with open(log, "w") as out:
