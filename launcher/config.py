@@ -87,6 +87,14 @@ class RopeScaling(StrEnum):
     layers: 8)."""
 
 
+class RouterScore(StrEnum):
+    softmax = "softmax"
+    """Expert probabilities from a softmax over the router's logits (Mixtral, Qwen3-MoE)."""
+    sigmoid = "sigmoid"
+    """Each expert's score is the sigmoid of its logit; the chosen experts' scores are
+    renormalised to sum to 1 (DeepSeek-V3)."""
+
+
 class Recompute(StrEnum):
     none = "none"
     """Keep every activation needed by the backward pass."""
@@ -309,6 +317,18 @@ class ModelConfig:
     softmax_scale_dim: int = 0
     """Attention scores scaled by 1/sqrt(softmax_scale_dim) (Gemma 3's query_pre_attn_scalar);
     0 = kv_channels (the usual 1/sqrt(head dimension))."""
+    kv_lora_rank: int = 0
+    """Multi-latent attention (DeepSeek-V2/V3): keys and values are projected up from one
+    compressed latent of this width (elements) per token; kv_channels is then the width of each
+    head's unrotated query/key part; 0 = ordinary attention."""
+    q_lora_rank: int = 0
+    """With kv_lora_rank: queries projected up from a compressed latent of this width (elements);
+    0 = queries projected from the hidden state directly (DeepSeek-V2-Lite)."""
+    qk_rope_head_dim: int = 0
+    """With kv_lora_rank: the rotated part of each query head (elements), and of the one rotated
+    key all heads share."""
+    v_head_dim: int = 0
+    """With kv_lora_rank: value width per head (elements); 0 = kv_channels."""
     hidden_dropout: float = 0.0
     """Dropout probability after attention and MLP blocks."""
     attention_dropout: float = 0.0
@@ -330,6 +350,27 @@ class ModelConfig:
     without ``norm_topk_prob``)."""
     moe_capacity_factor: float = 0.0
     """Expert capacity as a multiple of the even share of tokens; 0 = no token dropping."""
+    moe_router_score: RouterScore = RouterScore.softmax
+    """How router logits become expert probabilities (MoE only; see RouterScore)."""
+    moe_router_expert_bias: bool = False
+    """A per-expert bias added to the scores when experts are chosen, not to their weights,
+    nudged after each step toward balanced loads instead of an auxiliary loss (DeepSeek-V3's
+    e_score_correction_bias; moe_router_score=sigmoid only)."""
+    moe_router_groups: int = 0
+    """Experts split into this many equal groups; a token first picks moe_router_group_topk
+    groups by the sum of each group's two best scores, then its experts among them (DeepSeek-V3:
+    8 of 256 experts); 0 = no groups."""
+    moe_router_group_topk: int = 0
+    """With moe_router_groups: groups each token picks."""
+    moe_router_scaling: float = 1.0
+    """The chosen experts' weights multiplied by this (DeepSeek-V3's routed_scaling_factor:
+    2.5); 1 = as the router gives them."""
+    moe_shared_expert_ffn_hidden_size: int = 0
+    """Inner width of an MLP every token passes through beside its routed experts (DeepSeek's
+    shared experts: their count times moe_ffn_hidden_size); 0 = no shared expert."""
+    moe_dense_layers: int = 0
+    """The first this many layers have a dense MLP of width ffn_hidden_size instead of experts
+    (DeepSeek-V3: 3); 0 = every layer a mixture of experts."""
 
 
 @dataclass

@@ -16,7 +16,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from launcher.config import Activation, Arch, HfFamily, ModelConfig, NormPlacement, RopeScaling
+from launcher.config import (Activation, Arch, HfFamily, ModelConfig, NormPlacement, RopeScaling,
+                             RouterScore)
 
 ARCHITECTURE_KEYS = (
     "arch", "normalization", "activation", "position_embedding", "num_layers", "hidden_size",
@@ -25,8 +26,10 @@ ARCHITECTURE_KEYS = (
     "norm_epsilon", "untie_embeddings_and_output_weights", "add_bias_linear", "add_qkv_bias",
     "qk_layernorm", "qk_layernorm_all_heads", "norm_placement", "norm_zero_centered",
     "scale_embeddings", "softmax_scale_dim", "window_size", "full_attention_every",
-    "rotary_base_local", "num_experts", "moe_router_topk", "moe_ffn_hidden_size",
-    "moe_router_pre_softmax")
+    "rotary_base_local", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim",
+    "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_router_pre_softmax",
+    "moe_router_score", "moe_router_expert_bias", "moe_router_groups", "moe_router_group_topk",
+    "moe_router_scaling", "moe_shared_expert_ffn_hidden_size", "moe_dense_layers")
 """What the architecture record holds, in message order: every model setting that gives the
 weights their meaning (dropout, init and the MoE loss and capacity are training settings). The
 padded vocabulary is not part of it: it follows TP, and Megatron-Core loads embeddings padded
@@ -37,7 +40,8 @@ DERIVED = {"normalization": "from model.arch", "activation": "from model.arch an
 """Architecture entries that are not a config key of their own: what sets them."""
 
 _ENUMS = {"arch": Arch, "activation": Activation, "rope_scaling": RopeScaling,
-          "hf_family": HfFamily, "norm_placement": NormPlacement}
+          "hf_family": HfFamily, "norm_placement": NormPlacement,
+          "moe_router_score": RouterScore}
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: int = 1) -> int:
@@ -106,6 +110,28 @@ class ResolvedModel:
     """Inner width of each expert (moe_ffn_hidden_size, 0 = ffn)."""
     pre_softmax: bool
     """The chosen experts weighed by the softmax over all experts (model.moe_router_pre_softmax)."""
+    score: RouterScore
+    """How router logits become expert probabilities (model.moe_router_score)."""
+    expert_bias: bool
+    """A load-balancing bias on the scores that choose experts (model.moe_router_expert_bias)."""
+    router_groups: int
+    """Expert groups a token picks among first (0 = none)."""
+    group_topk: int
+    """Groups a token picks (with router_groups)."""
+    router_scaling: float
+    """Factor on the chosen experts' weights (model.moe_router_scaling)."""
+    shared_ffn: int
+    """Inner width of the shared expert of each MoE layer (0 = none)."""
+    dense_layers: int
+    """Leading layers with a dense MLP in a MoE model (model.moe_dense_layers)."""
+    kv_lora: int
+    """Multi-latent attention's key/value latent width (model.kv_lora_rank; 0 = not MLA)."""
+    q_lora: int
+    """MLA's query latent width (0 = queries projected directly)."""
+    rope_dim: int
+    """MLA's rotated query/key part per head (model.qk_rope_head_dim)."""
+    v_dim: int
+    """Value width per head (model.v_head_dim, 0 resolved to head_dim; head_dim without MLA)."""
     tied: bool
     """The output layer reuses the input embedding."""
     rotary_base: int
@@ -140,6 +166,7 @@ class ResolvedModel:
             experts=model.num_experts, topk=model.moe_router_topk if model.num_experts else 0,
             expert_ffn=model.moe_ffn_hidden_size or model.ffn_hidden_size,
             pre_softmax=bool(model.num_experts and model.moe_router_pre_softmax),
+            **_router(model), **_latent_attention(model),
             tied=not model.untie_embeddings_and_output_weights, rotary_base=model.rotary_base,
             rope_scaling=RopeScaling(model.rope_scaling),
             rope_scaling_factor=model.rope_scaling_factor, norm_epsilon=model.norm_epsilon)
@@ -181,8 +208,28 @@ class ResolvedModel:
         return self.layers - (self.layers // self.full_every if self.full_every else 0)
 
     @property
+    def mla(self) -> bool:
+        """Multi-latent attention (model.kv_lora_rank > 0)."""
+        return self.kv_lora > 0
+
+    def moe_layer(self, layer: int) -> bool:
+        """Layer ``layer`` (from 0) holds experts."""
+        return self.experts > 0 and layer >= self.dense_layers
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers that hold experts."""
+        return max(0, self.layers - self.dense_layers) if self.experts else 0
+
+    @property
     def q_dim(self) -> int:
-        return self.heads * self.head_dim
+        """Query width over all heads (with MLA: each head's unrotated and rotated parts)."""
+        return self.heads * (self.head_dim + self.rope_dim)
+
+    @property
+    def attention_out_dim(self) -> int:
+        """Width of the attention output that the output projection reads (heads x value)."""
+        return self.heads * self.v_dim
 
     @property
     def kv_dim(self) -> int:
@@ -235,6 +282,16 @@ class ResolvedModel:
             "num_experts": self.experts, "moe_router_topk": self.topk if moe else None,
             "moe_ffn_hidden_size": self.expert_ffn if moe else None,
             "moe_router_pre_softmax": self.pre_softmax if moe else None,
+            "kv_lora_rank": self.kv_lora, "q_lora_rank": self.q_lora if self.mla else None,
+            "qk_rope_head_dim": self.rope_dim if self.mla else None,
+            "v_head_dim": self.v_dim if self.mla else None,
+            "moe_router_score": self.score.value if moe else None,
+            "moe_router_expert_bias": self.expert_bias if moe else None,
+            "moe_router_groups": self.router_groups if moe else None,
+            "moe_router_group_topk": self.group_topk if moe else None,
+            "moe_router_scaling": float(self.router_scaling) if moe else None,
+            "moe_shared_expert_ffn_hidden_size": self.shared_ffn if moe else None,
+            "moe_dense_layers": self.dense_layers if moe else None,
         }
 
 
@@ -255,6 +312,28 @@ def hf_family_of(model: ModelConfig) -> HfFamily:
     if model.add_qkv_bias:
         return HfFamily.qwen2
     return HfFamily.mistral if model.window_size else HfFamily.llama
+
+
+def _router(model: ModelConfig) -> dict:
+    """The router and MLP-layout settings of a MoE model (dense-model values otherwise)."""
+    moe = model.num_experts > 0
+    groups = model.moe_router_groups if moe else 0
+    return dict(score=RouterScore(model.moe_router_score) if moe else RouterScore.softmax,
+                expert_bias=moe and model.moe_router_expert_bias, router_groups=groups,
+                group_topk=model.moe_router_group_topk if groups else 0,
+                router_scaling=model.moe_router_scaling if moe else 1.0,
+                shared_ffn=model.moe_shared_expert_ffn_hidden_size if moe else 0,
+                dense_layers=model.moe_dense_layers if moe else 0)
+
+
+def _latent_attention(model: ModelConfig) -> dict:
+    """Multi-latent attention's widths (zero without it); the value width (head_dim without
+    MLA)."""
+    head_dim = model.kv_channels or model.hidden_size // model.num_attention_heads
+    if not model.kv_lora_rank:
+        return dict(kv_lora=0, q_lora=0, rope_dim=0, v_dim=head_dim)
+    return dict(kv_lora=model.kv_lora_rank, q_lora=model.q_lora_rank,
+                rope_dim=model.qk_rope_head_dim, v_dim=model.v_head_dim or head_dim)
 
 
 def _activation(model: ModelConfig) -> str:
