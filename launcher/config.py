@@ -33,9 +33,9 @@ class HfFamily(StrEnum):
     take in and out. The math is the ModelConfig's; a family only names it."""
 
     auto = "auto"
-    """From the model's features: zero-centred norms gemma3_text, post-norms olmo2, experts
-    with QK-norm qwen3_moe, experts mixtral, QK-norm qwen3, QKV biases qwen2, a window
-    mistral, arch=gpt2 gpt2, else llama."""
+    """From the model's features: multi-latent attention deepseek_v3, zero-centred norms
+    gemma3_text, post-norms olmo2, experts with QK-norm qwen3_moe, experts mixtral, QK-norm
+    qwen3, QKV biases qwen2, a window mistral, arch=gpt2 gpt2, else llama."""
     llama = "llama"
     mixtral = "mixtral"
     gpt2 = "gpt2"
@@ -49,6 +49,9 @@ class HfFamily(StrEnum):
     gemma3_text = "gemma3_text"
     """Gemma 3's language model: four norms a layer, zero-centred, scaled embeddings, GeGLU,
     sliding-window layers with a RoPE base of their own between full-attention layers."""
+    deepseek_v3 = "deepseek_v3"
+    """DeepSeek-V3: multi-latent attention, dense first layers, then experts with a shared
+    expert and a sigmoid router with a load-balancing bias and expert groups."""
     phi3 = "phi3"
     """Phi-3: the query, key and value projections fused into one ``qkv_proj`` (all queries,
     then keys, then values) and the gate and up projections into one ``gate_up_proj``."""

@@ -90,6 +90,8 @@ def hf_models(tmp_path_factory) -> dict:
                           tie_word_embeddings=False)
     models["olmo2"] = _save(_random_constants(t.Olmo2ForCausalLM(olmo2)), root / "olmo2")
     models["gemma3"] = _save(_random_constants(t.Gemma3ForCausalLM(GEMMA3(t))), root / "gemma3")
+    models["deepseek_v3"] = _save(_random_router_bias(_random_constants(
+        t.DeepseekV3ForCausalLM(DEEPSEEK_V3(t)))), root / "deepseek_v3")
     vision = t.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                   num_attention_heads=2, image_size=28, patch_size=14)
     multimodal = t.Gemma3Config(text_config=GEMMA3(t).to_dict(), vision_config=vision.to_dict(),
@@ -97,6 +99,28 @@ def hf_models(tmp_path_factory) -> dict:
     models["gemma3_multimodal"] = _save(
         _random_constants(t.Gemma3ForConditionalGeneration(multimodal)), root / "gemma3_mm")
     return models
+
+
+def DEEPSEEK_V3(t):
+    """Every DeepSeek-V3 feature on: two dense layers, then two of 8 experts (top 4 of 2 of 4
+    groups, weights x 2.5) with a shared expert; query and key/value latents, a value width
+    other than the key's."""
+    return t.DeepseekV3Config(
+        **{**LLAMA, "num_hidden_layers": 4, "max_position_embeddings": 4096,
+           "num_key_value_heads": 4}, moe_intermediate_size=32, n_routed_experts=8,
+        num_experts_per_tok=4, n_group=4, topk_group=2, n_shared_experts=1,
+        first_k_dense_replace=2, routed_scaling_factor=2.5, q_lora_rank=48, kv_lora_rank=32,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24, tie_word_embeddings=False)
+
+
+def _random_router_bias(model):
+    """DeepSeek-V3's load-balancing bias (a buffer, zero in a new model) drawn at random, so
+    that it changes which experts are chosen."""
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0.0, 0.5)
+    return model
 
 
 def GEMMA3(t):

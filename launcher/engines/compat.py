@@ -204,6 +204,16 @@ def _patch_moe_router() -> None:
         moe_utils.te_general_gemm = None
 
 
+def _patch_mla_te_flag() -> None:
+    """transformer/multi_latent_attention.py sets HAVE_TE when its import of
+    megatron.core.extensions.transformer_engine succeeds, which it does without Transformer
+    Engine (stand-in classes), then calls isinstance(x, TELinear) on a stand-in: TypeError
+    building any multi-latent-attention layer."""
+    from megatron.core.transformer import multi_latent_attention
+
+    multi_latent_attention.HAVE_TE = False
+
+
 @contextlib.contextmanager
 def keep_adam_step(subs: list):
     """While loading distributed-optimizer state into the torch Adam of ``subs`` (no Transformer
@@ -389,6 +399,12 @@ def _probe_moe_router() -> bool:
     from megatron.core.transformer.moe import moe_utils
 
     return not moe_utils.HAVE_TE and not hasattr(moe_utils, "te_general_gemm")
+
+
+def _probe_mla_te_flag() -> bool:
+    from megatron.core.transformer import multi_latent_attention as mla
+
+    return mla.HAVE_TE and not isinstance(mla.TELinear, type)
 
 
 def _probe_rng() -> bool:
@@ -774,6 +790,10 @@ SHIMS = (
     Shim("MoE router without TE", "megatron-core", "0.16.1", _without_te, _patch_moe_router,
          _probe_moe_router, "moe_utils.py RouterGatingLinearFunction reads te_general_gemm, "
          "defined only when Transformer Engine imports: NameError in every MoE forward"),
+    Shim("MLA without TE", "megatron-core", "0.16.1", _without_te, _patch_mla_te_flag,
+         _probe_mla_te_flag, "multi_latent_attention.py takes the stand-ins of the TE extension "
+         "for Transformer Engine (HAVE_TE) and calls isinstance on them: TypeError building "
+         "every multi-latent-attention layer"),
     Shim("Adam step on fully_reshardable load", "megatron-core", "0.16.1", _applied_by_caller, None,
          _probe_adam_step, "keep_adam_step / unshare_adam_steps, around each "
          "distributed-optimizer load"),

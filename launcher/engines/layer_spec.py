@@ -12,6 +12,8 @@ they use where Megatron-Core (0.16) has none: the one place that rewrites a laye
   ``model.rotary_base_local``): norms on both sides of attention and MLP, each multiplying by
   1 + weight (:class:`ZeroCenteredRMSNorm`); the sliding-window layers rotate with a RoPE base of
   their own (:class:`LocalRopeSelfAttention`).
+- DeepSeek-V3 (``model.kv_lora_rank``): Megatron-Core's local multi-latent-attention layers, their
+  norms saved under Transformer Engine's names and tagged under sequence parallelism.
 
 Models that need any of these are built on the local layers, GPU included (Transformer Engine's
 spec fuses the input norms into the QKV and first MLP linears; a TE variant is left for a GPU
@@ -28,7 +30,8 @@ import torch
 
 from launcher.shape import ResolvedModel
 
-__all__ = ["AllHeadsRMSNorm", "HeadTorchNorm", "LocalRopeSelfAttention", "RowParallelThenNorm",
+__all__ = ["AllHeadsRMSNorm", "HeadTorchNorm", "LatentDotProductAttention",
+           "LocalRopeSelfAttention", "RowParallelThenNorm",
            "SequenceParallelTorchNorm", "ZeroCenteredRMSNorm", "block_spec"]
 
 
@@ -243,6 +246,62 @@ def _with_sp_norms(block_spec):
                                layer_norm=SequenceParallelTorchNorm)
 
 
+class LatentDotProductAttention:
+    """Megatron-Core's local attention for multi-latent attention, whose values are narrower or
+    wider than its keys: 0.16's MLA passes ``k_channels``/``v_channels``, which only Transformer
+    Engine's attention accepts; the local one sizes its output by kv_channels (the key width)."""
+
+    def __new__(cls, *args, k_channels: int = 0, v_channels: int = 0, **kwargs):
+        # Attention.__init__ builds one without the widths, which MLA then replaces
+        return _latent_dot_product_attention()(*args, v_channels=v_channels, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _latent_dot_product_attention() -> type:
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    class _Latent(DotProductAttention):
+        def __init__(self, config, *args, v_channels: int, **kwargs):
+            super().__init__(config, *args, **kwargs)
+            if v_channels:
+                self.hidden_size_per_partition = v_channels * self.num_attention_heads_per_partition
+
+    return _Latent
+
+
+MLA_KEYS = {"self_attention.q_layernorm.": "self_attention.linear_q_up_proj.layer_norm_",
+            "self_attention.kv_layernorm.": "self_attention.linear_kv_up_proj.layer_norm_"}
+"""Where Transformer Engine's MLA spec keeps the latent norms (fused into the up-projections):
+the local layers save them under the same names, so a checkpoint loads on either."""
+
+
+def _latent_attention_layer(spec, sequence_parallel: bool):
+    """A local multi-latent-attention layer spec saving its norms under Transformer Engine's
+    names (:data:`MLA_KEYS`; a dense layer's pre-MLP norm as the first MLP linear's, a MoE
+    layer's as ``pre_mlp_layernorm``, as TE's spec has them); under sequence parallelism every
+    norm, the latent ones included (they see this rank's part of the sequence), tagged."""
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+
+    subs = spec.submodules
+    attention = subs.self_attention
+    subs = dataclasses.replace(subs, self_attention=dataclasses.replace(
+        attention, submodules=dataclasses.replace(attention.submodules,
+                                                  core_attention=LatentDotProductAttention)))
+    keys = dict(MLA_KEYS)
+    if subs.mlp.module is not MoELayer:
+        keys["pre_mlp_layernorm."] = "mlp.linear_fc1.layer_norm_"
+    if sequence_parallel:
+        attention = subs.self_attention
+        latent = {name: SequenceParallelTorchNorm for name in ("q_layernorm", "kv_layernorm")}
+        subs = dataclasses.replace(
+            subs, input_layernorm=SequenceParallelTorchNorm,
+            pre_mlp_layernorm=SequenceParallelTorchNorm,
+            self_attention=dataclasses.replace(attention, submodules=dataclasses.replace(
+                attention.submodules, **latent)))
+    return dataclasses.replace(spec, submodules=dataclasses.replace(
+        subs, sharded_state_dict_keys_map=keys))
+
+
 def block_spec(config, vp_stage: Optional[int], *, use_te: bool, r: ResolvedModel):
     """Layer specs of this pipeline stage (dense or MoE), Transformer Engine's or local; a
     model that needs our norms or RoPE (``r.local_layers``) is built from rewritten local
@@ -258,6 +317,11 @@ def block_spec(config, vp_stage: Optional[int], *, use_te: bool, r: ResolvedMode
         final = ZeroCenteredRMSNorm if r.zero_centered else SequenceParallelTorchNorm
         return dataclasses.replace(spec, layer_norm=final, layer_specs=[
             _rewritten_layer(layer, r) for layer in spec.layer_specs])
+    if not use_te and r.mla:
+        final = SequenceParallelTorchNorm if config.sequence_parallel else spec.layer_norm
+        return dataclasses.replace(spec, layer_norm=final, layer_specs=[
+            _latent_attention_layer(layer, config.sequence_parallel)
+            for layer in spec.layer_specs])
     if not use_te and config.sequence_parallel:
         spec = _with_sp_norms(spec)
     return spec

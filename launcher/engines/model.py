@@ -239,7 +239,38 @@ def _moe_fields(model: ModelConfig, resolved: ResolvedModel, parallelism: Parall
         # CUDA the allgather dispatcher does expert parallelism instead.
         moe_token_dispatcher_type="alltoall" if alltoall else "allgather",
         moe_grouped_gemm=False,
+        **_router_fields(resolved),
     )
+
+
+def _router_fields(r: ResolvedModel) -> dict:
+    """DeepSeek-V3's router and MLP layout, in Megatron-Core's names: sigmoid scores with a
+    load-balancing bias, expert groups, a factor on the chosen weights, a shared expert and
+    dense first layers (``moe_layer_freq``: 0 = dense, 1 = experts, per layer)."""
+    fields: dict = dict(moe_router_score_function=r.score.value,
+                        moe_router_enable_expert_bias=r.expert_bias,
+                        moe_router_topk_scaling_factor=r.router_scaling
+                        if r.router_scaling != 1.0 else None)
+    if r.router_groups:
+        fields.update(moe_router_num_groups=r.router_groups, moe_router_group_topk=r.group_topk)
+    if r.shared_ffn:
+        fields["moe_shared_expert_intermediate_size"] = r.shared_ffn
+    if r.dense_layers:
+        fields["moe_layer_freq"] = [int(r.moe_layer(i)) for i in range(r.layers)]
+    if r.score.value == "sigmoid":
+        fields["moe_router_dtype"] = "fp32"  # as Hugging Face's DeepSeek-V3 router computes
+    return fields
+
+
+def _latent_attention_fields(r: ResolvedModel) -> dict:
+    """Multi-latent attention (MLATransformerConfig's fields; empty without it): plain RoPE over
+    the rotated part of each head, whose query/key pairs Megatron-Core takes interleaved (as
+    DeepSeek-V3's ``rope_interleave``); the latent norms are on (``qk_layernorm``)."""
+    if not r.mla:
+        return {}
+    return dict(q_lora_rank=r.q_lora or None, kv_lora_rank=r.kv_lora, qk_head_dim=r.head_dim,
+                qk_pos_emb_head_dim=r.rope_dim, v_head_dim=r.v_dim, rope_type="rope",
+                rotary_base=r.rotary_base, qk_layernorm=True, apply_rope_fusion=False)
 
 
 def fp8_fields(trainer: TrainerConfig, model: ModelConfig) -> dict:
@@ -303,13 +334,14 @@ def transformer_config(model: ModelConfig, parallelism: ParallelismConfig, train
     """The ``TransformerConfig`` of ``model`` trained with ``parallelism`` at ``trainer.precision``
     (the model's sentinels resolved by :class:`~launcher.shape.ResolvedModel`;
     moe_capacity_factor 0 = no token dropping)."""
-    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
     from megatron.core.transformer.enums import AttnBackend
 
     precision = Precision(compute_precision(trainer.precision))  # fp8: bf16 outside FP8 GEMMs
     dtype = _DTYPES[precision]
     r = ResolvedModel.of(model, parallelism.tensor_parallel_size)
-    return TransformerConfig(
+    fields = {**_arch_fields(model, r), **_latent_attention_fields(r)}
+    return (MLATransformerConfig if r.mla else TransformerConfig)(
         num_layers=r.layers,
         hidden_size=r.hidden,
         ffn_hidden_size=r.ffn,
@@ -327,7 +359,7 @@ def transformer_config(model: ModelConfig, parallelism: ParallelismConfig, train
         attention_backend=AttnBackend[AttentionBackend(trainer.attention_backend).value]
         if use_transformer_engine()
         else AttnBackend.local,
-        **_arch_fields(model, r),
+        **fields,
         **_moe_fields(model, r, parallelism, fp8=is_fp8(trainer.precision)),
         **fp8_fields(trainer, model),
         **_parallel_fields(parallelism, dtype),

@@ -32,9 +32,12 @@ def source_model(path: str) -> dict:
     directory); ValueError naming the path when there are none."""
     p = Path(path)
     if (p / "config.json").is_file():
-        from launcher.engines.weights.hf_config import model_fields
+        from launcher.engines.weights.hf_config import check_weights, model_fields
 
-        return model_fields(json.loads((p / "config.json").read_text()), str(p / "config.json"))
+        config = json.loads((p / "config.json").read_text())
+        fields = model_fields(config, str(p / "config.json"))
+        check_weights(config, p)
+        return fields
     from launcher.engines.weights.sources import _model_of, step_dir_of
 
     return {k: v for k, v in _model_of(step_dir_of(p)).items() if k in MODEL_FIELDS}

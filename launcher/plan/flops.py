@@ -2,8 +2,10 @@
 
 Counts the matrix multiplications of one token's forward pass (2 FLOPs per multiply-add): QKV and
 output projections, attention scores and weighted values over the full sequence (the convention of
-Narayanan et al. 2021 and PaLM's MFU, causal masking not discounted), the MLP or the top-k experts
-and router, and the output layer over the padded vocabulary. Training is 3x forward; activation
+Narayanan et al. 2021 and PaLM's MFU, causal masking not discounted), the MLP or the top-k experts,
+router and shared expert, and the output layer over the padded vocabulary. Multi-latent attention
+counts its down- and up-projections, keys of head_dim + qk_rope_head_dim and values of v_head_dim;
+a MoE model's dense first layers count a dense MLP. Training is 3x forward; activation
 recompute adds hardware FLOPs but not model FLOPs, so MFU ignores it.
 
 ``causal=True`` counts half of the attention scores and weighted values (a causal mask computes
@@ -22,15 +24,42 @@ from launcher.shape.model import ResolvedModel
 
 
 def forward_flops_per_token(d: ResolvedModel, causal: bool = False) -> float:
+    keys = attended_keys(d, causal)
+    layers = sum(n * (attention_flops(kind, keys) + mlp_flops(kind))
+                 for kind, n in d.layer_kinds(range(d.layers)))
+    return layers + 2 * d.hidden * d.padded_vocab  # + the output layer
+
+
+def attention_flops(d: ResolvedModel, keys: float) -> float:
+    """One token's attention in one layer over ``keys`` keys: its projections, then QK^T
+    (key width: head_dim, + the rotated part with MLA) and scores x V (value width)."""
+    if d.mla:
+        return latent_projection_flops(d) + 2 * keys * (d.q_dim + d.attention_out_dim)
     attn_linear = 2 * d.hidden * (d.q_dim + 2 * d.kv_dim) + 2 * d.q_dim * d.hidden
-    attn_scores = 2 * 2 * attended_keys(d, causal) * d.q_dim  # QK^T and scores x V
+    return attn_linear + 2 * 2 * keys * d.q_dim  # QK^T and scores x V
+
+
+def latent_projection_flops(d: ResolvedModel) -> int:
+    """MLA's matmuls for one token: the query down- and up-projection (or one projection from
+    the hidden state), the key/value down-projection (latent + the shared rotated key) and
+    up-projection (each head's unrotated key and value), the output projection."""
+    if d.q_lora:
+        query = 2 * d.hidden * d.q_lora + 2 * d.q_lora * d.q_dim
+    else:
+        query = 2 * d.hidden * d.q_dim
+    key_value = 2 * d.hidden * (d.kv_lora + d.rope_dim)
+    key_value += 2 * d.kv_lora * d.heads * (d.head_dim + d.v_dim)
+    return query + key_value + 2 * d.attention_out_dim * d.hidden
+
+
+def mlp_flops(d: ResolvedModel) -> int:
+    """One token's MLP in one layer: the dense MLP, or the router, the top-k experts and the
+    shared expert."""
     matrices = 3 if d.gated else 2
     if d.experts:
         mlp = d.topk * 2 * matrices * d.hidden * d.expert_ffn + 2 * d.hidden * d.experts
-    else:
-        mlp = 2 * matrices * d.hidden * d.ffn
-    logits = 2 * d.hidden * d.padded_vocab
-    return d.layers * (attn_linear + attn_scores + mlp) + logits
+        return mlp + 2 * matrices * d.hidden * d.shared_ffn
+    return 2 * matrices * d.hidden * d.ffn
 
 
 def attended_keys(d: ResolvedModel, causal: bool) -> float:

@@ -72,19 +72,34 @@ def describe(cfg: TrainwrightConfig) -> str:
 
 
 def extra_state_bytes(cfg: TrainwrightConfig, d: ResolvedModel, dims: ParallelDims,
-                      fp8_layers: int) -> float:
-    """Bytes TE keeps on one GPU for ``fp8_layers`` FP8 layers: weight copies (see
-    WEIGHT_COPY_BYTES) and the scaling state (amax history of the delayed recipe) of each
-    linear layer (QKV and projection, and two per local expert or the dense MLP)."""
-    if not fp8_layers:
-        return 0.0
-    f, layer = cfg.trainer.fp8, layer_params(d, dims.tp, dims.ep)
-    copies = 0 if f.param_gather else WEIGHT_COPY_BYTES * (layer.attention + layer.mlp
-                                                           + layer.experts)
-    gemms = 2 + 2 * (d.experts // dims.ep if d.experts else 1)
+                      numbers) -> float:
+    """Bytes TE keeps on one GPU for the FP8 layers among a stage's layers ``numbers`` (from
+    0): weight copies (see WEIGHT_COPY_BYTES) and the scaling state (amax history of the
+    delayed recipe) of each linear layer (:func:`linear_layers`)."""
+    flags = layers_in_fp8(cfg)
+    f = cfg.trainer.fp8
     history = f.amax_history_len if f.recipe == "delayed" else 1
-    scaling = gemms * SCALING_VALUES_PER_GEMM * max(history, 1) * 4
-    return fp8_layers * (copies + scaling)
+    total = 0.0
+    for kind, _ in d.layer_kinds(numbers):
+        count = sum(1 for i in numbers if flags[i] and d.moe_layer(i) == (kind.experts > 0))
+        if not count:
+            continue
+        layer = layer_params(kind, dims.tp, dims.ep)
+        copies = 0 if f.param_gather else WEIGHT_COPY_BYTES * (layer.attention + layer.mlp
+                                                               + layer.experts)
+        scaling = linear_layers(kind, dims.ep) * SCALING_VALUES_PER_GEMM * max(history, 1) * 4
+        total += count * (copies + scaling)
+    return total
+
+
+def linear_layers(d: ResolvedModel, ep: int) -> int:
+    """TE linear layers of one layer on one GPU: QKV and projection (MLA: its down- and
+    up-projections and the projection), and two per local expert, the shared expert or the
+    dense MLP."""
+    attention = (5 if d.q_lora else 4) if d.mla else 2
+    if not d.experts:
+        return attention + 2
+    return attention + 2 * (d.experts // ep) + (2 if d.shared_ffn else 0)
 
 
 def problems(cfg: TrainwrightConfig, dims: ParallelDims, device: Device | None) -> list[Problem]:

@@ -22,6 +22,9 @@ ELEMENTWISE_PER_FFN = 8
 """Values per token per MLP unit of the fused SwiGLU / GeLU (3 forward, 5 backward)."""
 ELEMENTWISE_PER_ROPE = 4
 """Values per token per query/key unit of rotary embeddings (read + write, both passes)."""
+ELEMENTWISE_PER_LATENT = 8
+"""Values per token per latent unit of MLA's query and key/value norms (a norm's share of
+ELEMENTWISE_PER_HIDDEN: read + write forward, about twice that backward, + casts)."""
 LOSS_BYTES_PER_LOGIT = 24
 """Cross-entropy over the vocabulary: logits read, fp32 softmax written and read, gradient
 written, forward and backward."""
@@ -91,7 +94,10 @@ def _passes(w: Workload) -> float:
 def _attention_seconds(w: Workload) -> float:
     """Core attention (scores and weighted values) of one layer for one micro-batch."""
     d = w.d
-    scores = 4.0 * d.seq * d.q_dim / w.tp * w.tokens  # forward, full square (model FLOPs)
+    if d.mla:  # QK^T over keys of head_dim + rope, scores x V over values of v_dim
+        scores = 2.0 * d.seq * (d.q_dim + d.attention_out_dim) / w.tp * w.tokens
+    else:
+        scores = 4.0 * d.seq * d.q_dim / w.tp * w.tokens  # forward, full square (model FLOPs)
     if not w.flash:
         passes = _passes(w) + (1 if w.recompute == "selective" else 0)
         values = d.heads / w.tp * w.tokens * d.seq * w.elem * UNFUSED_SCORE_PASSES
@@ -120,35 +126,73 @@ def fp8_gemm_seconds(w: Workload, m: float, k: float, n: float) -> float:
     return flops / rate + (operands + casts) / w.hbm_rate
 
 
-def _layer_gemms(w: Workload) -> float:
-    """Forward matmuls of one layer for one micro-batch on this GPU: QKV, projection, MLP (or
-    the top-k experts at their share of the tokens, and the router)."""
+def _latent_attention_gemms(w: Workload) -> float:
+    """MLA's projections (Transformer Engine's spec): the down-projections whole on every TP
+    rank, over this rank's part of the sequence under sequence parallelism (all of it
+    without); the up- and output projections split by heads."""
     d, t, tokens = w.d, w.tp, w.tokens
-    out = gemm_seconds(w, tokens, d.hidden, (d.q_dim + 2 * d.kv_dim) / t)
-    out += gemm_seconds(w, tokens, d.q_dim / t, d.hidden)
+    local = tokens / (t if w.sp else 1)
+    if d.q_lora:
+        out = gemm_seconds(w, local, d.hidden, d.q_lora)
+        out += gemm_seconds(w, tokens, d.q_lora, d.q_dim / t)
+    else:
+        out = gemm_seconds(w, tokens, d.hidden, d.q_dim / t)
+    out += gemm_seconds(w, local, d.hidden, d.kv_lora + d.rope_dim)
+    out += gemm_seconds(w, tokens, d.kv_lora, d.heads * (d.head_dim + d.v_dim) / t)
+    return out + gemm_seconds(w, tokens, d.attention_out_dim / t, d.hidden)
+
+
+def _layer_gemms(w: Workload) -> float:
+    """Forward matmuls of one layer for one micro-batch on this GPU: QKV (or MLA's
+    projections), projection, MLP (or the top-k experts at their share of the tokens, the
+    router and the shared expert)."""
+    d, t, tokens = w.d, w.tp, w.tokens
+    if d.mla:
+        out = _latent_attention_gemms(w)
+    else:
+        out = gemm_seconds(w, tokens, d.hidden, (d.q_dim + 2 * d.kv_dim) / t)
+        out += gemm_seconds(w, tokens, d.q_dim / t, d.hidden)
     ffn, rows, copies = d.ffn, tokens, 1
     if d.experts:  # each local expert gets tokens x top-k x EP / experts of them
         ffn, copies = d.expert_ffn, d.experts // w.ep
         rows = tokens * d.topk * w.ep / d.experts
         out += gemm_seconds(replace(w, fp8=False), tokens, d.hidden, d.experts)  # router: bf16
-    fc1 = (2 if d.gated else 1) * ffn / t
-    out += copies * (gemm_seconds(w, rows, d.hidden, fc1) + gemm_seconds(w, rows, ffn / t,
-                                                                        d.hidden))
-    return out
+        if d.shared_ffn:
+            out += _mlp_gemms(w, tokens, d.shared_ffn)
+    return out + copies * _mlp_gemms(w, rows, ffn)
+
+
+def _mlp_gemms(w: Workload, rows: float, ffn: int) -> float:
+    """fc1 and fc2 of one MLP of width ``ffn`` over ``rows`` tokens, split over TP."""
+    fc1 = (2 if w.d.gated else 1) * ffn / w.tp
+    return gemm_seconds(w, rows, w.d.hidden, fc1) + gemm_seconds(w, rows, ffn / w.tp, w.d.hidden)
+
+
+def _elementwise_values(w: Workload) -> float:
+    """Values one token moves through memory-bound kernels in one layer on this GPU (both
+    passes): norms and residual adds, the MLP's activation (the routed experts' and the shared
+    expert's), RoPE over the query and key widths; MLA's latent norms (whole on every TP rank,
+    over this rank's part of the sequence under SP) and its rotated query/key parts joined to
+    the unrotated ones."""
+    d = w.d
+    routed = d.topk if d.experts else 1
+    ffn = d.expert_ffn if d.experts else d.ffn
+    shards = w.tp if w.sp else 1
+    mlp = ffn * routed + (d.shared_ffn if d.experts else 0)
+    values = (ELEMENTWISE_PER_HIDDEN * d.hidden / shards
+              + ELEMENTWISE_PER_FFN * mlp / w.tp * (1 if d.gated else 0.67))
+    if not d.mla:
+        return values + ELEMENTWISE_PER_ROPE * (d.q_dim + d.kv_dim) / w.tp
+    keys = d.heads * (d.head_dim + d.rope_dim)
+    return (values + ELEMENTWISE_PER_ROPE * (d.q_dim + keys) / w.tp
+            + ELEMENTWISE_PER_LATENT * (d.q_lora + d.kv_lora) / shards)
 
 
 def layer_compute(w: Workload, layer_params: int) -> tuple[float, float]:
     """(forward, backward + recompute) seconds of one layer for one micro-batch;
     ``layer_params``: the layer's parameters on this GPU (for the gradient accumulation)."""
-    d = w.d
-    routed = d.topk if d.experts else 1
-    ffn = d.expert_ffn if d.experts else d.ffn
     gemm = _layer_gemms(w)
-    shards = w.tp if w.sp else 1
-    values = (ELEMENTWISE_PER_HIDDEN * d.hidden / shards
-              + ELEMENTWISE_PER_FFN * ffn * routed / w.tp * (1 if d.gated else 0.67)
-              + ELEMENTWISE_PER_ROPE * (d.q_dim + d.kv_dim) / w.tp)
-    memory = values * w.elem * w.tokens / w.hbm_rate
+    memory = _elementwise_values(w) * w.elem * w.tokens / w.hbm_rate
     attention = _attention_seconds(w)
     forward = gemm + memory / 3 + attention / (1 + FLASH_BACKWARD_FACTOR)
     total = gemm * _passes(w) + memory * (4 / 3 if w.recompute == "full" else 1) + attention
@@ -169,22 +213,42 @@ def layer_tp_seconds(w: Workload, per_byte: float, latency: float) -> float:
     if w.tp == 1 or per_byte == 0:
         return 0.0
     passes = 3 if w.recompute == "full" else 2
-    volume = 4 * (w.tp - 1) / w.tp * w.tokens * w.d.hidden * w.elem
-    count = 4 if w.sp else 2
+    if w.d.mla and w.sp:
+        volume = _latent_sp_width(w.d) * (w.tp - 1) / w.tp * w.tokens * w.elem
+        count = 6
+    else:
+        volume = 4 * (w.tp - 1) / w.tp * w.tokens * w.d.hidden * w.elem
+        count = 4 if w.sp else 2
     return passes * (volume * per_byte + count * latency)
+
+
+def _latent_sp_width(d: ResolvedModel) -> int:
+    """Values per token an MLA layer's TP collectives move under sequence parallelism: the
+    down-projections read this rank's part of the sequence, so the query latent (the hidden
+    state without one), the key/value latent and the rotated key are gathered instead of the
+    hidden state; the output projection's reduce-scatter and the MLP's two as in any layer."""
+    return (d.q_lora or d.hidden) + d.kv_lora + d.rope_dim + 3 * d.hidden
 
 
 def layer_cp_seconds(w: Workload, per_byte: float, latency: float, attention: float) -> float:
     """Context-parallel ring exchange of one layer not hidden behind its attention."""
     if w.cp == 1 or per_byte == 0:
         return 0.0
-    kv = w.tokens * 2 * w.d.kv_dim / w.tp * w.elem
+    kv = w.tokens * _ring_kv_width(w.d) / w.tp * w.elem
     forward = (w.cp - 1) * (kv * per_byte + latency)
     backward = 2 * forward
     share = attention / (1 + FLASH_BACKWARD_FACTOR)
     hidden_forward = max(0.0, forward - share)
     return hidden_forward * (2 if w.recompute == "full" else 1) + max(
         0.0, backward - share * FLASH_BACKWARD_FACTOR)
+
+
+def _ring_kv_width(d: ResolvedModel) -> int:
+    """Key and value values per token the context-parallel ring passes on: with MLA each
+    head's key (head_dim + rope) and value (v_dim), the heads expanded from the latent."""
+    if d.mla:
+        return d.heads * (d.head_dim + d.rope_dim + d.v_dim)
+    return 2 * d.kv_dim
 
 
 def layer_ep_seconds(w: Workload, per_byte: float, latency: float) -> float:

@@ -6,10 +6,11 @@ state (fp32 master copy, Adam first and second moments), each sharded over the d
 replicas as the ZeRO stage (DeepSpeed) or the distributed optimizer (Megatron-Core) says.
 
 Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
-Models"), generalised from their GPT block to grouped-query attention, SwiGLU, mixture-of-experts,
-flash attention and context parallelism: every tensor a layer keeps for its backward pass, divided
-by TP where it is tensor-parallel (and, with sequence parallelism, where it is not), times the
-micro-batches a pipeline stage holds in flight.
+Models"), generalised from their GPT block to grouped-query and multi-latent attention, SwiGLU,
+mixture-of-experts (shared experts, dense first layers), flash attention and context
+parallelism: every tensor a layer keeps for its backward pass, divided by TP where it is
+tensor-parallel (and, with sequence parallelism, where it is not), times the micro-batches a
+pipeline stage holds in flight.
 """
 
 from __future__ import annotations
@@ -73,7 +74,10 @@ def layer_activation_bytes(d: ResolvedModel, a: ActivationSettings) -> float:
     # both sides of attention and MLP (Gemma) keep the two outputs they normalise as well.
     hidden_tensors = 6 if d.placement == NormPlacement.pre_post else 4
     replicated = sb * d.hidden * (hidden_tensors * e + 2 * mask) / sp
-    attention = sb * (2 * d.q_dim + 2 * d.kv_dim) * e / t  # Q, K, V, projection input
+    if d.mla:
+        attention = _latent_attention_bytes(d, a)
+    else:
+        attention = sb * (2 * d.q_dim + 2 * d.kv_dim) * e / t  # Q, K, V, projection input
     if d.qk_norm:  # the query and key norms' inputs
         attention += sb * (d.q_dim + d.kv_dim) * e / t
     if a.flash:
@@ -85,7 +89,21 @@ def layer_activation_bytes(d: ResolvedModel, a: ActivationSettings) -> float:
     mlp = sb * ffn * kept * e / t * routed
     if d.experts:
         mlp += sb * d.experts * 4  # router probabilities, fp32
+    if d.shared_ffn:
+        mlp += sb * d.shared_ffn * kept * e / t
     return replicated + attention + mlp
+
+
+def _latent_attention_bytes(d: ResolvedModel, a: ActivationSettings) -> float:
+    """What multi-latent attention keeps, besides the hidden-size tensors: the query and
+    key/value latents, each as its norm's input and its up-projection's input (whole widths,
+    over this rank's part of the sequence under sequence parallelism, all of it without), the
+    rotated key; per head the query and key (head_dim + rope), the value (v_dim) and the
+    output projection's input (v_dim)."""
+    sb, e = a.seq_local * a.micro_batch, a.elem_bytes
+    sp = a.tp if a.sequence_parallel else 1
+    latents = sb * (2 * (d.q_lora + d.kv_lora) + d.rope_dim) * e / sp
+    return latents + sb * (2 * d.q_dim + 2 * d.attention_out_dim) * e / a.tp
 
 
 def in_flight_microbatches(dims: ParallelDims, grad_accum: int, stage: int = 0) -> float:
@@ -104,15 +122,17 @@ def in_flight_microbatches(dims: ParallelDims, grad_accum: int, stage: int = 0) 
 
 
 def stage_activation_bytes(d: ResolvedModel, a: ActivationSettings, *, layers: int, in_flight: float,
-                           first: bool, last: bool) -> float:
-    """Activation bytes of one GPU of a pipeline stage at the peak of the schedule."""
-    per_layer = layer_activation_bytes(d, a)
+                           first: bool, last: bool, kinds: list | None = None) -> float:
+    """Activation bytes of one GPU of a pipeline stage at the peak of the schedule; ``kinds``:
+    the stage's layers by kind ((layer, count), :meth:`ResolvedModel.layer_kinds`; default
+    ``layers`` layers like ``d``)."""
+    kinds = kinds if kinds is not None else [(d, layers)]
     sb = a.seq_local * a.micro_batch
     sp = a.tp if a.sequence_parallel else 1
-    total = per_layer * layers * in_flight
+    total = sum(layer_activation_bytes(k, a) * n for k, n in kinds) * in_flight
     if a.recompute == Recompute.full:  # one layer's activations rebuilt during its backward
-        total += layer_activation_bytes(d, ActivationSettings(**{**a.__dict__,
-                                                                 "recompute": Recompute.none}))
+        kept = ActivationSettings(**{**a.__dict__, "recompute": Recompute.none})
+        total += max([layer_activation_bytes(k, kept) for k, _ in kinds] or [0.0])
     if first:
         total += sb * d.hidden * a.elem_bytes / sp * in_flight  # embedding output
     if last:  # final norm input, logits and (unless TE's fused loss) their fp32 softmax

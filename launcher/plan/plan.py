@@ -25,7 +25,8 @@ from launcher.plan.kubernetes import kubernetes_warnings
 from launcher.plan.hardware import Device, resolve_device
 from launcher.plan.memory import (ActivationSettings, in_flight_microbatches,
                                   stage_activation_bytes, state_bytes_per_param)
-from launcher.plan.params import ParamCounts, StageParams, count_parameters, stage_params
+from launcher.plan.params import (ParamCounts, StageParams, count_parameters, stage_params,
+                                  stage_views)
 from launcher.plan.precision import PrecisionChoice, precision_choice, with_precision
 from launcher.plan.calibrated import Calibration, find_calibration
 from launcher.plan.data_check import chat_token_shares
@@ -238,15 +239,24 @@ def _uses_flash(cfg: TrainwrightConfig, device: Device) -> bool:
     return backend == AttentionBackend.flash
 
 
-def _stage_views(dims: ParallelDims, num_layers: int) -> list[tuple[str, int, int]]:
-    """(name, index, layers) of the stages that can be the most loaded: the first (most
-    micro-batches in flight, the embedding), the second (the most in flight of the middle
-    stages, which hold equal layers) and the last (the output layer and logits)."""
+def _stage_views(dims: ParallelDims, d: ResolvedModel) -> list[tuple[str, int, list[int]]]:
+    """(name, index, layer numbers) of the stages that can be the most loaded
+    (:func:`launcher.plan.params.stage_views`): the first (most micro-batches in flight, the
+    embedding), the second (the most in flight of the middle stages, which hold equal layers;
+    with dense first layers, each middle stage of another mix of layers too) and the last
+    (the output layer and logits)."""
+    numbers = dims.stage_layer_numbers(d.layers)
     if dims.pp == 1:
-        return [("all", 0, num_layers)]
-    layers = dims.stage_layers(num_layers)
-    middle = [("middle", 1, layers[1])] if dims.pp > 2 else []
-    return [("first", 0, layers[0])] + middle + [("last", dims.pp - 1, layers[-1])]
+        return [("all", 0, list(numbers[0]))]
+    views = stage_views(d, dims)
+    names = {0: "first", views[1] if dims.pp > 2 else -1: "middle", dims.pp - 1: "last"}
+    return [(names.get(i, _ordinal(i + 1)), i, list(numbers[i])) for i in views]
+
+
+def _ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _memory(cfg: TrainwrightConfig, dims: ParallelDims, batch: Batch, flash: bool,
@@ -277,18 +287,17 @@ def stage_memory(cfg: TrainwrightConfig, dims: ParallelDims, batch: Batch, flash
         logits_fp32=loss_kernel(cfg.trainer.cross_entropy_fusion, precision=cfg.trainer.precision,
                                 gpu=gpu_kernels, te=True) != "te")
     stages = []
-    fp8_layers = fp8.stage_fp8_layers(cfg, dims.stage_layers(m.num_layers))
-    for name, index, layers in _stage_views(dims, m.num_layers):
+    for name, index, numbers in _stage_views(dims, d):
         first, last = index == 0, index == dims.pp - 1
-        sp = stage_params(m, dims, first, last, layers)
+        sp = stage_params(m, dims, first, last, stage=index, te=gpu_kernels)
         part = {k: getattr(dense_b, k) * sp.dense + getattr(expert_b, k) * sp.expert
                 for k in ("weights", "grads", "optimizer", "cpu")}
         part["weights"] += gathered * sp.largest_layer * acts.elem_bytes  # ZeRO-3 gathers
-        part["weights"] += fp8.extra_state_bytes(cfg, d, dims, fp8_layers[index])
+        part["weights"] += fp8.extra_state_bytes(cfg, d, dims, numbers)
         activations = stage_activation_bytes(
-            d, acts, layers=layers,
+            d, acts, layers=len(numbers),
             in_flight=in_flight_microbatches(dims, batch.grad_accum_steps, index),
-            first=first, last=last)
+            first=first, last=last, kinds=d.layer_kinds(numbers))
         total = part["weights"] + part["grads"] + part["optimizer"] + activations
         stages.append(MemoryPerGPU(int(part["weights"]), int(part["grads"]),
                                    int(part["optimizer"]), int(activations), int(total),
@@ -373,7 +382,7 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: B
     per_gpu = _memory(cfg, dims, batch, flash, gpu_kernels=device.name != "cpu")
     counts = count_parameters(cfg.model, dims.tp)
     one_copy, redundant = _state_totals(cfg, counts, per_gpu, dims.world)
-    most = _most_loaded_stage(cfg.model, dims)
+    most = _most_loaded_stage(cfg.model, dims, te=device.name != "cpu")
     machines = Machines(cfg.cluster.nodes, cfg.cluster.gpus_per_node, cfg.cluster.ranks_per_gpu,
                         device.name, device.memory_bytes, peak_flops(cfg, device) / 1e12)
     compute, measured = _compute(cfg, dims, device, batch, flash, most, model, calibration)
@@ -480,12 +489,12 @@ COMPONENTS = ("embedding", "attention", "mlp", "norms", "output_layer")
 """The parameter counts by component the plan reports."""
 
 
-def _most_loaded_stage(model, dims: ParallelDims) -> StageParams:
-    """Parameters of one GPU of the pipeline stage that holds the most."""
-    first = stage_params(model, dims, first=True, last=dims.pp == 1)
-    last = stage_params(model, dims, first=dims.pp == 1, last=True)
-    middle = stage_params(model, dims, first=False, last=False) if dims.pp > 2 else first
-    return max((first, middle, last), key=lambda s: s.total)
+def _most_loaded_stage(model, dims: ParallelDims, te: bool = True) -> StageParams:
+    """Parameters of one GPU of the pipeline stage that holds the most (``te``: built with
+    Transformer Engine's layer spec, as on GPUs)."""
+    d = ResolvedModel.of(model, dims.tp)
+    return max((stage_params(model, dims, first=i == 0, last=i == dims.pp - 1, stage=i, te=te)
+                for i in stage_views(d, dims)), key=lambda s: s.total)
 
 
 def _compute(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: Batch,
@@ -617,7 +626,7 @@ def estimate_step(cfg: TrainwrightConfig, est: LayoutEstimate, device: Device,
                   flash: bool, calibration: Optional[Calibration] = None) -> StepTime:
     """The step-time model for a layout :func:`estimate_layout` accepted."""
     dims = est.dims
-    most = _most_loaded_stage(cfg.model, dims)
+    most = _most_loaded_stage(cfg.model, dims, te=device.name != "cpu")
     gpus = dims.world / cfg.cluster.ranks_per_gpu
     return predict_step(cfg, dims, est.grad_accum, device, flash, most.dense, most.expert,
                         est.flops_per_step / gpus, calibration)

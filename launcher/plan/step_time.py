@@ -165,6 +165,22 @@ def stage_cost(w: Workload, links: Links, *, layers: int, layer_params: int, fir
     return StageCost(compute, fwd, tp, cp, ep)
 
 
+def mixed_stage_cost(w: Workload, links: Links, kinds: list[tuple], *, first: bool,
+                     last: bool) -> StageCost:
+    """One micro-batch through a stage whose layers are of several kinds (a MoE model's dense
+    first layers and its expert layers): ``kinds`` = (the layer, how many, its parameters on
+    this GPU, how many of them run FP8 matmuls), each priced as :func:`stage_cost` prices
+    alike layers; the embedding and output layer counted once."""
+    kinds = kinds or [(w.d, 0, 0, 0)]
+    costs = [stage_cost(replace(w, d=layer), links, layers=n, layer_params=params,
+                        first=first and i == 0, last=last and i == len(kinds) - 1,
+                        fp8_layers=fp8) for i, (layer, n, params, fp8) in enumerate(kinds)]
+    if len(costs) == 1:
+        return costs[0]
+    return StageCost(*(sum(getattr(c, f) for c in costs) for f in (
+        "compute", "forward", "tensor_parallel", "context_parallel", "expert_parallel")))
+
+
 def p2p_seconds(w: Workload, dims: ParallelDims, links: Links, grad_accum: int) -> float:
     """Pipeline sends and receives on the critical path: every micro-batch's under 1F1B (the
     calls block), only the fill and drain under the interleaved schedule (overlapped)."""

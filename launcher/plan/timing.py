@@ -7,13 +7,13 @@ once; the plan and the search (:mod:`launcher.search`) both call it.
 from __future__ import annotations
 
 from launcher.config import Precision, TrainwrightConfig
-from launcher.plan.fp8 import stage_fp8_layers
+from launcher.plan.fp8 import layers_in_fp8
 from launcher.plan.hardware import Device
 from launcher.plan.layer_cost import workload
-from launcher.plan.params import layer_params
+from launcher.plan.params import layer_params, stage_views
 from launcher.plan.step_time import (DEEPSPEED_COMPUTE_FACTOR, DataParallelWork, StepTime,
                                      data_parallel_seconds, group_links, optimizer_seconds,
-                                     p2p_seconds, pipeline_step, stage_cost)
+                                     mixed_stage_cost, p2p_seconds, pipeline_step)
 from launcher.shape.dims import ParallelDims
 from launcher.shape.model import ResolvedModel
 
@@ -64,12 +64,10 @@ def predict_step(cfg: TrainwrightConfig, dims: ParallelDims, grad_accum: int, de
                  cp=dims.cp, ep=dims.ep, recompute=t.activation_recompute.value, flash=flash,
                  elem=elem, peak_flops=peak, dev=device, slowdown=slowdown)
     links = group_links(dims, c.gpus_per_node, c.ranks_per_gpu, device)
-    per_layer = layer_params(d, dims.tp, dims.ep).total
-    layers = dims.stage_layers(m.num_layers)
-    fp8_layers = stage_fp8_layers(cfg, layers)
-    views = sorted({0, min(1, dims.pp - 1), dims.pp - 1})
-    costs = [stage_cost(w, links, layers=layers[i], layer_params=per_layer, first=i == 0,
-                        last=i == dims.pp - 1, fp8_layers=fp8_layers[i]) for i in views]
+    numbers = dims.stage_layer_numbers(m.num_layers)
+    costs = [mixed_stage_cost(w, links, _stage_kinds(cfg, d, dims, numbers[i], device),
+                              first=i == 0, last=i == dims.pp - 1)
+             for i in stage_views(d, dims)]
     pipe = pipeline_step(costs, dims, grad_accum)
     work = _dp_work(cfg, dims, stage_dense, stage_expert, elem)
     dp_s = data_parallel_seconds(work, links, grad_accum, pipe["backward_window"],
@@ -87,6 +85,19 @@ def predict_step(cfg: TrainwrightConfig, dims: ParallelDims, grad_accum: int, de
                                                                          grad_accum),
         data_parallel=dp_s, optimizer=opt_s,
         compute_only_mfu=model_flops_per_gpu / (compute * peak) if compute else 0.0)
+
+
+def _stage_kinds(cfg: TrainwrightConfig, d: ResolvedModel, dims: ParallelDims, numbers,
+                 device: Device) -> list[tuple]:
+    """(layer, count, its parameters on one GPU, of the count in FP8) of each kind of layer a
+    stage with layers ``numbers`` holds (:func:`launcher.plan.step_time.mixed_stage_cost`)."""
+    fp8 = layers_in_fp8(cfg)
+    out = []
+    for layer, n in d.layer_kinds(numbers):
+        mine = [i for i in numbers if d.moe_layer(i) == (layer.experts > 0)]
+        params = layer_params(layer, dims.tp, dims.ep, te=device.name != "cpu").total
+        out.append((layer, n, params, sum(fp8[i] for i in mine)))
+    return out
 
 
 def calibrated_step(cal, cfg: TrainwrightConfig, dims: ParallelDims, grad_accum: int,

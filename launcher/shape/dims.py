@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from launcher.config import ClusterConfig, ParallelismConfig
 from launcher.core.problems import Problem, divisors, fmt_values
-from launcher.shape.stages import StageSplit, stage_layers
+from launcher.shape.stages import StageSplit, stage_layer_numbers, stage_layers
 
 MODEL_PARALLEL_SIZES = (("tp", "tensor_parallel_size", "TP"), ("pp", "pipeline_parallel_size", "PP"),
                         ("vpp", "virtual_pipeline_parallel_size", "VPP"),
@@ -109,6 +109,11 @@ class ParallelDims:
     def stage_layers(self, num_layers: int) -> tuple[int, ...]:
         """Transformer layers of every pipeline stage, first to last (see launcher.shape.stages)."""
         return stage_layers(num_layers, self.pp, self.split)
+
+    def stage_layer_numbers(self, num_layers: int) -> tuple[tuple[int, ...], ...]:
+        """Which transformer layers (from 0) every pipeline stage holds, its virtual chunks
+        included (see launcher.shape.stages.stage_layer_numbers)."""
+        return stage_layer_numbers(num_layers, self.pp, self.vpp, self.split)
 
     def layers_per_stage(self, num_layers: int) -> int:
         """Layers of the most loaded stage (num_layers / PP for an even split)."""

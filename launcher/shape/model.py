@@ -221,6 +221,25 @@ class ResolvedModel:
         """Layers that hold experts."""
         return max(0, self.layers - self.dense_layers) if self.experts else 0
 
+    def dense_layer(self) -> "ResolvedModel":
+        """One of a MoE model's dense first layers (model.moe_dense_layers) as a model of its
+        own: the same attention and norms, an MLP of ``ffn``, no router, experts or shared
+        expert. What counts one layer of a dense model counts it."""
+        return dataclasses.replace(self, experts=0, topk=0, pre_softmax=False, expert_bias=False,
+                                   router_groups=0, group_topk=0, router_scaling=1.0,
+                                   shared_ffn=0, dense_layers=0)
+
+    def layer_kinds(self, numbers) -> list[tuple["ResolvedModel", int]]:
+        """The layers numbered ``numbers`` (from 0) by kind: (a layer as :meth:`dense_layer`
+        gives it, how many) for a MoE model's dense first layers, (this model, how many) for
+        the others; kinds with no layer left out. A model whose layers are alike: one entry."""
+        numbers = list(numbers)
+        dense = sum(1 for i in numbers if not self.moe_layer(i)) if self.experts else 0
+        kinds = [(self.dense_layer(), dense)] if dense else []
+        if len(numbers) > dense:
+            kinds.append((self, len(numbers) - dense))
+        return kinds
+
     @property
     def q_dim(self) -> int:
         """Query width over all heads (with MLA: each head's unrotated and rotated parts)."""
@@ -301,6 +320,8 @@ def hf_family_of(model: ModelConfig) -> HfFamily:
         return HfFamily(model.hf_family)
     if model.arch == Arch.gpt2:
         return HfFamily.gpt2
+    if model.kv_lora_rank:
+        return HfFamily.deepseek_v3
     if model.norm_zero_centered:
         return HfFamily.gemma3_text
     if model.norm_placement == NormPlacement.post:

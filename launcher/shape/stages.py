@@ -12,7 +12,8 @@ Three ways (``parallelism.*``):
 
 With virtual stages (VPP) each stage's layers split evenly over its VPP model chunks.
 :func:`split_problems` says why a split cannot be built (every factor, with the fix);
-:func:`stage_layers` gives the layers of every stage of a valid one.
+:func:`stage_layers` gives the layers of every stage of a valid one, :func:`stage_layer_numbers`
+which they are.
 """
 
 from __future__ import annotations
@@ -93,6 +94,31 @@ def stage_layers(num_layers: int, pp: int, split: StageSplit = StageSplit()) -> 
     if pp == 1:
         return (num_layers,)
     return tuple(_raw_layers(num_layers, pp, split)[0])
+
+
+def stage_layer_numbers(num_layers: int, pp: int, vpp: int = 1,
+                        split: StageSplit = StageSplit()) -> tuple[tuple[int, ...], ...]:
+    """The transformer layers (numbered from 0) of every pipeline stage, first to last, as
+    Megatron-Core places them (``get_transformer_layer_offset``): the model cut into VPP rounds,
+    each round into one chunk per stage in stage order, a stage holding its chunk of every
+    round; the embedding (loss) counted as a layer takes the place of one in the first (last)
+    chunk of all. Assumes :func:`split_problems` found none."""
+    if pp == 1:
+        return (tuple(range(num_layers)),)
+    counts = _raw_layers(num_layers, pp, split)[0]
+    rounds = [[n // vpp for n in counts] for _ in range(vpp)]
+    if vpp > 1 and (split.embedding or split.loss):
+        per = (num_layers + int(split.embedding) + int(split.loss)) // (pp * vpp)
+        rounds = [[per] * pp for _ in range(vpp)]
+        rounds[0][0] -= int(split.embedding)
+        rounds[-1][-1] -= int(split.loss)
+    stages: list[list[int]] = [[] for _ in range(pp)]
+    start = 0
+    for chunks in rounds:
+        for stage, n in enumerate(chunks):
+            stages[stage].extend(range(start, start + n))
+            start += n
+    return tuple(tuple(s) for s in stages)
 
 
 def split_problems(num_layers: int, pp: int, vpp: int, split: StageSplit) -> list[Problem]:

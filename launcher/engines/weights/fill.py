@@ -48,6 +48,8 @@ def fill_chunk(chunk, source, label: str = "") -> None:
                                                           apply_factory_merges)
     from megatron.core.dist_checkpointing.state_dict_utils import load_preprocess
 
+    from launcher.engines.weights.mapping import stacked_address
+
     model = _unwrap(chunk)
     state, _, factories = load_preprocess(model.sharded_state_dict())
     last: dict[Any, torch.Tensor] = {}
@@ -58,10 +60,10 @@ def fill_chunk(chunk, source, label: str = "") -> None:
         if not isinstance(item, ShardedTensor):
             return item
         p = item.prepend_axis_num
-        address = (item.key, tuple(item.global_offset[:p]))
+        address = stacked_address(item.key, tuple(item.global_offset[:p]))
         if address not in last:
             last.clear()
-            last[address] = source.tensor(item.key, address[1], tuple(item.global_shape[p:]))
+            last[address] = source.tensor(*address, tuple(item.global_shape[p:]))
         region = tuple(slice(o, o + n) for o, n in zip(item.global_offset[p:], item.data.shape))
         return last[address][region].to(item.data.dtype).clone()
 

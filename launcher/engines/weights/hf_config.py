@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 FAMILIES = ("llama", "mixtral", "gpt2", "qwen2", "qwen3", "qwen3_moe", "mistral", "phi3",
-            "olmo2", "gemma3_text", "gemma3")
+            "olmo2", "gemma3_text", "gemma3", "deepseek_v3")
 """HF ``model_type`` values that convert (``gemma3``: the language model of the multimodal
 checkpoints; its vision encoder is neither read nor written)."""
 
@@ -261,6 +261,104 @@ def _phi3_fields(config: Mapping, problems: list) -> dict:
     return _mistral_fields(config, problems)
 
 
+def _deepseek_v3_attention(config: Mapping, problems: list) -> dict:
+    """Multi-latent attention's widths; RoPE rotating interleaved pairs (``rope_interleave``,
+    as Megatron-Core's MLA does), every query head with its own key and value head."""
+    heads = int(config["num_attention_heads"])
+    if not config.get("rope_interleave", True):
+        problems.append("rope_interleave=false (Megatron-Core's multi-latent attention rotates "
+                        "interleaved pairs)")
+    if int(config.get("num_key_value_heads") or heads) != heads:
+        problems.append(f"num_key_value_heads={config['num_key_value_heads']} (multi-latent "
+                        f"attention has one key/value head per query head: {heads})")
+    return dict(kv_lora_rank=int(config["kv_lora_rank"]),
+                q_lora_rank=int(config.get("q_lora_rank") or 0),
+                kv_channels=int(config["qk_nope_head_dim"]),
+                qk_rope_head_dim=int(config["qk_rope_head_dim"]),
+                v_head_dim=int(config["v_head_dim"]), num_query_groups=heads)
+
+
+def _deepseek_v3_router(config: Mapping, problems: list) -> dict:
+    """The sigmoid router: scores renormalised over the chosen experts (Megatron-Core always
+    does), groups picked by the sum of their two best scores (Megatron-Core: of their
+    top-k / group-top-k best), the weights times ``routed_scaling_factor``."""
+    topk, groups = int(config["num_experts_per_tok"]), int(config.get("n_group") or 1)
+    group_topk = int(config.get("topk_group") or 1)
+    if not config.get("norm_topk_prob", True) and topk > 1:
+        problems.append("norm_topk_prob=false (Megatron-Core renormalises the chosen experts' "
+                        "sigmoid scores)")
+    if groups > 1 and topk // group_topk != 2:
+        problems.append(f"n_group={groups} with num_experts_per_tok={topk} and topk_group="
+                        f"{group_topk} (groups are ranked by their two best scores, which "
+                        "Megatron-Core does when num_experts_per_tok / topk_group = 2)")
+    shared = int(config.get("n_shared_experts") or 0) * int(config["moe_intermediate_size"])
+    return dict(num_experts=int(config["n_routed_experts"]), moe_router_topk=topk,
+                moe_ffn_hidden_size=int(config["moe_intermediate_size"]),
+                moe_router_score="sigmoid", moe_router_expert_bias=True,
+                moe_router_groups=groups if groups > 1 else 0,
+                moe_router_group_topk=group_topk if groups > 1 else 0,
+                moe_router_scaling=float(config.get("routed_scaling_factor", 1.0)),
+                moe_shared_expert_ffn_hidden_size=shared, moe_aux_loss_coeff=0.0001,
+                moe_dense_layers=int(config.get("first_k_dense_replace") or 0))
+
+
+def _deepseek_v3_fields(config: Mapping, problems: list) -> dict:
+    """DeepSeek-V3 (and Kimi K2, which shares its model_type): a Llama with multi-latent
+    attention and, after ``first_k_dense_replace`` dense layers, experts with a shared expert
+    and a sigmoid router. Its multi-token-prediction layers are refused with the weights
+    (:func:`extra_layer_tensors`); YaRN RoPE is not converted yet."""
+    if config.get("attention_bias"):
+        problems.append("attention_bias=true (DeepSeek-V3 has no biases)")
+    fields = _llama_fields({**config, "attention_bias": False, "head_dim": None,
+                            "num_key_value_heads": None}, problems)
+    fields.update(_deepseek_v3_attention(config, problems), **_deepseek_v3_router(config,
+                                                                                   problems))
+    return fields
+
+
+def extra_layer_tensors(config: Mapping, names) -> list[str]:
+    """Tensor names of layers beyond ``num_hidden_layers`` (DeepSeek-V3's multi-token-prediction
+    layers, ``model.layers.61.*``), which no family here builds."""
+    import re
+
+    layers = int(config.get("num_hidden_layers") or 0)
+    pattern = re.compile(r"^(?:language_model\.)?model\.layers\.(\d+)\.")
+    return [name for name in names
+            if (m := pattern.match(name)) and int(m.group(1)) >= layers]
+
+
+def weight_names(directory) -> list[str]:
+    """Tensor names of an HF directory's safetensors weights (the index, or the one file's
+    header); [] when there are none."""
+    import json
+    from pathlib import Path
+
+    index = Path(directory) / "model.safetensors.index.json"
+    if index.is_file():
+        return list(json.loads(index.read_text())["weight_map"])
+    single = Path(directory) / "model.safetensors"
+    if not single.is_file():
+        return []
+    from safetensors import safe_open
+
+    with safe_open(str(single), "numpy") as handle:
+        return list(handle.keys())
+
+
+def check_weights(config: Mapping, directory) -> None:
+    """UnsupportedModel when the weights hold layers the model does not build (DeepSeek-V3's
+    multi-token prediction), naming them and the fix; before any tensor is read."""
+    extra = extra_layer_tensors(config, weight_names(directory))
+    if extra:
+        layers = sorted({".".join(n.split(".")[:3]) for n in extra})
+        raise UnsupportedModel(f"{directory}", [
+            f"{len(extra)} tensors of {', '.join(layers)} beyond num_hidden_layers="
+            f"{config.get('num_hidden_layers')} (multi-token-prediction layers, "
+            f"num_nextn_predict_layers={config.get('num_nextn_predict_layers')}: not built "
+            "here, so they would not come back out of to_hf); import a copy of the directory "
+            "whose model.safetensors.index.json leaves them out to train without them"])
+
+
 def _gpt2_fields(config: Mapping, problems: list) -> dict:
     hidden = int(config["n_embd"])
     act = config.get("activation_function", "gelu_new")
@@ -292,7 +390,13 @@ def model_fields(config: Mapping, source: str = "config.json") -> dict:
               "qwen2": _qwen2_fields, "qwen3": _qwen3_fields, "mistral": _mistral_fields,
               "phi3": _phi3_fields, "qwen3_moe": _qwen3_moe_fields,
               "olmo2": _olmo2_fields, "gemma3_text": _gemma3_fields,
-              "gemma3": _gemma3_multimodal_fields}[kind](config, problems)
+              "gemma3": _gemma3_multimodal_fields,
+              "deepseek_v3": _deepseek_v3_fields}[kind](config, problems)
+    quantized = (config.get("quantization_config") or {}).get("quant_method")
+    if quantized:
+        problems.append(f"quantization_config.quant_method={quantized!r} (quantized weights, "
+                        "e.g. DeepSeek-V3's published FP8 blocks: dequantize them to bf16 "
+                        "first, then import)")
     if config.get("tie_word_embeddings") is False and kind == "gpt2":
         problems.append("tie_word_embeddings=false (GPT-2 always ties its output layer)")
     if problems:

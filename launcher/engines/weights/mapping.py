@@ -24,6 +24,7 @@ Facts the mapping relies on (Megatron-Core 0.16, transformers 4.45-5.x):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -44,6 +45,72 @@ class Rule:
     hf: tuple  # name templates with {l} (layer) and {e} (expert)
     kind: str  # copy | vocab | qkv | qkv_fused | glu | t | gpt2_qkv | gpt2_qkv_bias
     stacked: int  # 0 (whole model), 1 (per layer) or 2 (per layer and expert)
+    layers: str = "all"  # the layers that hold it: all, dense (no experts) or moe
+
+
+def _holds(rule: Rule, d: ResolvedModel, layer: int) -> bool:
+    """Whether layer ``layer`` has the tensor of ``rule`` (DeepSeek-V3's first layers are
+    dense, the others hold experts)."""
+    return rule.layers == "all" or (rule.layers == "moe") == d.moe_layer(layer)
+
+
+def _latent_attention_rules(d: ResolvedModel, p: str) -> list[Rule]:
+    """DeepSeek-V3's multi-latent attention: the query latent (``q_a_proj``, its norm,
+    ``q_b_proj``; or one ``q_proj``), the key/value latent with the shared rotated key
+    (``kv_a_proj_with_mqa``), its norm and ``kv_b_proj``. Megatron-Core's tensors have the same
+    row order (per head: unrotated, then rotated query; unrotated key, then value), and it
+    rotates query/key pairs interleaved as ``rope_interleave`` does, so all are copies."""
+    a = L + "self_attention."
+    names = [("linear_kv_down_proj.weight", "kv_a_proj_with_mqa.weight"),
+             ("linear_kv_up_proj.layer_norm_weight", "kv_a_layernorm.weight"),
+             ("linear_kv_up_proj.weight", "kv_b_proj.weight"),
+             ("linear_proj.weight", "o_proj.weight")]
+    if d.q_lora:
+        names = [("linear_q_down_proj.weight", "q_a_proj.weight"),
+                 ("linear_q_up_proj.layer_norm_weight", "q_a_layernorm.weight"),
+                 ("linear_q_up_proj.weight", "q_b_proj.weight")] + names
+    else:
+        names = [("linear_q_proj.weight", "q_proj.weight")] + names
+    return [Rule(L + "input_layernorm.weight", (p + "input_layernorm.weight",), "copy", 1)] + [
+        Rule(a + ours, (p + "self_attn." + theirs,), "copy", 1) for ours, theirs in names]
+
+
+def _deepseek_mlp_rules(d: ResolvedModel, p: str) -> list[Rule]:
+    """DeepSeek-V3's MLPs: dense in the first layers (the pre-MLP norm fused into linear_fc1's
+    name, as Transformer Engine's spec saves it), else a sigmoid router with its load-balancing
+    bias (``e_score_correction_bias``), the routed experts and a shared expert."""
+    glu = (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
+    shared = p + "mlp.shared_experts."
+    rules = [Rule(L + "mlp.linear_fc1.layer_norm_weight", (p + "post_attention_layernorm.weight",),
+                  "copy", 1, "dense"),
+             Rule(L + "mlp.linear_fc1.weight", glu, "glu", 1, "dense"),
+             Rule(L + "mlp.linear_fc2.weight", (p + "mlp.down_proj.weight",), "copy", 1, "dense"),
+             Rule(L + "pre_mlp_layernorm.weight", (p + "post_attention_layernorm.weight",),
+                  "copy", 1, "moe"),
+             Rule(L + "mlp.router.weight", (p + "mlp.gate.weight",), "copy", 1, "moe"),
+             Rule(L + "mlp.router.expert_bias", (p + "mlp.gate.e_score_correction_bias",),
+                  "copy", 1, "moe"),
+             Rule(EXPERTS + "linear_fc1.weight", (p + "mlp.experts.{e}.gate_proj.weight",
+                                                  p + "mlp.experts.{e}.up_proj.weight"),
+                  "glu", 2, "moe"),
+             Rule(EXPERTS + "linear_fc2.weight", (p + "mlp.experts.{e}.down_proj.weight",),
+                  "copy", 2, "moe"),
+             Rule(L + "mlp.shared_experts.linear_fc1.weight",
+                  (shared + "gate_proj.weight", shared + "up_proj.weight"), "glu", 1, "moe"),
+             Rule(L + "mlp.shared_experts.linear_fc2.weight", (shared + "down_proj.weight",),
+                  "copy", 1, "moe")]
+    return [r for r in rules if (d.expert_bias or not r.key.endswith("expert_bias"))
+            and (d.shared_ffn or "shared_experts" not in r.key)]
+
+
+def _deepseek_rules(d: ResolvedModel) -> list[Rule]:
+    p = "model.layers.{l}."
+    rules = [Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab", 0)]
+    rules += _latent_attention_rules(d, p) + _deepseek_mlp_rules(d, p)
+    rules.append(Rule("decoder.final_layernorm.weight", ("model.norm.weight",), "copy", 0))
+    if not d.tied:
+        rules.append(Rule("output_layer.weight", ("lm_head.weight",), "vocab", 0))
+    return rules
 
 
 def _llama_rules(d: ResolvedModel) -> list[Rule]:
@@ -146,7 +213,9 @@ def _gpt2_rules(d: ResolvedModel) -> list[Rule]:
 
 def rules(d: ResolvedModel) -> list[Rule]:
     """Every tensor of the model, in HF file order (embedding, layers, final norm, output)."""
-    return _gpt2_rules(d) if d.arch == "gpt2" else _llama_rules(d)
+    if d.arch == "gpt2":
+        return _gpt2_rules(d)
+    return _deepseek_rules(d) if d.mla else _llama_rules(d)
 
 
 def entries(d: ResolvedModel) -> Iterator[tuple[Rule, tuple]]:
@@ -158,6 +227,8 @@ def entries(d: ResolvedModel) -> Iterator[tuple[Rule, tuple]]:
             yield rule, ()
     for layer in range(d.layers):
         for rule in all_rules:
+            if not _holds(rule, d, layer):
+                continue
             if rule.stacked == 1:
                 yield rule, (layer,)
             elif rule.stacked == 2:
@@ -166,6 +237,27 @@ def entries(d: ResolvedModel) -> Iterator[tuple[Rule, tuple]]:
     for rule in all_rules:
         if rule.stacked == 0 and not rule.key.startswith("embedding."):
             yield rule, ()
+
+
+_PER_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
+
+
+def stacked_address(key: str, index: tuple) -> tuple[str, tuple]:
+    """(key, index) in model space for a dist-checkpointing key and its stacked offsets.
+    Megatron-Core keys the layers of a model whose layers differ (``moe_layer_freq`` as a list:
+    DeepSeek-V3's dense first layers) one by one (``decoder.layers.3.mlp.router.weight``); the
+    layer number joins the index instead."""
+    match = _PER_LAYER.match(key)
+    if not match:
+        return key, tuple(index)
+    return L + match.group(2), (int(match.group(1)), *index)
+
+
+def stored_key(key: str, index: tuple, d: ResolvedModel) -> tuple[str, tuple]:
+    """The other way: where a torch_dist checkpoint of ``d`` keeps (key, index)."""
+    if d.dense_layers and key.startswith(L) and index:
+        return f"{L}{index[0]}.{key[len(L):]}", tuple(index[1:])
+    return key, tuple(index)
 
 
 def hf_names(rule: Rule, index: tuple) -> list[str]:

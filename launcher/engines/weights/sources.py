@@ -27,7 +27,7 @@ import torch
 from launcher.engines import compat, unpickle
 from launcher.engines.deepspeed.files import TP_SPLIT_FILE, saved_layout
 from launcher.engines.weights import mapping
-from launcher.engines.weights.hf_config import model_fields
+from launcher.engines.weights.hf_config import check_weights, model_fields
 from launcher.shape import ResolvedModel
 
 
@@ -49,6 +49,7 @@ class HFSource:
         config_file = self.path / "config.json"
         self.config = json.loads(config_file.read_text())
         self.model = model_fields(self.config, str(config_file))
+        check_weights(self.config, self.path)
         self.dims = ResolvedModel.of_fields(self.model)
         self.rules = mapping.by_key(self.dims)
         self.files = self._weight_map()
@@ -147,10 +148,18 @@ class MegatronSource:
             self.meta = FileSystemReader(str(self.path)).read_metadata().state_dict_metadata
 
     def shape(self, key: str, index: tuple) -> tuple:
+        key, index = mapping.stored_key(key, index, self.dims)
         return tuple(self.meta[key].size[len(index):])
 
     def tensors(self, requests: Iterable[tuple[str, tuple]]) -> dict:
         """{(key, index): tensor} for several tensors in one read."""
+        requests = list(requests)
+        stored = [mapping.stored_key(key, index, self.dims) for key, index in requests]
+        found = self._read(stored)
+        return {request: found[at] for request, at in zip(requests, stored)}
+
+    def _read(self, requests: list[tuple[str, tuple]]) -> dict:
+        """{(stored key, index): tensor} in one read."""
         from torch.distributed.checkpoint import FileSystemReader, load
 
         regions, state = {}, {}
@@ -167,7 +176,7 @@ class MegatronSource:
         with compat.checkpoint_loads_without_code():
             load(state, storage_reader=FileSystemReader(str(self.path)),
                  planner=RegionLoadPlanner(regions), no_dist=True)
-        return {(key, index): state[f"{key}@{index}"].reshape(self.shape(key, index))
+        return {(key, index): state[f"{key}@{index}"].reshape(self.meta[key].size[len(index):])
                 for key, index in requests}
 
     def tensor(self, key: str, index: tuple, shape: Optional[tuple] = None) -> torch.Tensor:
