@@ -308,3 +308,156 @@ def test_a_sliding_window_bounds_the_attention_flops_and_is_refused_with_chat_ro
     [problem] = _check_window(chat, 1)
     assert problem.keys == ("model.window_size", "data.format")
     assert "model.window_size=64 with data.format=chat" in problem.message
+
+
+# DeepSeek-V3: multi-latent attention, a shared expert, dense first layers. The preset, and a
+# small variant without a query latent, with two shared experts and a padded vocabulary.
+DEEPSEEK_SMALL = ["model.num_layers=6", "model.hidden_size=256", "model.ffn_hidden_size=512",
+                  "model.num_attention_heads=4", "model.kv_channels=32",
+                  "model.qk_rope_head_dim=16", "model.v_head_dim=24", "model.q_lora_rank=0",
+                  "model.kv_lora_rank=64", "model.vocab_size=1000", "model.num_experts=8",
+                  "model.moe_router_topk=4", "model.moe_router_groups=4",
+                  "model.moe_router_group_topk=2", "model.moe_ffn_hidden_size=64",
+                  "model.moe_shared_expert_ffn_hidden_size=128", "model.moe_dense_layers=2"]
+DEEPSEEK = {"deepseek_v3_671b": [], "small_no_q_lora": DEEPSEEK_SMALL}
+
+
+def _deepseek_model(name):
+    return to_object(compose_config(["model=deepseek_v3_671b", *DEEPSEEK[name]])).model
+
+
+def _hf_deepseek(model):
+    """Hugging Face's DeepseekV3ForCausalLM of the same shape, on the meta device."""
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    cfg = DeepseekV3Config(
+        vocab_size=model.vocab_size, hidden_size=model.hidden_size,
+        intermediate_size=model.ffn_hidden_size, moe_intermediate_size=model.moe_ffn_hidden_size,
+        num_hidden_layers=model.num_layers, num_attention_heads=model.num_attention_heads,
+        num_key_value_heads=model.num_attention_heads,
+        n_shared_experts=model.moe_shared_expert_ffn_hidden_size // model.moe_ffn_hidden_size,
+        n_routed_experts=model.num_experts, routed_scaling_factor=model.moe_router_scaling,
+        kv_lora_rank=model.kv_lora_rank, q_lora_rank=model.q_lora_rank or None,
+        qk_rope_head_dim=model.qk_rope_head_dim, v_head_dim=model.v_head_dim,
+        qk_nope_head_dim=model.kv_channels, n_group=model.moe_router_groups,
+        topk_group=model.moe_router_group_topk, num_experts_per_tok=model.moe_router_topk,
+        first_k_dense_replace=model.moe_dense_layers, max_position_embeddings=model.seq_length,
+        rms_norm_eps=model.norm_epsilon,
+        tie_word_embeddings=not model.untie_embeddings_and_output_weights)
+    with torch.device("meta"):
+        return DeepseekV3ForCausalLM(cfg)
+
+
+@pytest.fixture(scope="module")
+def hf_deepseek():
+    """{variant: (our ModelConfig, {parameter name: numel} of the HF meta model)}."""
+    out = {}
+    for name in DEEPSEEK:
+        model = _deepseek_model(name)
+        hf = _hf_deepseek(model)
+        out[name] = model, {n: p.numel() for n, p in hf.named_parameters()}
+        assert sum(out[name][1].values()) == hf.num_parameters()
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(DEEPSEEK))
+def test_deepseek_v3_counts_equal_transformers(name, hf_deepseek):
+    """The plan's total (vocabulary padding aside) is num_parameters() of transformers'
+    DeepseekV3ForCausalLM (its e_score_correction_bias is a buffer, as Megatron-Core's
+    expert_bias); the active count leaves out (experts - top-k) / experts of its experts."""
+    model, hf = hf_deepseek[name]
+    counts = count_parameters(model)
+    assert counts.total_unpadded == sum(hf.values())
+    experts = sum(n for k, n in hf.items() if ".mlp.experts." in k)
+    e, k = model.num_experts, model.moe_router_topk
+    assert counts.active_per_token == sum(hf.values()) - experts * (e - k) // e
+    assert counts.embedding + counts.attention + counts.mlp + counts.norms \
+        + counts.output_layer == counts.total
+
+
+def _hf_stage(hf: dict, numbers, first: bool, last: bool, experts_only=False) -> int:
+    """Parameters of the HF model's layers ``numbers`` (+ the embedding on the first stage, the
+    final norm and output layer on the last)."""
+    prefixes = tuple(f"model.layers.{i}." for i in numbers)
+    total = 0
+    for key, n in hf.items():
+        if experts_only:
+            total += n if key.startswith(prefixes) and ".mlp.experts." in key else 0
+        elif key.startswith(prefixes) or (first and key.startswith("model.embed_tokens")) \
+                or (last and (key == "model.norm.weight" or key.startswith("lm_head"))):
+            total += n
+    return total
+
+
+@pytest.mark.parametrize("name,layout", [
+    ("deepseek_v3_671b", ["parallelism.pipeline_parallel_size=8",
+                          "parallelism.layers_in_first_stage=5",
+                          "parallelism.layers_in_last_stage=8"]),
+    ("deepseek_v3_671b", ["parallelism.pipeline_parallel_size=3",
+                          "parallelism.account_for_embedding_in_pipeline_split=true",
+                          "parallelism.account_for_loss_in_pipeline_split=true",
+                          "parallelism.expert_parallel_size=8"]),
+    ("small_no_q_lora", ["parallelism.pipeline_parallel_size=3"]),
+    ("small_no_q_lora", ["parallelism.pipeline_parallel_size=2",
+                         "parallelism.virtual_pipeline_parallel_size=3",
+                         "parallelism.expert_parallel_size=4"]),
+    ("small_no_q_lora", ["parallelism.pipeline_parallel_size=2",
+                         "parallelism.layers_in_last_stage=2"]),
+    ("small_no_q_lora", ["parallelism.pipeline_parallel_size=4",  # the 3rd stage holds most
+                         "parallelism.layers_in_first_stage=1",
+                         "parallelism.layers_in_last_stage=1"]),
+])
+def test_deepseek_v3_stages_hold_their_layers_parameters(name, layout, hf_deepseek):
+    """Per pipeline stage (TP=1), what one GPU holds equals the HF model's parameters of the
+    layers Megatron-Core places there, dense first layers included; the stages sum to the
+    total; with EP the expert parameters of the stages x EP are the HF model's experts; the
+    plan's per-GPU count is the most loaded stage of all."""
+    from launcher.plan.params import stage_params
+    from launcher.shape.dims import ParallelDims
+    from launcher.shape.stages import split_problems
+
+    model, hf = hf_deepseek[name]
+    cfg = to_object(compose_config(["model=deepseek_v3_671b", *DEEPSEEK[name], "engine=megatron",
+                                    "cluster=slurm_h100", "trainer.micro_batch_size=1",
+                                    "trainer.global_batch_size=64", *layout]))
+    world = cfg.parallelism.pipeline_parallel_size * 8
+    dims = ParallelDims.build(cfg.parallelism, world)
+    assert split_problems(model.num_layers, dims.pp, dims.vpp, dims.split) == []
+    numbers = dims.stage_layer_numbers(model.num_layers)
+    assert sorted(i for stage in numbers for i in stage) == list(range(model.num_layers))
+    stages = [stage_params(model, dims, i == 0, i == dims.pp - 1, stage=i)
+              for i in range(dims.pp)]
+    padding = count_parameters(model).vocab_padding
+    for i, (held, layers) in enumerate(zip(stages, numbers)):
+        first, last = i == 0, i == dims.pp - 1
+        expert = _hf_stage(hf, layers, first, last, experts_only=True)
+        assert held.expert * dims.ep == expert, (i, layers)
+        pad = padding // 2 * (int(first) + int(last))
+        assert held.dense == _hf_stage(hf, layers, first, last) - expert + pad, (i, layers)
+    assert sum(s.dense + s.expert * dims.ep for s in stages) == count_parameters(model).total
+    try:
+        plan = compute_plan(cfg, world_size=world)
+    except PlanError as error:  # over the GPU's memory at TP=1: counted all the same
+        plan = error.plan
+    assert plan.params.per_gpu == max(s.total for s in stages)
+
+
+def test_deepseek_v3_flops_are_its_weights_and_attention(hf_deepseek):
+    """Forward FLOPs per token = 2 x the weights a token multiplies by (every linear weight of
+    the HF model, the routed experts at top-k / experts, embedding and norms not) + QK^T over
+    keys of qk_nope + qk_rope and scores x V over values of v_head_dim, per head and layer."""
+    from launcher.plan.flops import forward_flops_per_token
+
+    for name in DEEPSEEK:
+        model, hf = hf_deepseek[name]
+        e, k = model.num_experts, model.moe_router_topk
+        weights = sum(n * k // e if ".mlp.experts." in key else n for key, n in hf.items()
+                      if "embed_tokens" not in key and "norm" not in key)
+        d = ResolvedModel.of(model)
+        weights += (d.padded_vocab - d.vocab) * d.hidden  # the padded rows' logits
+        heads, s = model.num_attention_heads, model.seq_length
+        scores = 2 * s * heads * (model.kv_channels + model.qk_rope_head_dim) \
+            + 2 * s * heads * model.v_head_dim
+        expected = 2 * weights + model.num_layers * scores
+        assert forward_flops_per_token(d) == pytest.approx(expected, rel=1e-12), name

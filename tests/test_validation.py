@@ -156,6 +156,113 @@ CASES = {
         ["trainer.nan_policy=ignore"], ["trainer.nan_policy='ignore' is not one of abort, skip"]),
 }
 
+MLA = ["model.kv_lora_rank=64", "model.qk_rope_head_dim=16", "model.num_query_groups=0"]
+MOE = ["model.num_experts=8", "model.moe_router_topk=2"]
+BUILT_WITHOUT = "multi-latent attention (model.kv_lora_rank=64) is not built here with "
+CASES.update({
+    "mla_on_gpt2": (
+        ["model=gpt2_124m", "model.kv_lora_rank=64", "model.qk_rope_head_dim=16"],
+        [BUILT_WITHOUT + "model.arch=gpt2", "set model.arch=llama, or model.kv_lora_rank=0"]),
+    "mla_without_rotated_part": (
+        ["model.kv_lora_rank=64", "model.num_query_groups=0"],
+        ["model.qk_rope_head_dim=0 with multi-latent attention (model.kv_lora_rank=64) must be "
+         "a positive even number", "e.g. model.qk_rope_head_dim=64"]),
+    "mla_odd_rotated_part": (
+        MLA + ["model.qk_rope_head_dim=15"],
+        ["model.qk_rope_head_dim=15 with multi-latent attention", "positive even number",
+         "e.g. model.qk_rope_head_dim=64"]),
+    "mla_with_qk_layernorm": (
+        MLA + ["model.qk_layernorm=true"],
+        [BUILT_WITHOUT + "model.qk_layernorm=true (its latent norms are always on",
+         "set model.qk_layernorm=false"]),
+    "mla_with_query_groups": (
+        ["model.kv_lora_rank=64", "model.qk_rope_head_dim=16", "model.num_query_groups=4"],
+        ["model.num_query_groups=4 with multi-latent attention (model.kv_lora_rank=64)",
+         "num_attention_heads=8 of them", "set model.num_query_groups=0"]),
+    "mla_with_window": (
+        MLA + ["model.window_size=16"],
+        [BUILT_WITHOUT + "model.window_size=16", "set model.window_size=0"]),
+    "mla_with_post_norms": (
+        MLA + ["model.norm_placement=post"],
+        [BUILT_WITHOUT + "model.norm_placement=post", "set model.norm_placement=pre"]),
+    "mla_with_zero_centered_norms": (
+        MLA + ["model.norm_zero_centered=true"],
+        [BUILT_WITHOUT + "model.norm_zero_centered=true", "set model.norm_zero_centered=false"]),
+    "mla_with_linear_biases": (
+        MLA + ["model.add_bias_linear=true"],
+        [BUILT_WITHOUT + "model.add_bias_linear=true", "set model.add_bias_linear=false"]),
+    "mla_with_qkv_bias": (
+        MLA + ["model.add_qkv_bias=true"],
+        [BUILT_WITHOUT + "model.add_qkv_bias=true", "set model.add_qkv_bias=false"]),
+    "mla_with_softmax_scale_dim": (
+        MLA + ["model.softmax_scale_dim=48"],
+        [BUILT_WITHOUT + "model.softmax_scale_dim=48", "set model.softmax_scale_dim=0"]),
+    "mla_with_local_rotary_base": (
+        MLA + ["model.rotary_base_local=10000"],
+        [BUILT_WITHOUT + "model.rotary_base_local=10000", "set model.rotary_base_local=0"]),
+    "mla_with_rope_scaling": (
+        MLA + ["model.rope_scaling=llama3"],
+        [BUILT_WITHOUT + "model.rope_scaling=llama3", "set model.rope_scaling=none"]),
+    "mla_negative_latent": (
+        ["model.kv_lora_rank=-1"], ["model.kv_lora_rank=-1 must be >= 0"]),
+    **{f"{key}_without_kv_lora_rank": (
+        [f"model.{key}=32"],
+        [f"model.{key}=32 is a width of multi-latent attention, which model.kv_lora_rank=0 "
+         f"leaves off", f"set model.kv_lora_rank > 0 (DeepSeek-V3: 512) or model.{key}=0"])
+       for key in ("q_lora_rank", "qk_rope_head_dim", "v_head_dim")},
+    "expert_bias_with_softmax_scores": (
+        MOE + ["model.moe_router_expert_bias=true"],
+        ["model.moe_router_expert_bias=true needs model.moe_router_score=sigmoid (got softmax)",
+         "set model.moe_router_score=sigmoid or model.moe_router_expert_bias=false"]),
+    "sigmoid_scores_with_pre_softmax": (
+        MOE + ["model.moe_router_score=sigmoid", "model.moe_router_pre_softmax=true"],
+        ["model.moe_router_pre_softmax=true weighs the chosen experts by a softmax",
+         "set model.moe_router_pre_softmax=false or model.moe_router_score=softmax"]),
+    "router_groups_not_dividing_experts": (
+        MOE + ["model.moe_router_groups=3", "model.moe_router_group_topk=1"],
+        ["model.moe_router_groups=3 does not divide model.num_experts=8",
+         "use moe_router_groups from 1, 2, 4, 8"]),
+    "router_group_topk_out_of_range": (
+        MOE + ["model.moe_router_groups=4", "model.moe_router_group_topk=5"],
+        ["model.moe_router_group_topk=5 must be in 1..4", "e.g. 2"]),
+    "router_group_topk_without_groups": (
+        MOE + ["model.moe_router_group_topk=2"],
+        ["model.moe_router_group_topk=2 picks among expert groups, but "
+         "model.moe_router_groups=0 makes none", "set model.moe_router_groups"]),
+    "router_group_pick_not_two": (
+        MOE + ["model.moe_router_groups=4", "model.moe_router_group_topk=2"],
+        ["model.moe_router_topk // model.moe_router_group_topk = 2 // 2 = 1 must be 2",
+         "Megatron-Core ranks the groups by the sum of each group's best",
+         "DeepSeek-V3 (and Hugging Face) by its best 2",
+         "set model.moe_router_group_topk=1 (or moe_router_topk=4)"]),
+    "router_groups_too_small_for_topk": (
+        ["model.num_experts=8", "model.moe_router_topk=5", "model.moe_router_groups=4",
+         "model.moe_router_group_topk=2"],
+        ["model.moe_router_topk=5 experts cannot be found in moe_router_group_topk=2 groups of "
+         "num_experts / moe_router_groups = 8 / 4 = 2 experts"]),
+    "router_scaling_not_positive": (
+        MOE + ["model.moe_router_scaling=0"],
+        ["model.moe_router_scaling=0.0 must be a finite number > 0"]),
+    "every_layer_dense": (
+        MOE + ["model.moe_dense_layers=4"],
+        ["model.moe_dense_layers=4 leaves none of model.num_layers=4 with experts",
+         "use moe_dense_layers from 0 to 3"]),
+    "shared_expert_not_divisible_by_tp": (
+        MOE + ["model.moe_shared_expert_ffn_hidden_size=101", "cluster.gpus_per_node=2",
+               "parallelism.tensor_parallel_size=2"],
+        ["model.moe_shared_expert_ffn_hidden_size=101 is not divisible by "
+         "parallelism.tensor_parallel_size=2", "use parallelism.tensor_parallel_size from 1, 101"]),
+    **{f"{key}_on_a_dense_model": (
+        [f"model.{key}={value}"],
+        [f"model.{key}={value} sets a mixture-of-experts layer apart, but model.num_experts=0 "
+         f"makes a dense model", f"set model.num_experts or model.{key}={default}"])
+       for key, value, default in (
+           ("moe_router_score", "sigmoid", "softmax"), ("moe_router_expert_bias", "true", "false"),
+           ("moe_router_groups", "2", "0"), ("moe_router_group_topk", "1", "0"),
+           ("moe_router_scaling", "2.5", "1.0"), ("moe_shared_expert_ffn_hidden_size", "64", "0"),
+           ("moe_dense_layers", "1", "0"))},
+})
+
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_rule_reports_keys_values_fix_and_exit_2(name, capsys):
@@ -250,3 +357,19 @@ def test_a_layout_no_step_survives_here_is_refused_before_any_rank_starts(layout
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert fragment in proc.stderr
     assert not (tmp_path / "r" / "logs").exists()  # no rank was started
+
+
+def test_deepseek_v3_passes_its_checks():
+    """The preset's MLA, router and layout settings raise none of the refusals above; a run of
+    it on 1,024 H100s plans."""
+    from launcher.compose import compose_config, to_object
+    from launcher.plan.validate_layers import check_layer_features
+
+    assert check_layer_features(to_object(compose_config(["model=deepseek_v3_671b"])).model,
+                                8) == []
+    assert main(["model=deepseek_v3_671b", "cluster=slurm_h100", "cluster.nodes=128",
+                 "engine=megatron", "parallelism.pipeline_parallel_size=8",
+                 "parallelism.layers_in_first_stage=5", "parallelism.layers_in_last_stage=8",
+                 "parallelism.expert_parallel_size=64", "parallelism.tensor_parallel_size=2",
+                 "parallelism.sequence_parallel=true", "trainer.micro_batch_size=1",
+                 "trainer.activation_recompute=full", "trainer.global_batch_size=1024"]) == 0

@@ -198,22 +198,55 @@ def _shape_problems(cfg: TrainwrightConfig, dims: ParallelDims, d: ResolvedModel
 def _gemm_dims(cfg: TrainwrightConfig, dims: ParallelDims, d: ResolvedModel) -> list[tuple]:
     """(keys, how it is computed, value) of every distinct dimension of the FP8 GEMMs on one
     GPU: tokens of a micro-batch (rows; the K dimension of the weight-gradient GEMM), the
-    hidden size, and the TP shards of QKV, projection and MLP widths. Expert token counts are
-    padded to the alignment by Megatron-Core (``moe_router_padding_for_quantization``)."""
+    hidden size, and the TP shards of QKV (or MLA's), projection and MLP widths (the experts',
+    the shared expert's, a MoE model's dense first layers'). Expert token counts are padded to
+    the alignment by Megatron-Core (``moe_router_padding_for_quantization``)."""
     tp, t = dims.tp, cfg.trainer
     tokens = t.micro_batch_size * d.seq // dims.cp
-    ffn, ffn_key = ((d.expert_ffn, "model.moe_ffn_hidden_size") if d.experts
-                    else (d.ffn, "model.ffn_hidden_size"))
-    tp_key = "parallelism.tensor_parallel_size"
-    heads = ("model.num_attention_heads", "model.kv_channels")
     return [
         (("trainer.micro_batch_size", "model.seq_length"),
          f"micro_batch_size x seq_length / context_parallel_size = {t.micro_batch_size} x "
          f"{d.seq} / {dims.cp}", tokens),
         (("model.hidden_size",), "model.hidden_size", d.hidden),
-        (heads + (tp_key,), f"query width / TP = {d.q_dim} / {tp}", d.q_dim // tp),
-        (("model.num_query_groups", "model.kv_channels", tp_key),
+    ] + (_latent_dims(d, tp) if d.mla else _attention_dims(d, tp)) + _mlp_dims(d, tp)
+
+
+TP_KEY = "parallelism.tensor_parallel_size"
+
+
+def _attention_dims(d: ResolvedModel, tp: int) -> list[tuple]:
+    heads = ("model.num_attention_heads", "model.kv_channels")
+    return [
+        (heads + (TP_KEY,), f"query width / TP = {d.q_dim} / {tp}", d.q_dim // tp),
+        (("model.num_query_groups", "model.kv_channels", TP_KEY),
          f"(query + 2 x key/value width) / TP = ({d.q_dim} + 2 x {d.kv_dim}) / {tp}",
          (d.q_dim + 2 * d.kv_dim) // tp),
-        ((ffn_key, tp_key), f"{ffn_key.split('.')[1]} / TP = {ffn} / {tp}", ffn // tp),
     ]
+
+
+def _latent_dims(d: ResolvedModel, tp: int) -> list[tuple]:
+    """MLA's GEMM widths: the latents (whole on every rank) and the TP shards of the query,
+    key/value and output projections."""
+    heads, rope = ("model.num_attention_heads", "model.kv_channels"), "model.qk_rope_head_dim"
+    value = "model.v_head_dim"
+    out = [(("model.q_lora_rank",), "model.q_lora_rank", d.q_lora)] if d.q_lora else []
+    return out + [
+        (("model.kv_lora_rank", rope), f"kv_lora_rank + qk_rope_head_dim = {d.kv_lora} + "
+         f"{d.rope_dim}", d.kv_lora + d.rope_dim),
+        (("model.kv_lora_rank",), "model.kv_lora_rank", d.kv_lora),
+        (heads + (rope, TP_KEY), f"query width / TP = {d.q_dim} / {tp}", d.q_dim // tp),
+        (heads + (value, TP_KEY), f"heads x (kv_channels + v_head_dim) / TP = {d.heads} x "
+         f"({d.head_dim} + {d.v_dim}) / {tp}", d.heads * (d.head_dim + d.v_dim) // tp),
+        (("model.num_attention_heads", value, TP_KEY),
+         f"heads x v_head_dim / TP = {d.attention_out_dim} / {tp}", d.attention_out_dim // tp),
+    ]
+
+
+def _mlp_dims(d: ResolvedModel, tp: int) -> list[tuple]:
+    widths = [(d.expert_ffn, "model.moe_ffn_hidden_size")] if d.experts else []
+    if d.shared_ffn:
+        widths.append((d.shared_ffn, "model.moe_shared_expert_ffn_hidden_size"))
+    if not d.experts or d.dense_layers:
+        widths.append((d.ffn, "model.ffn_hidden_size"))
+    return [((key, TP_KEY), f"{key.split('.')[1]} / TP = {ffn} / {tp}", ffn // tp)
+            for ffn, key in widths]

@@ -18,6 +18,7 @@ from launcher.core.stop import resolve_signal
 from launcher.engines import spec
 from launcher.plan.data_check import chat_pack_multiples
 from launcher.plan.kubernetes import kubernetes_problems
+from launcher.plan.validate_layers import check_layer_features
 from launcher.shape.dims import ParallelDims
 from launcher.shape.model import ResolvedModel
 from launcher.shape.stages import KEYS as SPLIT_KEYS, StageSplit, split_problems
@@ -129,7 +130,8 @@ def _check_run_name(name: str) -> list[Problem]:
 
 
 def check_model_shapes(cfg: TrainwrightConfig, dims: ParallelDims) -> list[Problem]:
-    """Heads, groups, widths, layers, sequence and experts split evenly over their groups."""
+    """Heads, groups, widths, layers, sequence and experts split evenly over their groups;
+    multi-latent attention and the MoE router and layout (launcher.plan.validate_layers)."""
     m = cfg.model
     tp, cp, ep = dims.tp, dims.cp, dims.ep
     groups = m.num_query_groups or m.num_attention_heads
@@ -157,6 +159,7 @@ def check_model_shapes(cfg: TrainwrightConfig, dims: ParallelDims) -> list[Probl
             f"{2 * cp} (each CP rank takes two balanced chunks); use context_parallel_size with "
             f"2 x CP from {fmt_values(divisors(m.seq_length))}"))
     problems += _check_experts(m.num_experts, ep) + _check_expert_bias(m, tp)
+    problems += check_layer_features(m, tp)
     return (problems + _check_window(cfg, cp) + _check_norms(m) + _check_local_layers(cfg)
             + _check_hf_family(m))
 
