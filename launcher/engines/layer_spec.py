@@ -30,7 +30,7 @@ import torch
 
 from launcher.shape import ResolvedModel
 
-__all__ = ["AllHeadsRMSNorm", "HeadTorchNorm", "LatentDotProductAttention",
+__all__ = ["AllHeadsRMSNorm", "HeadTorchNorm", "LatentDotProductAttention", "LatentSelfAttention",
            "LocalRopeSelfAttention", "RowParallelThenNorm",
            "SequenceParallelTorchNorm", "ZeroCenteredRMSNorm", "block_spec"]
 
@@ -269,6 +269,64 @@ def _latent_dot_product_attention() -> type:
     return _Latent
 
 
+class LatentSelfAttention:
+    """Megatron-Core's multi-latent attention with its key/value down-projection replicated on
+    the TP ranks (Megatron-Core's local ``Linear``, as Transformer Engine's spec duplicates it),
+    and the gradient of the rotated key summed over TP without sequence parallelism.
+
+    Megatron-Core 0.16's local spec splits that projection over TP (ColumnParallelLinear) and
+    gathers its output: in backward each rank then keeps the gradient of its own columns, and the
+    rotated key's columns, which every head reads, carry only the heads of one rank (TP=2 trains
+    another model than TP=1). Replicated, the rotated key is gathered along the sequence under
+    SP (its backward sums over TP) or, without SP, passes an identity whose backward all-reduces
+    (:func:`_sum_rotated_key_grads`)."""
+
+    def __new__(cls, config, *args, **kwargs):
+        return _latent_self_attention()(config, *args, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _latent_self_attention() -> type:
+    from megatron.core.transformer.multi_latent_attention import MLASelfAttention
+
+    class _LatentSelfAttention(MLASelfAttention):
+        def __init__(self, config, *args, **kwargs):
+            super().__init__(config, *args, **kwargs)
+            if self.pg_collection.tp.size() > 1 and not config.sequence_parallel:
+                self.linear_kv_down_proj.register_forward_hook(
+                    _sum_rotated_key_grads(config.kv_lora_rank))
+
+    return _LatentSelfAttention
+
+
+class _SumGradsOverTensorParallel(torch.autograd.Function):
+    """Identity whose backward all-reduces the gradient over the TP group. (Megatron-Core's
+    copy_to_tensor_model_parallel_region reduces ``grad.contiguous()`` and returns ``grad``: a
+    gradient that arrives as a strided slice, as a column block's does, is left unreduced.)"""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        from megatron.core import parallel_state
+
+        grad = grad.contiguous()
+        torch.distributed.all_reduce(grad, group=parallel_state.get_tensor_model_parallel_group())
+        return grad
+
+
+def _sum_rotated_key_grads(kv_lora_rank: int):
+    """A forward hook on the replicated key/value down-projection: its rotated-key columns
+    pass an identity whose backward all-reduces over TP (each rank's heads' share)."""
+    def hook(_module, _inputs, output):
+        out, bias = output
+        latent, rotated = out[..., :kv_lora_rank], out[..., kv_lora_rank:]
+        return torch.cat([latent, _SumGradsOverTensorParallel.apply(rotated)], -1), bias
+    return hook
+
+
 MLA_KEYS = {"self_attention.q_layernorm.": "self_attention.linear_q_up_proj.layer_norm_",
             "self_attention.kv_layernorm.": "self_attention.linear_kv_up_proj.layer_norm_"}
 """Where Transformer Engine's MLA spec keeps the latent norms (fused into the up-projections):
@@ -282,11 +340,14 @@ def _latent_attention_layer(spec, sequence_parallel: bool):
     norm, the latent ones included (they see this rank's part of the sequence), tagged."""
     from megatron.core.transformer.moe.moe_layer import MoELayer
 
+    from megatron.core.post_training.modelopt.layers import Linear
+
     subs = spec.submodules
     attention = subs.self_attention
     subs = dataclasses.replace(subs, self_attention=dataclasses.replace(
-        attention, submodules=dataclasses.replace(attention.submodules,
-                                                  core_attention=LatentDotProductAttention)))
+        attention, module=LatentSelfAttention, submodules=dataclasses.replace(
+            attention.submodules, core_attention=LatentDotProductAttention,
+            linear_kv_down_proj=Linear)))
     keys = dict(MLA_KEYS)
     if subs.mlp.module is not MoELayer:
         keys["pre_mlp_layernorm."] = "mlp.linear_fc1.layer_norm_"

@@ -63,6 +63,14 @@ RULES = (
                      "gradients reduce over the expert-data-parallel group, which only "
                      "Megatron-Core's DDP knows",
          _unsupported("expert_parallel_size")),
+    Rule(("model.moe_router_expert_bias", "engine"),
+         lambda cfg: cfg.model.num_experts > 0 and cfg.model.moe_router_expert_bias,
+         lambda cfg: "model.moe_router_expert_bias=true: the bias is moved toward balanced "
+                     "loads after each step by Megatron-Core's finalize_model_grads",
+         lambda cfg: "model.moe_router_expert_bias=true (DeepSeek-V3's load-balancing bias) needs "
+                     "engine=megatron: Megatron-Core updates the bias from the step's expert "
+                     "loads in finalize_model_grads, which the DeepSpeed path does not run; use "
+                     "engine=megatron"),
     Rule(("trainer.precision", "engine"), lambda cfg: is_fp8(cfg.trainer.precision),
          lambda cfg: "trainer.precision=fp8: Transformer Engine's FP8 autocast and scaling state "
                      "are wired into engine=megatron only",

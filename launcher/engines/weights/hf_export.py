@@ -57,13 +57,16 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "mixtral": "MixtralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
                  "phi3": "Phi3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
-                 "gemma3_text": "Gemma3ForCausalLM",
+                 "gemma3_text": "Gemma3ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                  "gpt2": "GPT2LMHeadModel"}
 """The transformers class of each family."""
 
 _OLMO2 = {"model.qk_layernorm", "model.qk_layernorm_all_heads", "model.norm_placement=post"}
 _GEMMA3 = {"model.qk_layernorm", "model.norm_placement=pre_post", "model.norm_zero_centered",
            "model.scale_embeddings", "model.activation=gelu_tanh"}
+
+_DEEPSEEK_V3 = {"model.kv_lora_rank", "model.num_experts", "model.moe_router_score=sigmoid",
+                "model.moe_router_expert_bias", "model.moe_shared_expert_ffn_hidden_size"}
 
 FAMILY_FEATURES = {
     "llama": (set(), set()), "mistral": (set(), {"model.window_size"}),
@@ -78,6 +81,9 @@ FAMILY_FEATURES = {
                                         "model.rotary_base_local", "model.softmax_scale_dim",
                                         "model.rope_scaling=linear"}),
     "gpt2": ({"model.arch=gpt2"}, {"model.arch=gpt2"}),
+    "deepseek_v3": (_DEEPSEEK_V3, _DEEPSEEK_V3 | {"model.moe_router_groups",
+                                                  "model.moe_router_scaling",
+                                                  "model.moe_dense_layers"}),
 }
 """Each family's (features it must have, features it may have) of :func:`_features`."""
 
@@ -102,7 +108,16 @@ def _features(m: Mapping) -> set:
         ("model.rope_scaling=linear", str(m.get("rope_scaling", "none")) == "linear"),
         ("model.window_size", int(m.get("window_size") or 0) > 0),
         ("model.num_experts", experts),
-        ("model.moe_router_pre_softmax", experts and m.get("moe_router_pre_softmax"))) if on}
+        ("model.moe_router_pre_softmax", experts and m.get("moe_router_pre_softmax")),
+        ("model.kv_lora_rank", int(m.get("kv_lora_rank") or 0) > 0),
+        ("model.moe_router_score=sigmoid", experts and str(m.get("moe_router_score",
+                                                                 "softmax")) == "sigmoid"),
+        ("model.moe_router_expert_bias", experts and m.get("moe_router_expert_bias")),
+        ("model.moe_router_groups", experts and int(m.get("moe_router_groups") or 0) > 0),
+        ("model.moe_router_scaling", experts and float(m.get("moe_router_scaling", 1.0)) != 1.0),
+        ("model.moe_shared_expert_ffn_hidden_size",
+         experts and int(m.get("moe_shared_expert_ffn_hidden_size") or 0) > 0),
+        ("model.moe_dense_layers", experts and int(m.get("moe_dense_layers") or 0) > 0)) if on}
 
 
 def _family_of(m: Mapping) -> str:
@@ -121,6 +136,12 @@ def export_problems(model: Mapping) -> list[str]:
     out = [f"model.hf_family={family} needs {f}" for f in sorted(required - features)]
     out += [f"{f} has no place in {family} (Hugging Face's {ARCHITECTURES[family]} has none)"
             for f in sorted(features - allowed)]
+    if family == "deepseek_v3" and "model.moe_shared_expert_ffn_hidden_size" in features:
+        expert = int(m.get("moe_ffn_hidden_size") or m["ffn_hidden_size"])
+        shared = int(m["moe_shared_expert_ffn_hidden_size"])
+        if shared % expert:
+            out.append(f"model.moe_shared_expert_ffn_hidden_size={shared} is not a multiple of "
+                       f"model.moe_ffn_hidden_size={expert} (DeepSeek-V3 counts shared experts)")
     return out
 
 
@@ -157,11 +178,34 @@ def _family_settings(config: dict, m: Mapping, family: str) -> None:
                       decoder_sparse_step=1, mlp_only_layers=[], output_router_logits=False,
                       use_sliding_window=False, sliding_window=None,
                       max_window_layers=int(m["num_layers"]))
+    elif family == "deepseek_v3":
+        _deepseek_v3_settings(config, m)
     elif family == "mixtral":
         config.update(num_local_experts=int(m["num_experts"]),
                       num_experts_per_tok=int(m["moe_router_topk"]),
                       router_aux_loss_coef=float(m.get("moe_aux_loss_coeff", 0.01)),
                       sliding_window=None, output_router_logits=False, router_jitter_noise=0.0)
+
+
+def _deepseek_v3_settings(config: dict, m: Mapping) -> None:
+    """DeepSeek-V3's config.json entries: the latent widths (``head_dim`` is the rotated part,
+    as transformers sets it), the router, the shared expert as a count of expert widths, no
+    multi-token prediction, no YaRN."""
+    expert = int(m.get("moe_ffn_hidden_size") or m["ffn_hidden_size"])
+    rope, nope = int(m["qk_rope_head_dim"]), int(config["head_dim"])
+    groups = int(m.get("moe_router_groups") or 0)
+    config.update(
+        attention_bias=False, num_key_value_heads=config["num_attention_heads"],
+        q_lora_rank=int(m.get("q_lora_rank") or 0) or None, kv_lora_rank=int(m["kv_lora_rank"]),
+        qk_nope_head_dim=nope, qk_rope_head_dim=rope, qk_head_dim=nope + rope, head_dim=rope,
+        v_head_dim=int(m.get("v_head_dim") or nope), rope_interleave=True,
+        n_routed_experts=int(m["num_experts"]), num_experts_per_tok=int(m["moe_router_topk"]),
+        moe_intermediate_size=expert,
+        n_shared_experts=int(m["moe_shared_expert_ffn_hidden_size"]) // expert,
+        first_k_dense_replace=int(m.get("moe_dense_layers") or 0),
+        n_group=groups or 1, topk_group=int(m.get("moe_router_group_topk") or 0) or 1,
+        routed_scaling_factor=float(m.get("moe_router_scaling", 1.0)), norm_topk_prob=True,
+        num_nextn_predict_layers=0, pretraining_tp=1)
 
 
 def _gemma3_settings(config: dict, m: Mapping) -> None:
