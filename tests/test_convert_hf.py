@@ -2,7 +2,9 @@
 RoPE scaling; Mixtral with 4 experts top-2; GPT-2; Qwen2 with its QKV biases, tied and untied;
 Qwen3 with QK-norm and a head dimension other than hidden / heads; Mistral with a sliding window
 shorter than the prompt; Phi-3 with its fused projections and a window; Qwen3-MoE with 4 experts
-top-2 weighted by the softmax over all experts)
+top-2 weighted by the softmax over all experts; OLMo 2; Gemma 3; DeepSeek-V3 with multi-latent
+attention, two dense layers then 8 experts with a shared one and a grouped sigmoid router with
+its load-balancing bias)
 imported at TP=1/TP=2/PP=2/EP=2 give the
 logits of transformers within 1e-4 (fp32); greedy generation equals transformers'; import ->
 export through both engines gives identical tensors; a trained checkpoint exports to a
@@ -110,7 +112,8 @@ def DEEPSEEK_V3(t):
            "num_key_value_heads": 4}, moe_intermediate_size=32, n_routed_experts=8,
         num_experts_per_tok=4, n_group=4, topk_group=2, n_shared_experts=1,
         first_k_dense_replace=2, routed_scaling_factor=2.5, q_lora_rank=48, kv_lora_rank=32,
-        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24, tie_word_embeddings=False)
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24, tie_word_embeddings=False,
+        eos_token_id=None)  # its default, 1, would end transformers' greedy output early
 
 
 def _random_router_bias(model):
@@ -176,7 +179,9 @@ LAYOUTS = {"tp1": ({}, 1), "tp2": ({"tensor_parallel_size": 2}, 2),
     ("phi3", "tp1"), ("phi3", "tp2"), ("phi3", "pp2"),
     ("qwen3_moe", "tp1"), ("qwen3_moe", "ep2"), ("qwen3_moe", "tp2"),
     ("olmo2", "tp1"), ("olmo2", "tp2"), ("olmo2", "pp2"),
-    ("gemma3", "tp1"), ("gemma3", "tp2"), ("gemma3", "pp2"), ("gemma3_multimodal", "tp2")])
+    ("gemma3", "tp1"), ("gemma3", "tp2"), ("gemma3", "pp2"), ("gemma3_multimodal", "tp2"),
+    ("deepseek_v3", "tp1"), ("deepseek_v3", "tp2"), ("deepseek_v3", "pp2"),
+    ("deepseek_v3", "ep2")])
 def test_imported_logits_equal_transformers(hf_models, name, layout, record_property):
     """The largest difference is recorded (``--junitxml``: docs/convert.md's table)."""
     parallelism, ranks = LAYOUTS[layout]
@@ -246,7 +251,11 @@ def _same_tensors(a: str, b: str) -> None:
     ("olmo2", ["engine=megatron", "parallelism.tensor_parallel_size=2"]),
     ("olmo2", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"]),
     ("gemma3", ["engine=megatron", "parallelism.pipeline_parallel_size=2"]),
-    ("gemma3", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"])])
+    ("gemma3", ["engine=deepspeed", "parallelism.tensor_parallel_size=2"]),
+    # DeepSeek-V3's per-layer keys (dense then MoE layers) through torch_dist, its replicated
+    # down-projection and TP-split up-projections under SP (engine=deepspeed refuses its bias)
+    ("deepseek_v3", ["engine=megatron", "parallelism.tensor_parallel_size=2",
+                     "parallelism.sequence_parallel=true"])])
 def test_import_export_round_trip_is_identical(hf_models, tmp_path, name, layout):
     run, out = tmp_path / "run", tmp_path / "hf_out"
     imported = _cli("launcher.convert", "from_hf", f"hf={hf_models[name]}", f"out={run}",
@@ -280,7 +289,8 @@ def test_a_multimodal_gemma3_exports_its_language_model(hf_models, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["llama_untied", "mixtral", "gpt2", "qwen2", "qwen3",
-                                  "mistral", "phi3", "qwen3_moe", "olmo2", "gemma3"])
+                                  "mistral", "phi3", "qwen3_moe", "olmo2", "gemma3",
+                                  "deepseek_v3"])
 def test_generate_at_tp2_equals_transformers_greedy(hf_models, name):
     path = hf_models[name]
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -377,7 +387,7 @@ def test_preset_prints_a_model_that_composes(hf_models, tmp_path):
 
 @pytest.mark.parametrize("name", ["qwen2", "qwen2_untied", "qwen3", "mistral", "phi3",
                                   "qwen3_moe", "olmo2", "gemma3", "llama31_tied", "mixtral",
-                                  "gpt2"])
+                                  "gpt2", "deepseek_v3"])
 def test_the_plan_counts_the_parameters_transformers_counts(hf_models, name):
     """The plan's published figure (no vocabulary padding) of the imported config equals
     num_parameters() of the transformers model."""
@@ -388,6 +398,51 @@ def test_the_plan_counts_the_parameters_transformers_counts(hf_models, name):
     model = transformers.AutoModelForCausalLM.from_pretrained(hf_models[name])
     ours = count_parameters(ModelConfig(**source_model(hf_models[name])))
     assert ours.total_unpadded == model.num_parameters()
+
+
+def test_the_deepseek_router_bias_changes_the_choice_of_experts(hf_models, tmp_path):
+    """Control for the logits test: without its load-balancing bias the same DeepSeek-V3 gives
+    other logits, so equality there checks that the bias chooses the experts."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_models["deepseek_v3"],
+                                                              dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.zero_()
+        unbiased = model(torch.tensor([PROMPT])).logits[0].numpy()
+    assert np.abs(unbiased - reference_logits(hf_models["deepseek_v3"])).max() > 1e-3
+
+
+def _with_extra_layer(src: str, dst: Path) -> None:
+    """A copy of the HF directory ``src`` with a multi-token-prediction layer's tensor
+    (``model.layers.<num_hidden_layers>.*``) added, as DeepSeek-V3's published weights have."""
+    from safetensors.torch import save_file
+
+    dst.mkdir()
+    config = json.loads((Path(src) / "config.json").read_text())
+    tensors = _hf_tensors(src)
+    tensors[f"model.layers.{config['num_hidden_layers']}.enorm.weight"] = torch.ones(64)
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    (dst / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+
+
+def test_multi_token_prediction_weights_are_refused_before_any_rank_starts(hf_models, tmp_path):
+    hf = tmp_path / "with_mtp"
+    _with_extra_layer(hf_models["deepseek_v3"], hf)
+    result = _cli("launcher.convert", "from_hf", f"hf={hf}", f"out={tmp_path / 'run'}",
+                  "trainer.precision=fp32", "model.seq_length=64")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "model.layers.4" in result.stderr and "multi-token-prediction" in result.stderr
+    assert "rank" not in result.stdout.lower() and not (tmp_path / "run").exists()
+
+
+def test_quantized_deepseek_weights_are_refused_naming_the_fix(tmp_path):
+    config = DEEPSEEK_V3(transformers).to_dict()
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    result = _cli("launcher.convert", "preset", f"hf={tmp_path}")
+    assert result.returncode == 2
+    assert "quant_method='fp8'" in result.stderr and "dequantize" in result.stderr
 
 
 def test_a_qwen2_with_sliding_windows_is_refused_naming_the_setting(tmp_path):
