@@ -65,6 +65,35 @@ def test_uneven_stages_are_searched_for_126_layers(result_405b):
                if s.candidate.vpp > 1)
 
 
+def test_a_prime_layer_count_pipelines_and_dense_first_layers_are_priced():
+    """DeepSeek-V3's 61 layers: every pipeline size up to 16 is tried with the first and last
+    stages given the remainder (the last the smaller share), a split the plan accepts; each
+    kept candidate's per-GPU parameters are the most loaded of all its stages (the first holds
+    the 3 dense layers, lighter than expert layers)."""
+    from launcher.plan.params import stage_params
+    from launcher.search.space import stage_splits
+    from launcher.shape.dims import ParallelDims
+    from launcher.shape.stages import split_problems
+
+    for pp in (2, 4, 8, 16):
+        [split] = stage_splits(61, pp)
+        assert split.first >= split.last >= 1 and not split_problems(61, pp, 1, split), pp
+    result = search(cfg_of("model=deepseek_v3_671b", "cluster=slurm_h100", "cluster.nodes=32",
+                           "search.engines=[megatron]", "trainer.global_batch_size=512",
+                           "search.max_micro_batch_size=1"))
+    assert {s.candidate.pp for s in result.ranked} >= {1, 2, 4, 16}
+    for scored in result.ranked[:20]:
+        c = scored.candidate
+        if c.pp == 1:
+            continue
+        cfg = cfg_of("model=deepseek_v3_671b", *c.overrides(), "trainer.global_batch_size=512",
+                     "cluster=slurm_h100", "cluster.nodes=32")
+        dims = ParallelDims.build(cfg.parallelism, 256)
+        stages = [stage_params(cfg.model, dims, i == 0, i == c.pp - 1, stage=i)
+                  for i in range(c.pp)]
+        assert compute_plan(cfg).params.per_gpu == max(s.total for s in stages), c
+
+
 def test_plan_warns_about_interleaving_with_too_few_micro_batches(capsys):
     from launcher.plan.__main__ import main as plan_main
 

@@ -52,17 +52,21 @@ class Candidate:
 
 def stage_splits(num_layers: int, pp: int) -> list[StageSplit]:
     """The splits worth trying: even when it divides, the embedding and loss counted as layers
-    when that divides, else the first and last stages given the remainder."""
+    when that divides, else the first and last stages given the remainder (an odd remainder:
+    the last stage, which also holds the output layer and loss, the smaller share; so a prime
+    layer count, DeepSeek-V3's 61, still pipelines)."""
     if pp == 1:
         return [StageSplit()]
     out = [StageSplit()] if num_layers % pp == 0 else []
     if (num_layers + 2) % pp == 0 and (num_layers + 2) // pp >= 2:
         out.append(StageSplit(embedding=True, loss=True))
-    if num_layers % pp and pp >= 3:
-        middle = -(-num_layers // pp)
+    if num_layers % pp:
+        middle = -(-num_layers // pp) if pp > 2 else 0
         ends = num_layers - (pp - 2) * middle
-        if ends >= 2 and ends % 2 == 0:
+        if ends >= 2 and ends % 2 == 0 and pp >= 3:
             out.append(StageSplit(first=ends // 2, last=ends // 2))
+        elif ends >= 2 and (ends % 2 or pp == 2):
+            out.append(StageSplit(first=ends - ends // 2, last=ends // 2))
     return out
 
 
@@ -71,8 +75,8 @@ def virtual_sizes(num_layers: int, pp: int, split: StageSplit) -> list[int]:
     if pp == 1:
         return [1]
     if split.first:
-        middle = (num_layers - split.first - split.last) // (pp - 2)
-        per = math.gcd(split.first, middle)
+        middle = (num_layers - split.first - split.last) // (pp - 2) if pp > 2 else 0
+        per = math.gcd(split.first, split.last, middle)
     elif split.embedding:
         per = (num_layers + 2) // pp
         return [v for v in divisors(per) if per // v >= 2]

@@ -163,19 +163,29 @@ def _uneven_hint(num_layers: int, pp: int, vpp: int) -> str:
 
 
 def _ends_hint(num_layers: int, pp: int, vpp: int) -> str:
-    """', or give the first and last stages fewer layers: ...' when such a split exists."""
-    if pp < 3:
+    """', or give the first and last stages fewer layers: ...' when such a split exists (equal
+    ends, else, without virtual stages, the last one layer fewer: a prime layer count)."""
+    if pp < 2:
         return ""
-    middle = -(-num_layers // pp)
+    middle = -(-num_layers // pp) if pp > 2 else 0
     while middle > 0:
         ends = num_layers - (pp - 2) * middle
         if ends >= 2 * vpp and ends % 2 == 0 and (ends // 2) % vpp == 0 and middle % vpp == 0:
-            return (f", or give the first and last stages fewer layers: "
-                    f"parallelism.layers_in_first_stage={ends // 2} "
-                    f"parallelism.layers_in_last_stage={ends // 2} ({ends // 2} + {pp - 2} x "
-                    f"{middle} + {ends // 2} = {num_layers})")
+            return _ends_text(num_layers, pp, ends // 2, middle, ends // 2)
         middle -= 1
-    return ""
+    middle = -(-num_layers // pp) if pp > 2 else 0
+    ends = num_layers - (pp - 2) * middle
+    if vpp > 1 or ends < 2:
+        return ""
+    return _ends_text(num_layers, pp, ends - ends // 2, middle, ends // 2)
+
+
+def _ends_text(num_layers: int, pp: int, first: int, middle: int, last: int) -> str:
+    inner = f" + {pp - 2} x {middle}" if pp > 2 else ""
+    what = "give the first and last stages fewer layers" if pp > 2 else "split them unevenly"
+    return (f", or {what}: "
+            f"parallelism.layers_in_first_stage={first} "
+            f"parallelism.layers_in_last_stage={last} ({first}{inner} + {last} = {num_layers})")
 
 
 def _uneven_problems(num_layers: int, pp: int, vpp: int, split: StageSplit) -> list[Problem]:
