@@ -370,10 +370,10 @@ class ModelConfig:
     2.5); 1 = as the router gives them."""
     moe_shared_expert_ffn_hidden_size: int = 0
     """Inner width of an MLP every token passes through beside its routed experts (DeepSeek's
-    shared experts: their count times moe_ffn_hidden_size); 0 = no shared expert."""
+    shared experts, as their count times moe_ffn_hidden_size); 0 = no shared expert."""
     moe_dense_layers: int = 0
     """The first this many layers have a dense MLP of width ffn_hidden_size instead of experts
-    (DeepSeek-V3: 3); 0 = every layer a mixture of experts."""
+    (3 in DeepSeek-V3); 0 = every layer a mixture of experts."""
 
 
 @dataclass
