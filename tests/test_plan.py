@@ -461,3 +461,59 @@ def test_deepseek_v3_flops_are_its_weights_and_attention(hf_deepseek):
             + 2 * s * heads * model.v_head_dim
         expected = 2 * weights + model.num_layers * scores
         assert forward_flops_per_token(d) == pytest.approx(expected, rel=1e-12), name
+
+
+DEEPSEEK_SHARD_LAYOUTS = {  # 2 ranks each; the small variant with a query latent
+    "tp2_sp": ["parallelism.tensor_parallel_size=2", "parallelism.sequence_parallel=true"],
+    "pp2": ["parallelism.pipeline_parallel_size=2", "model.num_layers=4"],
+    "ep2": ["parallelism.expert_parallel_size=2"],
+}
+
+
+def _deepseek_shard_cfg(layout: str):
+    from launcher.plan.precision import resolve_precision
+
+    return resolve_precision(to_object(compose_config(
+        ["model=deepseek_v3_671b", *DEEPSEEK_SMALL, "model.q_lora_rank=48", "engine=megatron",
+         "cluster.gpus_per_node=2", "trainer.micro_batch_size=1", "model.seq_length=64",
+         "trainer.global_batch_size=8", *DEEPSEEK_SHARD_LAYOUTS[layout]])))
+
+
+def deepseek_shards_worker(args: dict) -> dict:
+    """Per rank and layout: (all, expert) parameters of the model chunks engine=megatron builds."""
+    from megatron.core import parallel_state as ps
+
+    from launcher.engines.megatron.engine import build_model_chunks
+    from launcher.engines.model import init_parallel_state
+
+    out = {}
+    for layout in DEEPSEEK_SHARD_LAYOUTS:
+        cfg = _deepseek_shard_cfg(layout)
+        init_parallel_state(cfg.parallelism)
+        named = [(n, p.numel()) for chunk in build_model_chunks(cfg.model, cfg.parallelism,
+                                                                  cfg.trainer)
+                 for n, p in chunk.named_parameters()]
+        out[layout] = (sum(n for _, n in named),
+                       sum(n for name, n in named if ".mlp.experts." in name))
+        ps.destroy_model_parallel()
+    return out
+
+
+@pytest.mark.slow
+def test_deepseek_v3_per_gpu_counts_equal_the_local_build():
+    """What each of 2 CPU ranks builds (trainwright's local MLA layers: the query
+    down-projection split over TP, the key/value one whole) equals the plan's stage numbers with
+    te=False: TP=2 + SP, PP=2 (the dense first layers on the first stage), EP=2."""
+    from launcher.plan.params import stage_params
+    from launcher.shape.dims import ParallelDims
+    from tests.helpers.dist import run_distributed
+
+    ranks = run_distributed("tests.test_plan:deepseek_shards_worker", 2, {})
+    for layout in DEEPSEEK_SHARD_LAYOUTS:
+        cfg = _deepseek_shard_cfg(layout)
+        dims = ParallelDims.build(cfg.parallelism, 2)
+        for rank, result in enumerate(ranks):
+            stage = rank if dims.pp == 2 else 0
+            planned = stage_params(cfg.model, dims, stage == 0, stage == dims.pp - 1,
+                                   stage=stage, te=False)
+            assert tuple(result[layout]) == (planned.total, planned.expert), (layout, rank)

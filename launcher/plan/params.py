@@ -6,8 +6,10 @@ their latents), an output projection, a pre-MLP norm and an MLP (or a router, th
 shared expert; a MoE model's first ``moe_dense_layers`` layers hold a dense MLP); a word
 embedding padded to a multiple of ``make_vocab_size_divisible_by * tensor_parallel_size`` (and a
 learned position table for gpt2); a final norm and, with untied embeddings, an output layer.
-Local and Transformer Engine specs hold the same parameters, except MLA's down-projections:
-TE's spec keeps them whole on every tensor-parallel rank, the local one splits them (``te``).
+Local and Transformer Engine specs hold the same parameters, except MLA's query
+down-projection: TE's spec keeps it whole on every tensor-parallel rank, trainwright's local
+layers (Megatron-Core's local spec) split it over TP (``te``); the key/value down-projection is
+whole in both.
 Tests check the counts against ``sum(p.numel())`` of built models.
 """
 
@@ -44,13 +46,13 @@ def _latent_attention_params(d: ResolvedModel, tp: int, te: bool) -> int:
     """MLA's projections on one GPU: query down (q_lora x hidden) and up (heads x (head_dim +
     rope) x q_lora), or one query projection without a query latent; key/value down ((kv_lora +
     rope) x hidden) and up (heads x (head_dim + v_dim) x kv_lora); the output projection. The
-    down-projections are whole on every TP rank (TE) or split over TP (local spec)."""
-    down = 1 if te else tp
+    key/value down-projection is whole on every TP rank, the query's too with TE (``te``) and
+    split over TP in the local layers (launcher/engines/layer_spec.py)."""
     if d.q_lora:
-        query = d.q_lora * d.hidden // down + d.q_dim // tp * d.q_lora
+        query = d.q_lora * d.hidden // (1 if te else tp) + d.q_dim // tp * d.q_lora
     else:
         query = d.q_dim // tp * d.hidden
-    key_value = (d.kv_lora + d.rope_dim) * d.hidden // down
+    key_value = (d.kv_lora + d.rope_dim) * d.hidden
     key_value += d.heads * (d.head_dim + d.v_dim) // tp * d.kv_lora
     return query + key_value + d.attention_out_dim // tp * d.hidden
 
