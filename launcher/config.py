@@ -88,6 +88,10 @@ class RopeScaling(StrEnum):
     linear = "linear"
     """Positions divided by model.rope_scaling_factor (position interpolation; Gemma 3's global
     layers: 8)."""
+    yarn = "yarn"
+    """YaRN: frequencies interpolated by model.rope_scaling_factor below the yarn_beta range,
+    kept above it, and attention sharpened by the yarn_mscale terms (DeepSeek-V3: factor 40
+    over a 4,096-token original context); multi-latent attention only."""
 
 
 class RouterScore(StrEnum):
@@ -276,6 +280,19 @@ class ModelConfig:
     rope_scaling_factor: float = 8.0
     """rope_scaling=llama3: how much the low frequencies are slowed down (Llama 3.1: 8, 3.2: 32);
     rope_scaling=linear: what positions are divided by."""
+    rope_original_max_positions: int = 0
+    """rope_scaling=yarn: the context the model was pretrained at before scaling (tokens;
+    DeepSeek-V3: 4,096); must be set with yarn, unused otherwise."""
+    yarn_beta_fast: float = 32.0
+    """rope_scaling=yarn: rotations over the original context above which a frequency is kept
+    as it is."""
+    yarn_beta_slow: float = 1.0
+    """rope_scaling=yarn: rotations below which a frequency is fully interpolated."""
+    yarn_mscale: float = 1.0
+    """rope_scaling=yarn: the weight of log(factor) in the cos/sin magnitude's numerator."""
+    yarn_mscale_all_dim: float = 0.0
+    """rope_scaling=yarn: the weight of log(factor) in the denominator of that magnitude and in
+    the attention scale, which is multiplied by (1 + 0.1 x this x log(factor))^2; 0 = neither."""
     rotary_base_local: int = 0
     """RoPE base frequency of the sliding-window layers, which take no rope_scaling (Gemma 3:
     10,000); 0 = rotary_base and rope_scaling, as every layer."""

@@ -106,13 +106,18 @@ def hf_models(tmp_path_factory) -> dict:
 def DEEPSEEK_V3(t):
     """Every DeepSeek-V3 feature on: two dense layers, then two of 8 experts (top 4 of 2 of 4
     groups, weights x 2.5) with a shared expert; query and key/value latents, a value width
-    other than the key's."""
+    other than the key's; YaRN (factor 40, as published, over a 64-token original context, and
+    an mscale_all_dim other than mscale, so that both the cos/sin magnitude and the attention
+    scale change)."""
     return t.DeepseekV3Config(
         **{**LLAMA, "num_hidden_layers": 4, "max_position_embeddings": 4096,
            "num_key_value_heads": 4}, moe_intermediate_size=32, n_routed_experts=8,
         num_experts_per_tok=4, n_group=4, topk_group=2, n_shared_experts=1,
         first_k_dense_replace=2, routed_scaling_factor=2.5, q_lora_rank=48, kv_lora_rank=32,
         qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
+                         "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.8},
         eos_token_id=None)  # its default, 1, would end transformers' greedy output early
 
 
@@ -413,6 +418,21 @@ def test_the_deepseek_router_bias_changes_the_choice_of_experts(hf_models, tmp_p
     assert np.abs(unbiased - reference_logits(hf_models["deepseek_v3"])).max() > 1e-3
 
 
+def test_the_deepseek_yarn_changes_the_logits(hf_models, tmp_path):
+    """Control for the logits test: the same DeepSeek-V3 weights with plain RoPE give other
+    logits, so equality there checks YaRN (frequencies, magnitude and attention scale)."""
+    import shutil
+
+    plain = tmp_path / "plain_rope"
+    shutil.copytree(hf_models["deepseek_v3"], plain)
+    config = json.loads((plain / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
+    config.pop("rope_scaling", None)
+    (plain / "config.json").write_text(json.dumps(config))
+    difference = np.abs(reference_logits(str(plain)) - reference_logits(hf_models["deepseek_v3"]))
+    assert difference.max() > 1e-3
+
+
 def _with_extra_layer(src: str, dst: Path) -> None:
     """A copy of the HF directory ``src`` with a multi-token-prediction layer's tensor
     (``model.layers.<num_hidden_layers>.*``) added, as DeepSeek-V3's published weights have."""
@@ -443,6 +463,20 @@ def test_quantized_deepseek_weights_are_refused_naming_the_fix(tmp_path):
     result = _cli("launcher.convert", "preset", f"hf={tmp_path}")
     assert result.returncode == 2
     assert "quant_method='fp8'" in result.stderr and "dequantize" in result.stderr
+
+
+def test_yarn_settings_megatron_reads_otherwise_are_refused(tmp_path):
+    """transformers ignores mscale without mscale_all_dim and does not truncate with
+    truncate=false; Megatron-Core would build another model: both are refused, named."""
+    config = DEEPSEEK_V3(transformers).to_dict()
+    config["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+                                 "original_max_position_embeddings": 64, "mscale": 0.9,
+                                 "truncate": False}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    result = _cli("launcher.convert", "preset", f"hf={tmp_path}")
+    assert result.returncode == 2
+    assert "mscale=0.9 with mscale_all_dim=None" in result.stderr
+    assert "rope_scaling.truncate=False" in result.stderr
 
 
 def test_a_qwen2_with_sliding_windows_is_refused_naming_the_setting(tmp_path):

@@ -202,7 +202,23 @@ CASES.update({
         [BUILT_WITHOUT + "model.rotary_base_local=10000", "set model.rotary_base_local=0"]),
     "mla_with_rope_scaling": (
         MLA + ["model.rope_scaling=llama3"],
-        [BUILT_WITHOUT + "model.rope_scaling=llama3", "set model.rope_scaling=none"]),
+        [BUILT_WITHOUT + "model.rope_scaling=llama3", "set model.rope_scaling=none or yarn"]),
+    "yarn_without_mla": (
+        ["model.rope_scaling=yarn", "model.rope_original_max_positions=4096"],
+        ["model.rope_scaling=yarn is built here with multi-latent attention only",
+         "set model.rope_scaling=none, llama3 or linear"]),
+    "yarn_without_original_context": (
+        MLA + ["model.rope_scaling=yarn"],
+        ["model.rope_scaling=yarn needs model.rope_original_max_positions > 0 (got 0)",
+         "DeepSeek-V3: 4096"]),
+    "yarn_factor_below_one": (
+        MLA + ["model.rope_scaling=yarn", "model.rope_original_max_positions=64",
+               "model.rope_scaling_factor=0.5"],
+        ["model.rope_scaling_factor=0.5 with rope_scaling=yarn must be >= 1"]),
+    "yarn_betas_reversed": (
+        MLA + ["model.rope_scaling=yarn", "model.rope_original_max_positions=64",
+               "model.yarn_beta_fast=1", "model.yarn_beta_slow=32"],
+        ["model.yarn_beta_fast=1.0 must exceed model.yarn_beta_slow=32.0 > 0"]),
     "mla_negative_latent": (
         ["model.kv_lora_rank=-1"], ["model.kv_lora_rank=-1 must be >= 0"]),
     **{f"{key}_without_kv_lora_rank": (

@@ -263,14 +263,21 @@ def _router_fields(r: ResolvedModel) -> dict:
 
 
 def _latent_attention_fields(r: ResolvedModel) -> dict:
-    """Multi-latent attention (MLATransformerConfig's fields; empty without it): plain RoPE over
-    the rotated part of each head, whose query/key pairs Megatron-Core takes interleaved (as
+    """Multi-latent attention (MLATransformerConfig's fields; empty without it): plain RoPE or
+    YaRN over the rotated part of each head, whose query/key pairs Megatron-Core takes interleaved (as
     DeepSeek-V3's ``rope_interleave``); the latent norms are on (``qk_layernorm``)."""
     if not r.mla:
         return {}
-    return dict(q_lora_rank=r.q_lora or None, kv_lora_rank=r.kv_lora, qk_head_dim=r.head_dim,
-                qk_pos_emb_head_dim=r.rope_dim, v_head_dim=r.v_dim, rope_type="rope",
-                rotary_base=r.rotary_base, qk_layernorm=True, apply_rope_fusion=False)
+    fields = dict(q_lora_rank=r.q_lora or None, kv_lora_rank=r.kv_lora, qk_head_dim=r.head_dim,
+                  qk_pos_emb_head_dim=r.rope_dim, v_head_dim=r.v_dim, rope_type="rope",
+                  rotary_base=r.rotary_base, qk_layernorm=True, apply_rope_fusion=False,
+                  mscale_all_dim=0.0)
+    if r.yarn:  # MLATransformerConfig's YaRN: the attention scale takes mscale_all_dim
+        original, fast, slow, mscale, all_dim = r.yarn
+        fields.update(rope_type="yarn", rotary_scaling_factor=r.rope_scaling_factor,
+                      original_max_position_embeddings=original, beta_fast=fast,
+                      beta_slow=slow, mscale=mscale, mscale_all_dim=all_dim)
+    return fields
 
 
 def fp8_fields(trainer: TrainerConfig, model: ModelConfig) -> dict:

@@ -32,8 +32,36 @@ group's best 2; Megatron-Core sums its best moe_router_topk // moe_router_group_
 
 def check_layer_features(m: ModelConfig, tp: int) -> list[Problem]:
     """Every problem of the MLA and router/MLP-layout settings at tensor-parallel size ``tp``."""
-    return (_check_non_negative(m) + check_latent_attention(m) + check_router(m)
-            + check_moe_layout(m, tp))
+    return (_check_non_negative(m) + check_latent_attention(m) + check_yarn(m)
+            + check_router(m) + check_moe_layout(m, tp))
+
+
+def check_yarn(m: ModelConfig) -> list[Problem]:
+    """YaRN (model.rope_scaling=yarn) as built here: Megatron-Core's multi-latent attention's,
+    checked against transformers' DeepSeek-V3; its original context and ramp given."""
+    if m.rope_scaling != RopeScaling.yarn:
+        return []
+    out = []
+    if m.kv_lora_rank <= 0:
+        out.append(Problem(("model.rope_scaling", "model.kv_lora_rank"), (
+            "model.rope_scaling=yarn is built here with multi-latent attention only "
+            "(model.kv_lora_rank > 0, DeepSeek-V3); set model.rope_scaling=none, llama3 or "
+            "linear")))
+    if m.rope_original_max_positions <= 0:
+        out.append(Problem(("model.rope_original_max_positions", "model.rope_scaling"), (
+            f"model.rope_scaling=yarn needs model.rope_original_max_positions > 0 (got "
+            f"{m.rope_original_max_positions}), the context before scaling; set it (DeepSeek-V3: "
+            "4096)")))
+    if not m.rope_scaling_factor >= 1.0:
+        out.append(Problem(("model.rope_scaling_factor", "model.rope_scaling"), (
+            f"model.rope_scaling_factor={m.rope_scaling_factor} with rope_scaling=yarn must be "
+            ">= 1 (how much longer the context becomes; DeepSeek-V3: 40)")))
+    if not m.yarn_beta_fast > m.yarn_beta_slow > 0:
+        out.append(Problem(("model.yarn_beta_fast", "model.yarn_beta_slow"), (
+            f"model.yarn_beta_fast={m.yarn_beta_fast} must exceed model.yarn_beta_slow="
+            f"{m.yarn_beta_slow} > 0 (the ramp between kept and interpolated frequencies; "
+            "YaRN's own: 32 and 1)")))
+    return out
 
 
 def _check_non_negative(m: ModelConfig) -> list[Problem]:
@@ -102,8 +130,8 @@ def _latent_unbuilt(m: ModelConfig) -> list[Problem]:
          "kv_channels + qk_rope_head_dim)", "model.softmax_scale_dim=0"),
         ("model.rotary_base_local", m.rotary_base_local > 0,
          f"rotary_base_local={m.rotary_base_local}", "model.rotary_base_local=0"),
-        ("model.rope_scaling", m.rope_scaling != RopeScaling.none,
-         f"rope_scaling={m.rope_scaling}", "model.rope_scaling=none"),
+        ("model.rope_scaling", m.rope_scaling not in (RopeScaling.none, RopeScaling.yarn),
+         f"rope_scaling={m.rope_scaling}", "model.rope_scaling=none or yarn"),
     )
     return [Problem((key, "model.kv_lora_rank"), (
         f"{mla} is not built here with model.{why}; set {fix}, or model.kv_lora_rank=0"))

@@ -26,7 +26,8 @@ ARCHITECTURE_KEYS = (
     "norm_epsilon", "untie_embeddings_and_output_weights", "add_bias_linear", "add_qkv_bias",
     "qk_layernorm", "qk_layernorm_all_heads", "norm_placement", "norm_zero_centered",
     "scale_embeddings", "softmax_scale_dim", "window_size", "full_attention_every",
-    "rotary_base_local", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim",
+    "rotary_base_local", "rope_original_max_positions", "yarn_beta_fast", "yarn_beta_slow",
+    "yarn_mscale", "yarn_mscale_all_dim", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim",
     "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_router_pre_softmax",
     "moe_router_score", "moe_router_expert_bias", "moe_router_groups", "moe_router_group_topk",
     "moe_router_scaling", "moe_shared_expert_ffn_hidden_size", "moe_dense_layers")
@@ -135,6 +136,9 @@ class ResolvedModel:
     tied: bool
     """The output layer reuses the input embedding."""
     rotary_base: int
+    yarn: Optional[tuple]
+    """rope_scaling=yarn: (original context, beta_fast, beta_slow, mscale, mscale_all_dim);
+    None otherwise."""
     rope_scaling: RopeScaling
     rope_scaling_factor: float
     norm_epsilon: float
@@ -168,6 +172,9 @@ class ResolvedModel:
             pre_softmax=bool(model.num_experts and model.moe_router_pre_softmax),
             **_router(model), **_latent_attention(model),
             tied=not model.untie_embeddings_and_output_weights, rotary_base=model.rotary_base,
+            yarn=(model.rope_original_max_positions, model.yarn_beta_fast, model.yarn_beta_slow,
+                  model.yarn_mscale, model.yarn_mscale_all_dim)
+            if model.rope_scaling == RopeScaling.yarn else None,
             rope_scaling=RopeScaling(model.rope_scaling),
             rope_scaling_factor=model.rope_scaling_factor, norm_epsilon=model.norm_epsilon)
 
@@ -298,6 +305,8 @@ class ResolvedModel:
             "window_size": self.window,
             "full_attention_every": self.full_every if self.window else None,
             "rotary_base_local": (self.rotary_base_local or None) if self.window else None,
+            **dict(zip(("rope_original_max_positions", "yarn_beta_fast", "yarn_beta_slow",
+                        "yarn_mscale", "yarn_mscale_all_dim"), self.yarn or (None,) * 5)),
             "num_experts": self.experts, "moe_router_topk": self.topk if moe else None,
             "moe_ffn_hidden_size": self.expert_ffn if moe else None,
             "moe_router_pre_softmax": self.pre_softmax if moe else None,

@@ -302,17 +302,47 @@ def _deepseek_v3_router(config: Mapping, problems: list) -> dict:
                 moe_dense_layers=int(config.get("first_k_dense_replace") or 0))
 
 
+def _yarn_fields(scaling: Mapping, problems: list) -> dict:
+    """DeepSeek-V3's YaRN as MLATransformerConfig takes it. transformers derives the cos/sin
+    magnitude from mscale and mscale_all_dim only when both are set (else from the factor alone)
+    and truncates the correction range unless ``truncate`` is false; Megatron-Core always uses
+    both terms and always truncates: settings where the two differ are refused."""
+    mscale, all_dim = scaling.get("mscale"), float(scaling.get("mscale_all_dim") or 0.0)
+    ignored = (not all_dim and float(mscale or 1.0) != 1.0) or (mscale is None and all_dim)
+    if ignored:
+        problems.append(f"rope_scaling mscale={mscale} with mscale_all_dim={all_dim or None} "
+                        "(transformers then ignores one of them, Megatron-Core does not)")
+    for key, ok in (("attention_factor", scaling.get("attention_factor") is None),
+                    ("truncate", scaling.get("truncate", True)),
+                    ("factor", scaling.get("factor") is not None)):
+        if not ok:
+            problems.append(f"rope_scaling.{key}={scaling.get(key)} (YaRN with the factor given, "
+                            "the attention factor derived and the correction range truncated)")
+    return dict(rope_scaling="yarn", rope_scaling_factor=float(scaling.get("factor") or 1.0),
+                rope_original_max_positions=int(scaling.get("original_max_position_embeddings")
+                                                or 0),
+                yarn_beta_fast=float(scaling.get("beta_fast") or 32.0),
+                yarn_beta_slow=float(scaling.get("beta_slow") or 1.0),
+                yarn_mscale=float(mscale or 1.0), yarn_mscale_all_dim=all_dim)
+
+
 def _deepseek_v3_fields(config: Mapping, problems: list) -> dict:
     """DeepSeek-V3 (and Kimi K2, which shares its model_type): a Llama with multi-latent
     attention and, after ``first_k_dense_replace`` dense layers, experts with a shared expert
-    and a sigmoid router. Its multi-token-prediction layers are refused with the weights
-    (:func:`extra_layer_tensors`); YaRN RoPE is not converted yet."""
+    and a sigmoid router, YaRN RoPE. Its multi-token-prediction layers are refused with the
+    weights (:func:`extra_layer_tensors`)."""
     if config.get("attention_bias"):
         problems.append("attention_bias=true (DeepSeek-V3 has no biases)")
+    theta, scaling = _rope(config)
+    yarn = scaling.get("rope_type") == "yarn"
     fields = _llama_fields({**config, "attention_bias": False, "head_dim": None,
-                            "num_key_value_heads": None}, problems)
+                            "num_key_value_heads": None, "rope_scaling": None,
+                            "rope_parameters": {"rope_theta": theta} if yarn else
+                            config.get("rope_parameters")}, problems)
     fields.update(_deepseek_v3_attention(config, problems), **_deepseek_v3_router(config,
                                                                                    problems))
+    if yarn:
+        fields.update(_yarn_fields(scaling, problems))
     return fields
 
 

@@ -67,6 +67,7 @@ _GEMMA3 = {"model.qk_layernorm", "model.norm_placement=pre_post", "model.norm_ze
 
 _DEEPSEEK_V3 = {"model.kv_lora_rank", "model.num_experts", "model.moe_router_score=sigmoid",
                 "model.moe_router_expert_bias", "model.moe_shared_expert_ffn_hidden_size"}
+"""What every DeepSeek-V3 has (it may also have groups, scaling, dense layers and YaRN)."""
 
 FAMILY_FEATURES = {
     "llama": (set(), set()), "mistral": (set(), {"model.window_size"}),
@@ -83,7 +84,8 @@ FAMILY_FEATURES = {
     "gpt2": ({"model.arch=gpt2"}, {"model.arch=gpt2"}),
     "deepseek_v3": (_DEEPSEEK_V3, _DEEPSEEK_V3 | {"model.moe_router_groups",
                                                   "model.moe_router_scaling",
-                                                  "model.moe_dense_layers"}),
+                                                  "model.moe_dense_layers",
+                                                  "model.rope_scaling=yarn"}),
 }
 """Each family's (features it must have, features it may have) of :func:`_features`."""
 
@@ -106,6 +108,7 @@ def _features(m: Mapping) -> set:
         ("model.rotary_base_local", int(m.get("rotary_base_local") or 0) > 0),
         ("model.softmax_scale_dim", int(m.get("softmax_scale_dim") or 0) > 0),
         ("model.rope_scaling=linear", str(m.get("rope_scaling", "none")) == "linear"),
+        ("model.rope_scaling=yarn", str(m.get("rope_scaling", "none")) == "yarn"),
         ("model.window_size", int(m.get("window_size") or 0) > 0),
         ("model.num_experts", experts),
         ("model.moe_router_pre_softmax", experts and m.get("moe_router_pre_softmax")),
@@ -190,7 +193,7 @@ def _family_settings(config: dict, m: Mapping, family: str) -> None:
 def _deepseek_v3_settings(config: dict, m: Mapping) -> None:
     """DeepSeek-V3's config.json entries: the latent widths (``head_dim`` is the rotated part,
     as transformers sets it), the router, the shared expert as a count of expert widths, no
-    multi-token prediction, no YaRN."""
+    multi-token prediction; YaRN where the model has it."""
     expert = int(m.get("moe_ffn_hidden_size") or m["ffn_hidden_size"])
     rope, nope = int(m["qk_rope_head_dim"]), int(config["head_dim"])
     groups = int(m.get("moe_router_groups") or 0)
@@ -206,6 +209,14 @@ def _deepseek_v3_settings(config: dict, m: Mapping) -> None:
         n_group=groups or 1, topk_group=int(m.get("moe_router_group_topk") or 0) or 1,
         routed_scaling_factor=float(m.get("moe_router_scaling", 1.0)), norm_topk_prob=True,
         num_nextn_predict_layers=0, pretraining_tp=1)
+    if str(m.get("rope_scaling", "none")) == "yarn":
+        yarn = {"rope_type": "yarn", "factor": float(m["rope_scaling_factor"]),
+                "original_max_position_embeddings": int(m["rope_original_max_positions"]),
+                "beta_fast": float(m["yarn_beta_fast"]), "beta_slow": float(m["yarn_beta_slow"]),
+                "mscale": float(m["yarn_mscale"]),
+                "mscale_all_dim": float(m["yarn_mscale_all_dim"])}
+        config.update(rope_scaling=yarn, rope_parameters={**yarn,
+                                                          "rope_theta": config["rope_theta"]})
 
 
 def _gemma3_settings(config: dict, m: Mapping) -> None:
