@@ -96,7 +96,8 @@ class TokenizerConfig:
 class ChatConfig:
     template: str = ""
     """Chat template: empty = the tokenizer's own (tokenizer_config.json's chat_template); a
-    shipped name (llama3, chatml, plain); or a .jinja file."""
+    shipped name (llama3, chatml, plain, mistral, phi3, olmo2, gemma, deepseek_v3); or a .jinja
+    file."""
     mask: ChatMask = ChatMask.assistant
     """Which tokens are trained (see ChatMask)."""
     pack: bool = True

@@ -18,9 +18,16 @@ from launcher.core.chat_render import (TEMPLATE_DIR, ChatError, ChatTokenizer, M
 from tests.helpers.data_prep import train_hf_tokenizer
 
 ROLE_TOKENS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-               "<|im_start|>", "<|im_end|>"]
+               "<|im_start|>", "<|im_end|>", "<s>", "</s>", "[INST]", "[/INST]", "<|system|>",
+               "<|user|>", "<|assistant|>", "<|end|>", "<bos>", "<start_of_turn>",
+               "<end_of_turn>", "<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+               "<｜end▁of▁sentence｜>"]
 EOS = "<|endoftext|>"
-END_OF_TURN = {"llama3": "<|eot_id|>", "chatml": "<|im_end|>", "plain": EOS}
+END_OF_TURN = {"llama3": "<|eot_id|>", "chatml": "<|im_end|>", "plain": EOS, "mistral": "</s>",
+               "phi3": "<|end|>", "olmo2": EOS, "gemma": "<end_of_turn>",
+               "deepseek_v3": "<｜end▁of▁sentence｜>"}
+LEAD = {"mistral": " "}
+"""What a format writes between the prompt and the reply that is part of the assistant turn."""
 CONVERSATION = [
     {"role": "system", "content": "You answer in one line."},
     {"role": "user", "content": "What is the capital of France?"},
@@ -33,6 +40,8 @@ REPLIES = [m["content"] for m in CONVERSATION if m["role"] == "assistant"]
 
 def golden(name: str, messages: list, generation_prompt: bool = False) -> str:
     """The rendered text of each format, written out from its description."""
+    if name in FAMILY_GOLDEN:
+        return FAMILY_GOLDEN[name](messages, generation_prompt)
     if name == "llama3":
         text = "<|begin_of_text|>" + "".join(
             f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n{m['content']}<|eot_id|>" for m in messages)
@@ -44,6 +53,54 @@ def golden(name: str, messages: list, generation_prompt: bool = False) -> str:
     text = "".join(header[m["role"]] + m["content"] + (EOS if m["role"] == "assistant" else "") + "\n\n"
                    for m in messages)
     return text + ("### Assistant:\n" if generation_prompt else "")
+
+
+def _with_system_first(messages: list) -> list:
+    """(role, content) pairs with a system message's text put before the next user message's,
+    a blank line between (formats without a system role)."""
+    out, system = [], ""
+    for m in messages:
+        if m["role"] == "system":
+            system = m["content"] + "\n\n"
+        else:
+            out.append((m["role"], (system if m["role"] == "user" else "") + m["content"]))
+            system = "" if m["role"] == "user" else system
+    return out
+
+
+def _mistral(messages, prompt):
+    return "<s>" + "".join(f"[INST] {c} [/INST]" if role == "user" else f" {c}</s>"
+                           for role, c in _with_system_first(messages))
+
+
+def _phi3(messages, prompt):
+    text = "".join(f"<|{m['role']}|>\n{m['content']}<|end|>\n" for m in messages)
+    return text + ("<|assistant|>\n" if prompt else "")
+
+
+def _olmo2(messages, prompt):
+    text = EOS + "".join(f"<|assistant|>\n{m['content']}{EOS}\n" if m["role"] == "assistant"
+                         else f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+    return text + ("<|assistant|>\n" if prompt else "")
+
+
+def _gemma(messages, prompt):
+    text = "<bos>" + "".join(
+        f"<start_of_turn>{'model' if role == 'assistant' else 'user'}\n{c}<end_of_turn>\n"
+        for role, c in _with_system_first(messages))
+    return text + ("<start_of_turn>model\n" if prompt else "")
+
+
+def _deepseek_v3(messages, prompt):
+    parts = {"system": "{}", "user": "<｜User｜>{}", "assistant": "<｜Assistant｜>{}<｜end▁of▁sentence｜>"}
+    text = "<｜begin▁of▁sentence｜>" + "".join(parts[m["role"]].format(m["content"])
+                                               for m in messages)
+    return text + ("<｜Assistant｜>" if prompt else "")
+
+
+FAMILY_GOLDEN = {"mistral": _mistral, "phi3": _phi3, "olmo2": _olmo2, "gemma": _gemma,
+                 "deepseek_v3": _deepseek_v3}
+"""The instruct formats of the model families (launcher.core.chat_render.FAMILY_TEMPLATES)."""
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +149,8 @@ def test_each_reply_and_its_end_of_turn_are_the_targets(chats, decoder, name):
     assert rendered.ids.dtype == np.int32 and rendered.mask.dtype == np.uint8
     assert len(rendered.ids) == len(rendered.mask)
     assert decode(decoder, rendered.ids) == golden(name, CONVERSATION)
-    assert target_runs(decoder, rendered) == [r + END_OF_TURN[name] for r in REPLIES]
+    assert target_runs(decoder, rendered) == [LEAD.get(name, "") + r + END_OF_TURN[name]
+                                              for r in REPLIES]
     headers = {decoder.token_to_id(t) for t in ROLE_TOKENS if t != END_OF_TURN[name]}
     assert not headers & set(rendered.ids[rendered.mask == 1].tolist())
     assert chats[name].template_name == name
@@ -107,7 +165,7 @@ def test_prompt_completion_record(chats, decoder, name):
                         {"role": "assistant", "content": " 4"}]
     rendered = chats[name].render(messages)
     assert decode(decoder, rendered.ids) == golden(name, messages)
-    assert target_runs(decoder, rendered) == [" 4" + END_OF_TURN[name]]
+    assert target_runs(decoder, rendered) == [LEAD.get(name, "") + " 4" + END_OF_TURN[name]]
     without_system = messages_of({"prompt": "2 + 2 =", "completion": " 4", "system": None})
     assert [m["role"] for m in without_system] == ["user", "assistant"]
 
@@ -116,7 +174,7 @@ def test_prompt_completion_record(chats, decoder, name):
 def test_last_and_all_policies(chats, decoder, name):
     every = chats[name].render(CONVERSATION, MaskPolicy.assistant)
     last = chats[name].render(CONVERSATION, "last")
-    assert target_runs(decoder, last) == [REPLIES[-1] + END_OF_TURN[name]]
+    assert target_runs(decoder, last) == [LEAD.get(name, "") + REPLIES[-1] + END_OF_TURN[name]]
     assert np.array_equal(last.ids, every.ids) and np.all(last.mask <= every.mask)
     everything = chats[name].render(CONVERSATION, MaskPolicy.all)
     assert np.array_equal(everything.ids, every.ids)

@@ -142,11 +142,14 @@ def forward(gpt, sample: dict):
 
 
 @in_process
-@pytest.mark.parametrize("arch", [Arch.llama, Arch.gpt2])
-def test_a_conversation_packed_after_another_gives_its_logits_alone(megatron_tp1, arch):
-    """``arch``: RoPE (relative by construction) and learned absolute positions (restarted)."""
+@pytest.mark.parametrize("arch,window", [(Arch.llama, 0), (Arch.gpt2, 0), (Arch.llama, 6)])
+def test_a_conversation_packed_after_another_gives_its_logits_alone(megatron_tp1, arch, window):
+    """``arch``: RoPE (relative by construction) and learned absolute positions (restarted);
+    ``window``: a sliding window shorter than the conversations (Mistral, Phi-3, Gemma 3),
+    which Megatron-Core's local attention used instead of the row's mask (it attended across
+    the boundary) until launcher/engines/layer_spec.py combined the two."""
     rng = np.random.default_rng(0)
-    model = small(arch=arch, seq_length=48, vocab_size=512)
+    model = small(arch=arch, seq_length=48, vocab_size=512, window_size=window)
     gpt = build(model)
     gpt.eval()
     a, b = rng.integers(0, 512, 17), rng.integers(0, 512, 23)

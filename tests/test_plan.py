@@ -275,10 +275,10 @@ def test_unfused_swiglu_keeps_one_more_ffn_per_token():
         pytest.approx(per_layer * model.num_layers)
 
 
-def test_a_sliding_window_bounds_the_attention_flops_and_is_refused_with_chat_rows():
+def test_a_sliding_window_bounds_the_attention_flops_and_is_refused_with_chat_rows_on_te():
     """model.window_size: a query's scores cover W keys (W - W^2 / 2s under the causal mask);
-    a window as long as the sequence changes nothing; packed chat rows are refused (the local
-    attention would drop their mask for the window's)."""
+    a window as long as the sequence changes nothing; packed chat rows are refused where they
+    would go to Transformer Engine (unchecked), not on the local attention."""
     from launcher.plan.flops import attended_keys, forward_flops_per_token
     from launcher.plan.validate import _check_window
     from launcher.shape.model import ResolvedModel
@@ -304,10 +304,16 @@ def test_a_sliding_window_bounds_the_attention_flops_and_is_refused_with_chat_ro
                      "model.num_layers=4")
     assert mixed.windowed_layers == 2
     assert attended_keys(mixed, True) == (15.5 + 128) / 2 and attended_keys(mixed, False) == 136
-    chat = to_object(compose_config(["model.window_size=64", "data.format=chat"]))
-    [problem] = _check_window(chat, 1)
-    assert problem.keys == ("model.window_size", "data.format")
-    assert "model.window_size=64 with data.format=chat" in problem.message
+    # packed chat rows: the local attention (CPU; Gemma's rewritten layers anywhere) combines
+    # the window with their mask; Transformer Engine's THD path is unchecked and refused
+    chat = ["model.window_size=64", "data.format=chat"]
+    assert _check_window(to_object(compose_config(chat)), 1) == []
+    [problem] = _check_window(to_object(compose_config(chat + ["cluster=slurm_h100"])), 1)
+    assert problem.keys == ("model.window_size", "data.format", "cluster.gpu")
+    assert "model.window_size=64 with data.format=chat on cluster.gpu=" in problem.message
+    gemma_chat = to_object(compose_config(["model=gemma3_12b", "data.format=chat",
+                                           "cluster=slurm_h100"]))
+    assert _check_window(gemma_chat, 1) == []
 
 
 # DeepSeek-V3: multi-latent attention, a shared expert, dense first layers. The preset, and a

@@ -15,8 +15,10 @@ target when its characters overlap such a span: a token that straddles the start
 (``"Assistant: Hi"`` tokenized ``" Hi"``) carries the reply's first word, which the model must
 learn to produce. A turn that gets no token is an error, never an untrained turn.
 
-Templates shipped in ``launcher/core/chat_templates/`` (llama3, chatml, plain) were written for
-trainwright from the formats' descriptions; no template file was copied from anywhere.
+Templates shipped in ``launcher/core/chat_templates/`` (llama3, chatml, plain, and the formats of
+the Mistral, Phi-3, OLMo 2, Gemma and DeepSeek-V3 instruct models: :data:`FAMILY_TEMPLATES`) were
+written for trainwright from the formats' descriptions; no template file was copied from
+anywhere.
 """
 
 from __future__ import annotations
@@ -28,13 +30,25 @@ from typing import Optional
 
 
 TEMPLATE_DIR = Path(__file__).with_name("chat_templates")
-SHIPPED_TEMPLATES = ("llama3", "chatml", "plain")
+SHIPPED_TEMPLATES = ("llama3", "chatml", "plain", "mistral", "phi3", "olmo2", "gemma",
+                     "deepseek_v3")
 TEMPLATE_TOKENS = {
     "llama3": ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
     "chatml": ("<|im_start|>", "<|im_end|>"),
     "plain": (),
+    "mistral": ("<s>", "</s>"),  # [INST] is a control token from v0.3 on, text before
+    "phi3": ("<|user|>", "<|assistant|>", "<|end|>"),
+    "olmo2": ("<|endoftext|>", "<|user|>", "<|assistant|>"),
+    "gemma": ("<bos>", "<start_of_turn>", "<end_of_turn>"),
+    "deepseek_v3": ("<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+                    "<｜end▁of▁sentence｜>"),
 }
 """The strings each shipped template writes that the tokenizer must hold as single tokens."""
+FAMILY_TEMPLATES = {"llama": "llama3", "qwen2": "chatml", "qwen3": "chatml",
+                    "qwen3_moe": "chatml", "mistral": "mistral", "mixtral": "mistral",
+                    "phi3": "phi3", "olmo2": "olmo2", "gemma3_text": "gemma",
+                    "deepseek_v3": "deepseek_v3", "gpt2": "plain"}
+"""The shipped template in the chat format of each Hugging Face family's instruct models."""
 ROLES = ("system", "user", "assistant")
 _PROBE_REPLY = "trainwright probe reply 7"
 
@@ -251,8 +265,8 @@ class ChatTokenizer:
             if not self._hf.chat_template:
                 raise ChatError(f"tokenizer {self.tokenizer_path} has no chat template (no "
                                 "chat_template in tokenizer_config.json, no chat_template.jinja): "
-                                "choose one with chat.template=llama3, chatml, plain or a path to a "
-                                ".jinja file")
+                                f"choose one with chat.template={', '.join(SHIPPED_TEMPLATES)} "
+                                "or a path to a .jinja file")
             return "tokenizer", None
         if "{{" in template or "{%" in template:  # the text itself (e.g. a run's recorded one)
             return "recorded", template

@@ -12,6 +12,8 @@ they use where Megatron-Core (0.16) has none: the one place that rewrites a laye
   ``model.rotary_base_local``): norms on both sides of attention and MLP, each multiplying by
   1 + weight (:class:`ZeroCenteredRMSNorm`); the sliding-window layers rotate with a RoPE base of
   their own (:class:`LocalRopeSelfAttention`).
+- Sliding windows (``model.window_size``) on the local layers: the window is combined with the
+  mask the attention is given (packed conversations), :class:`WindowedDotProductAttention`.
 - DeepSeek-V3 (``model.kv_lora_rank``): Megatron-Core's local multi-latent-attention layers, their
   norms saved under Transformer Engine's names and tagged under sequence parallelism.
 
@@ -31,7 +33,7 @@ import torch
 from launcher.shape import ResolvedModel
 
 __all__ = ["AllHeadsRMSNorm", "HeadTorchNorm", "LatentDotProductAttention", "LatentSelfAttention",
-           "LocalRopeSelfAttention", "RowParallelThenNorm",
+           "LocalRopeSelfAttention", "RowParallelThenNorm", "WindowedDotProductAttention",
            "SequenceParallelTorchNorm", "ZeroCenteredRMSNorm", "block_spec"]
 
 
@@ -327,6 +329,49 @@ def _sum_rotated_key_grads(kv_lora_rank: int):
     return hook
 
 
+class WindowedDotProductAttention:
+    """Megatron-Core's local attention whose sliding window is ANDed with the mask it is given:
+    0.16's masked softmax replaces any given mask by the window's when the layer is windowed
+    (fused_softmax.py forward_torch_softmax), so packed conversations attended across their
+    boundaries; without a given mask this is the window's, as before."""
+
+    def __new__(cls, *args, **kwargs):
+        return _windowed_dot_product_attention()(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _windowed_dot_product_attention() -> type:
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.utils import get_sliding_window_causal_mask
+
+    class _Windowed(DotProductAttention):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._window = self.scale_mask_softmax.window_size
+            self.scale_mask_softmax.window_size = None  # the mask below carries it
+
+        def forward(self, query, key, value, attention_mask, *args, **kwargs):
+            if self._window is not None:
+                window = get_sliding_window_causal_mask(query.size(0), key.size(0), self._window)
+                window = window.to(query.device)
+                attention_mask = window if attention_mask is None else attention_mask | window
+            return super().forward(query, key, value, attention_mask, *args, **kwargs)
+
+    return _Windowed
+
+
+def _with_windowed_attention(spec):
+    """A block spec whose local attention keeps the given mask inside the window."""
+    layers = []
+    for layer in spec.layer_specs:
+        attention = layer.submodules.self_attention
+        attention = dataclasses.replace(attention, submodules=dataclasses.replace(
+            attention.submodules, core_attention=WindowedDotProductAttention))
+        layers.append(dataclasses.replace(layer, submodules=dataclasses.replace(
+            layer.submodules, self_attention=attention)))
+    return dataclasses.replace(spec, layer_specs=layers)
+
+
 MLA_KEYS = {"self_attention.q_layernorm.": "self_attention.linear_q_up_proj.layer_norm_",
             "self_attention.kv_layernorm.": "self_attention.linear_kv_up_proj.layer_norm_"}
 """Where Transformer Engine's MLA spec keeps the latent norms (fused into the up-projections):
@@ -374,6 +419,8 @@ def block_spec(config, vp_stage: Optional[int], *, use_te: bool, r: ResolvedMode
     spec = get_gpt_decoder_block_spec(
         config, use_transformer_engine=use_te, normalization=config.normalization, vp_stage=vp_stage
     )
+    if r.window and not use_te:
+        spec = _with_windowed_attention(spec)
     if rewrite:
         final = ZeroCenteredRMSNorm if r.zero_centered else SequenceParallelTorchNorm
         return dataclasses.replace(spec, layer_norm=final, layer_specs=[

@@ -233,18 +233,21 @@ def _needs_window(m: ModelConfig) -> list[Problem]:
 
 
 def _check_window(cfg: TrainwrightConfig, cp: int) -> list[Problem]:
-    """Sliding-window attention (model.window_size) with what it is not built for here:
-    Megatron-Core's local attention replaces a given mask by the window's (packed chat rows
-    would attend across their boundaries), and context parallelism's ring is not windowed."""
+    """Sliding-window attention (model.window_size) with what it is not built for here: packed
+    chat rows under Transformer Engine (unchecked; the local attention combines the window with
+    the rows' mask, launcher/engines/layer_spec.py), and context parallelism's ring."""
     window = cfg.model.window_size
     if not window:
         return _needs_window(cfg.model)
     problems = []
-    if cfg.data.format == "chat":
-        problems.append(Problem(("model.window_size", "data.format"), (
-            f"model.window_size={window} with data.format=chat: Megatron-Core's local attention "
-            "drops the packed rows' mask for the window's, so conversations would attend to each "
-            "other; train with full attention (model.window_size=0) or on text")))
+    te = str(cfg.cluster.gpu).lower() != "cpu" and not ResolvedModel.of(cfg.model).local_layers
+    if cfg.data.format == "chat" and te:
+        problems.append(Problem(("model.window_size", "data.format", "cluster.gpu"), (
+            f"model.window_size={window} with data.format=chat on cluster.gpu={cfg.cluster.gpu}: "
+            "the packed rows go to Transformer Engine's attention as THD sequences, and a window "
+            "over them has not been checked on a GPU here (on CPU the local attention combines "
+            "the window with the rows' mask); train with full attention (model.window_size=0), "
+            "on text, or on CPU")))
     if cp > 1:
         problems.append(Problem(("model.window_size", "parallelism.context_parallel_size"), (
             f"model.window_size={window} with context_parallel_size={cp}: the window is not "
