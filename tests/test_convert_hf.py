@@ -479,6 +479,60 @@ def test_yarn_settings_megatron_reads_otherwise_are_refused(tmp_path):
     assert "rope_scaling.truncate=False" in result.stderr
 
 
+@pytest.fixture(scope="module")
+def chat_tokenizer(tmp_path_factory) -> Path:
+    """A BPE trained here holding every shipped template's special tokens (vocabulary < 300,
+    the test models')."""
+    from tokenizers import Tokenizer
+
+    from launcher.core.chat_render import TEMPLATE_TOKENS
+    from tests.helpers.chat import chatml_tokenizer
+
+    directory = chatml_tokenizer(tmp_path_factory.mktemp("chat_tok"), 270)
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tokenizer.add_special_tokens(sorted({t for ts in TEMPLATE_TOKENS.values() for t in ts}))
+    tokenizer.save(str(directory / "tokenizer.json"))
+    assert tokenizer.get_vocab_size() <= 300
+    return directory
+
+
+@pytest.mark.parametrize("name", ["llama_untied", "mixtral", "phi3", "olmo2", "gemma3",
+                                  "deepseek_v3", "qwen3_moe"])
+def test_one_fine_tuning_step_on_the_familys_own_chat_format_at_tp2(hf_models, chat_tokenizer,
+                                                                    tmp_path, name):
+    """Conversations rendered in the family's instruct format (FAMILY_TEMPLATES) and packed,
+    then one step at TP=2 from the family's weights (experts with sequence parallelism, which
+    Megatron-Core trains them with; Phi-3's and Gemma 3's windows over packed rows)."""
+    from launcher.core.chat_render import FAMILY_TEMPLATES
+    from tests.helpers.chat import conversations
+
+    family = json.loads((Path(hf_models[name]) / "config.json").read_text())["model_type"]
+    template = FAMILY_TEMPLATES["gemma3_text" if family == "gemma3_text" else family]
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "c.jsonl").write_text("\n".join(json.dumps(r) for r in
+                                                       conversations(40)) + "\n")
+    prepared = _cli("data_prep", f"input={tmp_path / 'in'}", f"output={tmp_path / 'chat'}",
+                    "format=chat", "tokenizer.kind=hf", f"tokenizer.path={chat_tokenizer}",
+                    f"chat.template={template}", "seq_length=64", "progress=false",
+                    "split='100,0,0'")
+    assert prepared.returncode == 0, prepared.stderr[-3000:]
+    moe = ["parallelism.sequence_parallel=true"] if name in ("mixtral", "deepseek_v3",
+                                                             "qwen3_moe") else []
+    trained = _cli("launcher.train", f"trainer.init_from={hf_models[name]}", "engine=megatron",
+                   "trainer.precision=fp32", "model.seq_length=64", "trainer.train_steps=1",
+                   "optimizer.warmup_steps=0", "data.num_workers=0",
+                   "parallelism.tensor_parallel_size=2", "cluster.gpus_per_node=2", *moe,
+                   f"hydra.searchpath=[file://{tmp_path / 'chat' / 'conf'}]", "data=chat",
+                   f"run.output_root={tmp_path}", "run.name=ft", "run.report=false",
+                   "logger=none")
+    assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-3000:]
+    manifest = json.loads((tmp_path / "chat" / "manifest.json").read_text())
+    assert manifest["chat"]["template"] == template
+    [step] = [json.loads(line) for line in (tmp_path / "ft" / "metrics.jsonl").open()
+              if '"loss"' in line]
+    assert step["step"] == 1 and np.isfinite(step["loss"]) and step["target_tokens"] > 0
+
+
 def test_a_qwen2_with_sliding_windows_is_refused_naming_the_setting(tmp_path):
     config = {"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4,
               "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 300,
