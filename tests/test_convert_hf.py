@@ -177,12 +177,13 @@ LAYOUTS = {"tp1": ({}, 1), "tp2": ({"tensor_parallel_size": 2}, 2),
 
 @pytest.mark.parametrize("name,layout", [
     ("llama31_tied", "tp1"), ("llama31_tied", "tp2"), ("llama_untied", "pp2"),
-    ("mixtral", "ep2"), ("mixtral", "tp2"), ("gpt2", "tp2"), ("gpt2", "pp2"),
+    ("mixtral", "tp1"), ("mixtral", "ep2"), ("mixtral", "tp2"), ("mixtral", "pp2"),
+    ("gpt2", "tp1"), ("gpt2", "tp2"), ("gpt2", "pp2"),
     ("qwen2", "tp1"), ("qwen2", "tp2"), ("qwen2_untied", "pp2"),
     ("qwen3", "tp1"), ("qwen3", "tp2"), ("qwen3", "pp2"),
     ("mistral", "tp1"), ("mistral", "tp2"), ("mistral", "pp2"),
     ("phi3", "tp1"), ("phi3", "tp2"), ("phi3", "pp2"),
-    ("qwen3_moe", "tp1"), ("qwen3_moe", "ep2"), ("qwen3_moe", "tp2"),
+    ("qwen3_moe", "tp1"), ("qwen3_moe", "ep2"), ("qwen3_moe", "tp2"), ("qwen3_moe", "pp2"),
     ("olmo2", "tp1"), ("olmo2", "tp2"), ("olmo2", "pp2"),
     ("gemma3", "tp1"), ("gemma3", "tp2"), ("gemma3", "pp2"), ("gemma3_multimodal", "tp2"),
     ("deepseek_v3", "tp1"), ("deepseek_v3", "tp2"), ("deepseek_v3", "pp2"),
@@ -496,7 +497,7 @@ def chat_tokenizer(tmp_path_factory) -> Path:
     return directory
 
 
-@pytest.mark.parametrize("name", ["llama_untied", "mixtral", "phi3", "olmo2", "gemma3",
+@pytest.mark.parametrize("name", ["llama_untied", "qwen2", "mixtral", "phi3", "olmo2", "gemma3",
                                   "deepseek_v3"])
 def test_one_fine_tuning_step_on_the_familys_own_chat_format_at_tp2(hf_models, chat_tokenizer,
                                                                     tmp_path, name):
