@@ -36,7 +36,7 @@ def source_model(path: str) -> dict:
 
         config = json.loads((p / "config.json").read_text())
         fields = model_fields(config, str(p / "config.json"))
-        check_weights(config, p)
+        check_weights(config, p, int(fields["num_layers"]))
         return fields
     from launcher.engines.weights.sources import _model_of, step_dir_of
 

@@ -207,12 +207,15 @@ class ResolvedModel:
         return (self.placement != NormPlacement.pre or self.zero_centered or self.qk_all_heads
                 or bool(self.rotary_base_local))
 
+    def windowed(self, layer_number: int) -> bool:
+        """Layer ``layer_number`` (counted from 1, as Megatron-Core's ``is_layer_window_attention``
+        counts) attends within the window: all but every full_every-th, when there is one."""
+        return bool(self.window) and not (self.full_every and layer_number % self.full_every == 0)
+
     @property
     def windowed_layers(self) -> int:
         """Layers that attend within the window (all but every full_every-th)."""
-        if not self.window:
-            return 0
-        return self.layers - (self.layers // self.full_every if self.full_every else 0)
+        return sum(self.windowed(n) for n in range(1, self.layers + 1))
 
     @property
     def mla(self) -> bool:

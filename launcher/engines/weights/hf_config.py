@@ -346,12 +346,11 @@ def _deepseek_v3_fields(config: Mapping, problems: list) -> dict:
     return fields
 
 
-def extra_layer_tensors(config: Mapping, names) -> list[str]:
-    """Tensor names of layers beyond ``num_hidden_layers`` (DeepSeek-V3's multi-token-prediction
-    layers, ``model.layers.61.*``), which no family here builds."""
+def extra_layer_tensors(layers: int, names) -> list[str]:
+    """Tensor names of layers beyond the model's ``layers`` (DeepSeek-V3's
+    multi-token-prediction layers, ``model.layers.61.*``), which no family here builds."""
     import re
 
-    layers = int(config.get("num_hidden_layers") or 0)
     pattern = re.compile(r"^(?:language_model\.)?model\.layers\.(\d+)\.")
     return [name for name in names
             if (m := pattern.match(name)) and int(m.group(1)) >= layers]
@@ -375,15 +374,15 @@ def weight_names(directory) -> list[str]:
         return list(handle.keys())
 
 
-def check_weights(config: Mapping, directory) -> None:
-    """UnsupportedModel when the weights hold layers the model does not build (DeepSeek-V3's
+def check_weights(config: Mapping, directory, layers: int) -> None:
+    """UnsupportedModel when the weights hold layers beyond the model's ``layers`` (DeepSeek-V3's
     multi-token prediction), naming them and the fix; before any tensor is read."""
-    extra = extra_layer_tensors(config, weight_names(directory))
+    extra = extra_layer_tensors(layers, weight_names(directory))
     if extra:
-        layers = sorted({".".join(n.split(".")[:3]) for n in extra})
+        names = sorted({".".join(n.split(".")[:3]) for n in extra})
         raise UnsupportedModel(f"{directory}", [
-            f"{len(extra)} tensors of {', '.join(layers)} beyond num_hidden_layers="
-            f"{config.get('num_hidden_layers')} (multi-token-prediction layers, "
+            f"{len(extra)} tensors of {', '.join(names)} beyond num_hidden_layers="
+            f"{layers} (multi-token-prediction layers, "
             f"num_nextn_predict_layers={config.get('num_nextn_predict_layers')}: not built "
             "here, so they would not come back out of to_hf); import a copy of the directory "
             "whose model.safetensors.index.json leaves them out to train without them"])

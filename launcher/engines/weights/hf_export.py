@@ -222,8 +222,10 @@ def _deepseek_v3_settings(config: dict, m: Mapping) -> None:
 def _gemma3_settings(config: dict, m: Mapping) -> None:
     """Gemma 3's config.json entries: GeGLU, the two RoPEs (both spellings), the layer types,
     the attention scale, no soft-capping."""
-    layers, every = int(m["num_layers"]), int(m.get("full_attention_every") or 0)
-    window = int(m.get("window_size") or 0)
+    from launcher.shape import ResolvedModel
+
+    resolved = ResolvedModel.of_fields(m)
+    layers, window = resolved.layers, resolved.window
     full_rope = {"rope_type": "default", "rope_theta": float(m["rotary_base"])}
     if str(m.get("rope_scaling", "none")) == "linear":
         full_rope.update(rope_type="linear", factor=float(m["rope_scaling_factor"]))
@@ -236,8 +238,8 @@ def _gemma3_settings(config: dict, m: Mapping) -> None:
         query_pre_attn_scalar=int(m.get("softmax_scale_dim") or head_dim),
         sliding_window=window or None, final_logit_softcapping=None,
         attn_logit_softcapping=None, use_bidirectional_attention=False,
-        layer_types=["sliding_attention" if window and (not every or (i + 1) % every)
-                     else "full_attention" for i in range(layers)],
+        layer_types=["sliding_attention" if resolved.windowed(i + 1) else "full_attention"
+                     for i in range(layers)],
         rope_parameters={"full_attention": full_rope,
                          "sliding_attention": {"rope_type": "default",
                                                "rope_theta": local_base}},

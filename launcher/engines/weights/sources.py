@@ -49,8 +49,8 @@ class HFSource:
         config_file = self.path / "config.json"
         self.config = json.loads(config_file.read_text())
         self.model = model_fields(self.config, str(config_file))
-        check_weights(self.config, self.path)
         self.dims = ResolvedModel.of_fields(self.model)
+        check_weights(self.config, self.path, self.dims.layers)
         self.rules = mapping.by_key(self.dims)
         self.files = self._weight_map()
         self._open: dict = {}
