@@ -314,9 +314,10 @@ class _SumGradsOverTensorParallel(torch.autograd.Function):
     def backward(ctx, grad):
         from megatron.core import parallel_state
 
-        grad = grad.contiguous()
-        torch.distributed.all_reduce(grad, group=parallel_state.get_tensor_model_parallel_group())
-        return grad
+        from launcher.parallel import collectives
+
+        return collectives.sum_(grad.contiguous(),
+                                group=parallel_state.get_tensor_model_parallel_group())
 
 
 def _sum_rotated_key_grads(kv_lora_rank: int):
