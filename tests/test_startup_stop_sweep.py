@@ -78,6 +78,23 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+SLOW_START = {
+    "exec": ("import time\n"
+             "if b'launcher.train' in open('/proc/self/cmdline', 'rb').read():\n"
+             "    time.sleep(2.0)\n"),
+    "agent": ("import signal, time\n"
+              "if b'launcher.launch.agent' in open('/proc/self/cmdline', 'rb').read():\n"
+              "    _block = signal.pthread_sigmask\n"
+              "    def _held_longer(how, mask):\n"
+              "        old = _block(how, mask)\n"
+              "        if how == signal.SIG_BLOCK and signal.SIGTERM in set(mask):\n"
+              "            time.sleep(2.0)\n"
+              "        return old\n"
+              "    signal.pthread_sigmask = _held_longer\n"),
+}
+"""What each moment's child interpreters run first (see the test)."""
+
+
 @pytest.mark.parametrize("moment", ["agent", "exec"])
 def test_the_agent_holds_a_stop_signal_across_its_exec_and_the_job_exits_75(tmp_path, moment):
     """The torchrun path (and the Kubernetes pod's command): ``launcher.launch.agent`` holds the
@@ -85,18 +102,16 @@ def test_the_agent_holds_a_stop_signal_across_its_exec_and_the_job_exits_75(tmp_
     SIGTERM to the group while the agent holds it (``agent``: before the exec; ``exec``: in the
     new interpreter's start, before launcher.train's first line) ends the job with 75, one line.
     Before the fix the signal killed the process: 143."""
+    # The held windows last a few tens of ms, which the watch below misses on a loaded machine
+    # (it did in CI, both moments): a sitecustomize widens the one under test by 2 s. ``exec``:
+    # it sleeps in the interpreter whose command is launcher.train, before its first line (the
+    # mask is inherited across the exec); ``agent``: in launcher.launch.agent, right after its
+    # first line blocked SIGTERM.
+    slow = tmp_path / "slow_start"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(SLOW_START[moment])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
-           "PYTHONPATH": str(REPO)}
-    if moment == "exec":  # the exec'd interpreter's start lasts 2 s more, so that the watch
-        # below sees it (a few tens of ms, missed on a loaded machine): a sitecustomize that
-        # sleeps in the interpreter whose command is launcher.train, before its first line
-        slow = tmp_path / "slow_start"
-        slow.mkdir()
-        (slow / "sitecustomize.py").write_text(
-            "import time\n"
-            "if b'launcher.train' in open('/proc/self/cmdline', 'rb').read():\n"
-            "    time.sleep(2.0)\n")
-        env["PYTHONPATH"] = f"{slow}{os.pathsep}{REPO}"
+           "PYTHONPATH": f"{slow}{os.pathsep}{REPO}"}
     port = free_port()
     log = tmp_path / "agent.log"
     with open(log, "w") as out:
