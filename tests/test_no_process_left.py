@@ -19,7 +19,7 @@ LEFT = Path(os.environ.get("TMPDIR", "/tmp")) / f"trainwright-left-behind-{os.ge
 def test_a_test_that_leaves_a_detached_process_behind():
     with pytest.raises(subprocess.TimeoutExpired):  # what a timed-out run of launcher.train does
         subprocess.run([sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); "
-                        "time.sleep(300)"], timeout=0.5, start_new_session=True,
+                        "time.sleep(300)"], timeout=3.0, start_new_session=True,
                        stdout=open(LEFT, "w"))
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
                             start_new_session=True)
