@@ -546,7 +546,23 @@ class TrainerConfig:
     keep_last: int = 2
     """Complete checkpoints kept; older ones are deleted after a new one is complete; 0 = all."""
     load: str = ""
-    """Checkpoint directory to start from; empty = resume from the run directory's latest, if any."""
+    """Checkpoint to start from: a local step, checkpoints or run directory, or an
+    ``s3://bucket/prefix`` (a committed step folder, or a prefix: its newest commit); empty =
+    resume from the run's own latest (checkpoint_uri's when that is a store), if any."""
+    checkpoint_uri: str = ""
+    """Where the checkpoints live: empty = ``<run dir>/checkpoints``; ``s3://bucket/prefix`` =
+    object storage with the S3 API (endpoint and credentials from the AWS chain, never from
+    here: docs/storage.md), each step under ``<prefix>/step_<N>/`` and visible only once
+    committed. The run directory's checkpoints/ then stages each save and keeps the newest
+    as a cache for restarts."""
+    checkpoint_retry_s: float = 0.0
+    """Seconds a save (or a load) keeps retrying an object store's transient failures before it
+    counts as failed; 0 = derived from the plan: 2 x the planned save time, at least 30 s and
+    at most half the hang watchdog's first-phase allowance (resilience.first_phase_timeout_s)."""
+    checkpoint_failures_allowed: int = 3
+    """Saves in a row that may fail to reach the object store before the run ends (exit 4,
+    never restarted: a requeue would lose its work the same way); each failure is one line and
+    the run trains on; 0 = never end for it. The run's last save must succeed."""
     init_from: str = ""
     """Weights to start a new run from: a Hugging Face model directory, or a trainwright run,
     checkpoints or step directory (either engine, any layout). Weights only: the optimizer

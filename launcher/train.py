@@ -143,11 +143,11 @@ def resume_build_train(rank: Rank, metrics: Metrics) -> int:
     engine, its checkpoint manager and the data, then train."""
     import torch
 
-    from launcher.core.checkpoints import find_resume
     from launcher.core.phases import PhaseTimer
     from launcher.engines import engine_inputs, spec
     from launcher.runtime import resume as resume_safety
     from launcher.runtime.checkpoint import CheckpointManager
+    from launcher.runtime.checkpoint_store import locate_resume, uploads_to
     from launcher.runtime.data import build_data
     from launcher.launch.eval_jobs import dispatcher
     from launcher.runtime.eval_jobs import make_eval_jobs
@@ -157,7 +157,9 @@ def resume_build_train(rank: Rank, metrics: Metrics) -> int:
     from launcher.runtime.session import initial_weights
 
     job, plan = rank.job, rank.job.plan
-    resume = find_resume(job.run_dir, job.cfg.trainer.load)
+    retry_s = store_retry_s(job.cfg.trainer, plan)
+    resume = locate_resume(job.run_dir, job.cfg.trainer.load, job.cfg.trainer.checkpoint_uri,
+                           retry_s)
     record = resume_safety.run_record(job.cfg, plan)
     resume_safety.refuse_incompatible(resume, record)  # exit 2 before anything is built
     if resume_safety.already_trained(resume, plan.batch.train_steps, metrics):
@@ -173,7 +175,9 @@ def resume_build_train(rank: Rank, metrics: Metrics) -> int:
     checkpoints = CheckpointManager(
         job.run_dir / "checkpoints", engine.checkpoint_io, keep_last=cfg.trainer.keep_last,
         async_save=cfg.trainer.async_save, final_step=plan.batch.train_steps, record=record,
-        report=metrics.log_event, on_complete=eval_jobs.saved)
+        report=metrics.log_event, on_complete=eval_jobs.saved,
+        store=uploads_to(cfg.trainer.checkpoint_uri, retry_s),
+        failures_allowed=cfg.trainer.checkpoint_failures_allowed)
     state = resume_safety.resume_state(checkpoints, resume, record, metrics, cfg.optimizer)
     resume_safety.started(job.run_dir, config=job.config, plan=plan,
                           files=engine_spec.run_files(batch=plan.batch, **subs))
@@ -196,6 +200,15 @@ def resume_build_train(rank: Rank, metrics: Metrics) -> int:
                      checkpoints=checkpoints, state=state, heartbeat=rank.heartbeat,
                      eval_jobs=eval_jobs,
                      saved_extras={"config": redact(job.config), "plan": plan.to_dict()}).run()
+
+
+def store_retry_s(trainer, plan) -> float:
+    """Seconds an object store's transfers keep retrying: trainer.checkpoint_retry_s, or twice
+    the planned save time, at least 30 s, and at most half the hang watchdog's allowance for a
+    first save (a final save waits for its upload; the watchdog must not kill it first)."""
+    planned = plan.goodput.save_s if plan.goodput is not None else 0.0
+    cap = plan.first_phase_timeout_s / 2 if plan.first_phase_timeout_s > 0 else float("inf")
+    return trainer.checkpoint_retry_s or min(max(30.0, 2.0 * planned), cap)
 
 
 if __name__ == "__main__":

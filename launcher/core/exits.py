@@ -23,5 +23,10 @@ REQUEUE_EXIT = 75
 """Stopped on request with everything kept ("requeue me"; EX_TEMPFAIL of sysexits.h): training
 saved a checkpoint after a stop signal, data_prep kept its committed shards."""
 
-PERMANENT_EXITS = (CONFIG_ERROR_EXIT, BAD_DATA_EXIT)
+STORAGE_EXIT = 4
+"""Checkpoints could not be saved ``trainer.checkpoint_failures_allowed`` times in a row (the
+object store kept failing): a restart would train on without a way to keep its work, so
+nothing restarts it until the store is mended; resume then continues from the last commit."""
+
+PERMANENT_EXITS = (CONFIG_ERROR_EXIT, BAD_DATA_EXIT, STORAGE_EXIT)
 """Codes a scheduler must not retry."""

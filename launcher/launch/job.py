@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.compose import compose_or_exit, config_errors, exit_on_config_error, to_object
 from launcher.config import Precision, TrainwrightConfig
+from launcher.core import objectstore
 from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.evals.check import check_eval_or_exit
 from launcher.launch.contamination import with_contamination
@@ -112,6 +113,7 @@ def planned_job(argv: Sequence[str], raw: DictConfig, *, run_dir: Optional[Path]
     cfg, planned, notes = plan_for_this_machine(cfg, plan, world)
     if check_data:
         check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size, cfg.data.split)
+        check_stores_or_exit(cfg.trainer)
     run_dir = run_dir or run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name)
     config = to_plain(raw)
     config["trainer"]["precision"] = plan.precision  # what config.yaml records: the one trained
@@ -119,6 +121,20 @@ def planned_job(argv: Sequence[str], raw: DictConfig, *, run_dir: Optional[Path]
     notes = (f"precision {plan.precision}: {plan.precision_reason}",) + notes \
         if raw.trainer.precision == "auto" else notes
     return Job(tuple(argv), config, cfg, planned, run_dir, notes)
+
+
+def check_stores_or_exit(trainer) -> None:
+    """Exit 2, before any rank starts, when trainer.checkpoint_uri or trainer.load names an
+    object store this process cannot use (credentials, bucket, endpoint), naming the key."""
+    for key, value, write in (("trainer.checkpoint_uri", trainer.checkpoint_uri, True),
+                              ("trainer.load", trainer.load, False)):
+        if not objectstore.is_remote(value):
+            continue
+        try:
+            objectstore.check_usable(objectstore.ObjectURI.parse(value), write=write)
+        except objectstore.StoreUnusable as exc:
+            print(f"error: {key}: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(CONFIG_ERROR_EXIT) from None
 
 
 def trainable_or_exit(plan: Plan) -> Plan:

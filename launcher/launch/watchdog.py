@@ -37,7 +37,8 @@ from typing import Any, Callable, Optional
 
 from launcher.config import ResilienceConfig
 from launcher.core.atomic import atomic_write_text
-from launcher.core.exits import BAD_DATA_EXIT, CONFIG_ERROR_EXIT, REQUEUE_EXIT
+from launcher.core.exits import (BAD_DATA_EXIT, CONFIG_ERROR_EXIT, PERMANENT_EXITS, REQUEUE_EXIT,
+                                 STORAGE_EXIT)
 from launcher.engines.compat import release_jit_build_locks
 from launcher.plan.resilience import first_phase_s
 from launcher.runtime.heartbeat import (STARTUP, Beat, decided_exit, ended_in_startup, read_beat,
@@ -46,6 +47,7 @@ from launcher.runtime.metrics import append_event
 
 FINAL_EXITS = {CONFIG_ERROR_EXIT: "a config error or a full disk",
                BAD_DATA_EXIT: "a non-finite loss",
+               STORAGE_EXIT: "checkpoints failing to save",
                REQUEUE_EXIT: "a stop for requeue"}
 """Exit codes that are never restarted: retrying reproduces them, or they were asked for."""
 CHECK_INTERVAL_S = 0.5
@@ -287,10 +289,9 @@ class JobWatch:
         """(75, the line that says so) when the launcher was asked to stop: whatever the ranks
         ended with (saved and exited 75, ended in start-up, killed before their handlers), the
         job stopped; None when it was not asked to, or a rank decided a config error or
-        non-finite numbers (2, 3), which a requeue would only meet again."""
+        non-finite numbers or failing saves (2, 3, 4), which a requeue would only meet again."""
         signum, verdict = self.stopping(), self.verdict()
-        if signum is None or (verdict is not None and verdict[1] in
-                              (CONFIG_ERROR_EXIT, BAD_DATA_EXIT)):
+        if signum is None or (verdict is not None and verdict[1] in PERMANENT_EXITS):
             return None
         name = signal.Signals(signum).name
         attempt = self.attempts[-1] if self.attempts else None

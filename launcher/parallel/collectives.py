@@ -120,6 +120,16 @@ def broadcast_int(value: int, src: int, group: Group = None) -> int:
     return int(packed.item())
 
 
+def gather_objects(value: Any, group: Group = None) -> list:
+    """Every rank's picklable ``value``, in rank order (``[value]`` without a process group).
+    For small records (file lists, results), never tensors."""
+    if not initialized():
+        return [value]
+    out: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, value, group=group)
+    return out
+
+
 def barrier(group: Group = None) -> None:
     """Wait for every rank of ``group`` (nothing without a process group)."""
     if initialized():

@@ -83,7 +83,27 @@ def check_values(cfg: TrainwrightConfig) -> list[Problem]:
         problems.append(Problem(("trainer.nan_policy",), f"trainer.nan_policy={t.nan_policy!r} "
                                 f"is not one of {', '.join(NAN_POLICIES)}"))
     return problems + _check_stop_signal(t.stop_signal) + _check_run_name(cfg.run.name) \
-        + _check_loss_fusion(t)
+        + _check_loss_fusion(t) + _check_checkpoint_store(t)
+
+
+def _check_checkpoint_store(t) -> list[Problem]:
+    """trainer.checkpoint_uri: a local path or s3://bucket/prefix (other schemes are not
+    stores we speak to; a path with '://' is almost surely one)."""
+    problems = []
+    for key, value in (("trainer.checkpoint_uri", t.checkpoint_uri), ("trainer.load", t.load)):
+        if "://" in value and not value.startswith("s3://"):
+            problems.append(Problem((key,), f"{key}={value!r}: only s3:// object storage "
+                                    "(any S3-API store: AWS, GCS's XML API, MinIO, SeaweedFS, "
+                                    "...) or a local path is supported"))
+        elif value.startswith("s3://"):
+            bucket = value[5:].partition("/")[0]
+            if not 3 <= len(bucket) <= 63:
+                problems.append(Problem((key,), f"{key}={value!r} names no valid bucket "
+                                        "(s3://<bucket of 3-63 characters>/<prefix>)"))
+    for key in ("trainer.checkpoint_retry_s", "trainer.checkpoint_failures_allowed"):
+        if getattr(t, key.split(".")[1]) < 0:
+            problems.append(Problem((key,), f"{key} must be >= 0 (0 means derived/never)"))
+    return problems
 
 
 def _check_loss_fusion(t) -> list[Problem]:

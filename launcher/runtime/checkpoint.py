@@ -43,12 +43,21 @@ from launcher.core.atomic import (atomic_symlink_or_pointer, atomic_write_json, 
 from launcher.core.checkpoints import (COMPLETE, LATEST, META, Resume, directory_bytes, prune,
                                        step_name)
 from launcher.core.errors import CheckpointError
+from launcher.core.exits import STORAGE_EXIT
 from launcher.engines import unpickle
 from launcher.parallel import collectives
+from launcher.runtime.checkpoint_store import StoreUploads, keep_local
 from launcher.runtime.metrics import NullMetricsLogger
 
 MAX_ERROR_LINES = 40
 """Lines of a load error kept in the CheckpointError (torch lists one line per tensor)."""
+
+
+class SavesFailing(CheckpointError):
+    """``trainer.checkpoint_failures_allowed`` saves in a row did not commit (exit 4, never
+    restarted: :data:`launcher.core.exits.STORAGE_EXIT`)."""
+
+    exit_code = STORAGE_EXIT
 
 
 def _rng_state() -> dict:
@@ -82,15 +91,18 @@ def load_rng_file(path: Path) -> dict:
     return unpickle.load(path)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Pending:
-    """A save whose tensors are still being written in the background (async save)."""
+    """A save not complete yet: its tensors still being written in the background (async save)
+    or, with an object store, its files still being uploaded."""
 
     tmp: Path
     final: Path
     step: int
     started: float  # time.perf_counter() when the save began
     background: bool = False  # written while training went on (the seconds include steps)
+    upload_background: bool = False  # its upload may go on while training does
+    uploading: bool = False  # every rank's write finished; the upload started
 
 
 def _rate(nbytes: int, seconds: float) -> str:
@@ -110,8 +122,13 @@ class CheckpointManager:
     def __init__(self, checkpoints_dir: Path, io, *, keep_last: int, async_save: bool = False,
                  final_step: int = 0, record: Optional[dict] = None,
                  report: Optional[Callable] = None,
-                 on_complete: Optional[Callable[[Path, int], None]] = None):
+                 on_complete: Optional[Callable[[Path, int], None]] = None,
+                 store: Optional[StoreUploads] = None, failures_allowed: int = 0):
         self.dir, self.io = Path(checkpoints_dir), io
+        self.store = store
+        """Object storage the checkpoints go to (None: ``checkpoints_dir`` is where they are;
+        else it stages saves and keeps the newest as a cache)."""
+        self.failures_allowed, self.failures = failures_allowed, 0
         # metrics.log_event: one line per save and load (the no-op logger's without one)
         self.report = report or NullMetricsLogger().log_event
         self.keep_last, self.async_save, self.final_step = keep_last, async_save, final_step
@@ -143,7 +160,10 @@ class CheckpointManager:
             self.dir.mkdir(parents=True, exist_ok=True)
             for stale in self.dir.glob("step_*.tmp"):  # debris of an earlier crash or full disk
                 shutil.rmtree(stale, ignore_errors=True)
+        if self.store is not None:
+            self.store.clear_step(step)
         collectives.barrier()
+        upload_background = background and step < self.final_step
         background = background and self.async_save and step < self.final_step
         meta = {"step": step, "consumed_samples": consumed_samples, "config": config,
                 "plan": plan, **self.record}
@@ -151,9 +171,9 @@ class CheckpointManager:
         if not background:  # the caller waits for it: say so before the wait, not after
             self.report("checkpoint", f"checkpoint step {step}: saving to {final}", step=step)
         deferred = self._write(tmp, step, meta, background)
-        self._pending = _Pending(tmp, final, step, started, deferred)
+        self._pending = _Pending(tmp, final, step, started, deferred, upload_background)
         if not deferred:
-            self._complete()
+            self._finish(blocking=not upload_background)
         return final
 
     def _write(self, tmp: Path, step: int, meta: dict, background: bool) -> bool:
@@ -193,12 +213,72 @@ class CheckpointManager:
         return self._finish(blocking=True)
 
     def _finish(self, blocking: bool) -> Optional[Path]:
-        if self._pending is None:
+        pending = self._pending
+        if pending is None:
             return None
-        with self._write_failures(self._pending.tmp, self._pending.step):
-            if not self.io.finish_background(blocking):
-                return None
-        return self._complete()
+        if not pending.uploading:
+            with self._write_failures(pending.tmp, pending.step):
+                if not self.io.finish_background(blocking):
+                    return None
+            if self.store is None:
+                return self._complete()
+            self.store.begin(pending.tmp, pending.step)
+            pending.uploading = True
+            blocking = blocking or not pending.upload_background
+        if not self.store.finished(blocking):
+            return None
+        return self._committed()
+
+    def _committed(self) -> Optional[Path]:
+        """Every rank's upload has ended: commit (rank 0), keep the staged copy as the local
+        cache when it is whole (else remove it), keep-k on the store. A failed save is one line
+        (:meth:`_failed`); None then."""
+        pending, self._pending = self._pending, None
+        done, error = self.store.end(pending.step)
+        if done is None:
+            shutil.rmtree(pending.tmp, ignore_errors=True)
+            return self._failed(pending, error)
+        self.failures = 0
+        collectives.barrier()
+        if collectives.rank() == 0:
+            if self.store.shared:
+                keep_local(pending.tmp, pending.final, done)
+                prune(self.dir, 1)
+                if self.on_complete is not None:
+                    self.on_complete(pending.final, pending.step)
+            seconds = time.perf_counter() - pending.started
+            how = " in the background" if pending.upload_background else ""
+            self.report("checkpoint", f"checkpoint step {pending.step} saved{how} to "
+                        f"{done.uri}: {_rate(done.bytes, seconds)}", step=pending.step,
+                        bytes=done.bytes, seconds=round(seconds, 3), uri=str(done.uri))
+            gone = self.store.prune(self.keep_last)
+            if gone:
+                self.report("checkpoint", f"checkpoints deleted from {self.store.uri} (keep_last="
+                            f"{self.keep_last}): steps {', '.join(map(str, gone))}", echo=False)
+        if not self.store.shared:
+            shutil.rmtree(pending.tmp, ignore_errors=True)
+        collectives.barrier()
+        return pending.final if self.store.shared else None
+
+    def _failed(self, pending: _Pending, error: str) -> None:
+        """One line for a save that did not commit; the run trains on, unless it was the last
+        save (CheckpointError) or ``failures_allowed`` saves failed in a row (StoreFailing)."""
+        self.failures += 1
+        last = pending.step >= self.final_step or not pending.upload_background
+        if collectives.rank() == 0:
+            then = "the run ends" if last else "training continues; the next interval saves again"
+            self.report("checkpoint", f"checkpoint step {pending.step} NOT saved to "
+                        f"{self.store.uri}: {error}; nothing committed (the last committed step "
+                        f"stays the resume point); {then}", step=pending.step, failed=True)
+        if last:
+            raise CheckpointError(f"checkpoint step {pending.step} could not be saved to "
+                                  f"{self.store.uri}: {error}")
+        if self.failures_allowed and self.failures >= self.failures_allowed:
+            raise SavesFailing(f"{self.failures} checkpoints in a row could not be saved to "
+                               f"{self.store.uri} (trainer.checkpoint_failures_allowed="
+                               f"{self.failures_allowed}); last: {error}. Mend the store, then "
+                               "resume: the run continues from its last committed step")
+        return None
 
     def _complete(self) -> Path:
         """After every rank has written the pending ``tmp``: ``complete``, rename, ``latest``,

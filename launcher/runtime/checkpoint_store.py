@@ -1,0 +1,266 @@
+"""Checkpoints on object storage, across ranks: every rank uploads its share of a step written
+locally, rank 0 commits it; a resume downloads a committed step into the local checkpoints
+folder, the ranks that share that folder splitting its files. The layout and the commit rule
+are :mod:`launcher.core.remote_checkpoints`'s; the transfers :mod:`launcher.core.objectstore`'s.
+
+Which rank uploads what: every rank lists the files it sees in the staged step directory; the
+lists are gathered, and each file goes to the least-loaded rank (by bytes) among those that see
+it. So a node-local staging folder (each node sees its own ranks' files) and a shared one (every
+rank sees every file) both upload each file exactly once, spread over every rank that can.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from launcher.core import objectstore, remote_checkpoints
+from launcher.core.atomic import atomic_symlink_or_pointer, atomic_write_text
+from launcher.core.checkpoints import COMPLETE, LATEST, step_name
+from launcher.core.objectstore import ObjectURI, StoreFailure
+from launcher.core.remote_checkpoints import Commit
+from launcher.parallel import collectives
+
+REMOTE_RECORD = "remote.json"
+"""In a local step directory kept or fetched from the store: the commit record it matches."""
+
+
+def local_files(step_dir: Path) -> dict:
+    """Path inside ``step_dir`` -> bytes of every file this process sees there."""
+    step_dir = Path(step_dir)
+    if not step_dir.is_dir():
+        return {}
+    return {p.relative_to(step_dir).as_posix(): p.stat().st_size
+            for p in sorted(step_dir.rglob("*")) if p.is_file()}
+
+
+def assign(seen: list) -> list:
+    """For each rank, the files it uploads: each file seen by several ranks goes to the one
+    with the fewest bytes assigned so far (largest files first; ties to the lowest rank)."""
+    sizes = {name: size for files in seen for name, size in files.items()}
+    load, shares = [0] * len(seen), [[] for _ in seen]
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        owner = min((r for r, files in enumerate(seen) if name in files),
+                    key=lambda r: (load[r], r))
+        shares[owner].append(name)
+        load[owner] += sizes[name]
+    return shares
+
+
+@dataclass
+class Upload:
+    """This rank's share of one step, sent on a thread (the training goes on meanwhile)."""
+
+    files: list
+    """(local path, key)."""
+    bucket: str
+    deadline: float
+    sent: int = 0
+    error: str = ""
+    _thread: Optional[threading.Thread] = field(default=None, repr=False)
+
+    def start(self) -> "Upload":
+        self._thread = threading.Thread(target=self._run, name="checkpoint-upload", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            self.sent = objectstore.upload(self.files, self.bucket, self.deadline)
+        except StoreFailure as exc:
+            self.error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - reported as the save's failure, never lost
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def done(self) -> bool:
+        return self._thread is None or not self._thread.is_alive()
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+
+class StoreUploads:
+    """One run's uploads to ``uri`` (collective methods: all ranks call them together)."""
+
+    def __init__(self, uri: ObjectURI, *, retry_s: float):
+        self.uri, self.retry_s = uri, retry_s
+        self.upload: Optional[Upload] = None
+        self.files: dict = {}
+        self.shared = False
+        """Whether every rank saw every file of the last step (one shared staging folder):
+        the local copy is then complete and is kept as a cache for a restart."""
+
+    def deadline(self) -> float:
+        return time.monotonic() + self.retry_s
+
+    def clear_step(self, step: int) -> None:
+        """Rank 0, before a save: remove what an earlier try left under this step's folder."""
+        if collectives.rank() == 0:
+            try:
+                remote_checkpoints.clear(self.uri.child(step_name(step)), self.deadline())
+            except StoreFailure:
+                pass  # the upload meets the same store and says what is wrong
+
+    def begin(self, staged: Path, step: int) -> None:
+        """Share out ``staged``'s files and start this rank's upload (collective; after every
+        rank has written its files, rank 0 its metadata last)."""
+        collectives.barrier()
+        seen = collectives.gather_objects(local_files(staged))
+        self.files = {name: size for files in seen for name, size in files.items()}
+        self.shared = all(len(files) == len(self.files) for files in seen)
+        mine = assign(seen)[collectives.rank()]
+        folder = self.uri.child(step_name(step))
+        self.upload = Upload([(Path(staged) / name, folder.key(name)) for name in mine],
+                             self.uri.bucket, self.deadline()).start()
+
+    def finished(self, blocking: bool) -> bool:
+        """Whether every rank's upload has ended (collective; ``blocking``: wait for them)."""
+        if blocking:
+            self.upload.join()
+        return not collectives.any_rank(not self.upload.done())
+
+    def end(self, step: int) -> tuple[Optional[Commit], str]:
+        """After :meth:`finished`: rank 0 commits when every rank sent its share (collective).
+        (the commit, "") or (None, the first failure as one line)."""
+        errors = [e for e in collectives.gather_objects(self.upload.error) if e]
+        self.upload = None
+        folder = self.uri.child(step_name(step))
+        done, error = None, errors[0] if errors else ""
+        if not errors and collectives.rank() == 0:
+            try:
+                done = remote_checkpoints.commit(folder, step, self.files, self.deadline())
+            except StoreFailure as exc:
+                error = str(exc)
+        done, error = collectives.gather_objects((done, error))[0]  # rank 0's, on every rank
+        return (done if not error else None), error
+
+    def prune(self, keep_last: int) -> list:
+        """Rank 0: keep-k on the store (failures are one line, never fatal); steps deleted."""
+        try:
+            return remote_checkpoints.prune(self.uri, keep_last, self.deadline())
+        except StoreFailure:
+            return []
+
+
+def fetch(commit: Commit, checkpoints_dir: Path, retry_s: float) -> Path:
+    """Download ``commit`` into ``checkpoints_dir/step_<N>`` unless the copy there already
+    matches it; the ranks that see the same folder split its files (collective). Raises
+    StoreFailure (on every rank) naming a key that is missing or truncated."""
+    final = Path(checkpoints_dir) / step_name(commit.step)
+    record = commit.record()
+    if all(collectives.gather_objects(_matches(final, record))):
+        return final
+    partial = final.with_name(final.name + ".fetch")
+    group = _sharing_ranks(partial)
+    if collectives.rank() == group[0]:
+        shutil.rmtree(final, ignore_errors=True)
+        for debris in partial.iterdir():  # an earlier fetch's files; never another's markers
+            if not debris.name.startswith(".ranks-"):
+                shutil.rmtree(debris) if debris.is_dir() else debris.unlink()
+    collectives.barrier()
+    names = sorted(commit.files, key=lambda n: (-commit.files[n], n))
+    mine = names[group.index(collectives.rank())::len(group)]
+    error = ""
+    try:
+        objectstore.download([(commit.uri.key(n), partial / n, commit.files[n]) for n in mine],
+                             commit.uri.bucket, time.monotonic() + retry_s)
+    except StoreFailure as exc:
+        error = str(exc)
+    errors = [e for e in collectives.gather_objects(error) if e]
+    if errors:
+        raise StoreFailure(f"cannot load checkpoint {commit.uri}: {errors[0]}")
+    if collectives.rank() == group[0]:
+        atomic_write_text(partial / REMOTE_RECORD, record)
+        atomic_write_text(partial / COMPLETE, f"{commit.step}\n")
+        partial.rename(final)
+        atomic_symlink_or_pointer(Path(checkpoints_dir) / LATEST, final.name)
+    collectives.barrier()
+    return final
+
+
+def keep_local(staged: Path, final: Path, done: Commit) -> None:
+    """Rank 0, after a commit of a step every rank staged in one folder: that folder becomes
+    the local copy of the commit (``complete``, the commit record, ``latest``)."""
+    atomic_write_text(staged / REMOTE_RECORD, done.record())
+    atomic_write_text(staged / COMPLETE, f"{done.step}\n")
+    if final.exists():
+        shutil.rmtree(final)
+    staged.rename(final)
+    atomic_symlink_or_pointer(final.parent / LATEST, final.name)
+
+
+def _matches(step_dir: Path, record: str) -> bool:
+    """Whether ``step_dir`` is a complete local copy of the commit ``record``."""
+    try:
+        if (step_dir / REMOTE_RECORD).read_text() != record:
+            return False
+    except OSError:
+        return False
+    files = json.loads(record)["files"]
+    have = local_files(step_dir)
+    return all(have.get(name) == size for name, size in files.items())
+
+
+def _sharing_ranks(folder: Path) -> list:
+    """The ranks that see the same ``folder`` as this one (a node-local disk, or everyone on a
+    shared one), lowest first: each leaves a marker, then reads the markers it can see (in a
+    folder named for this call, so a crashed call's markers never count)."""
+    rank = collectives.rank()
+    nonce = collectives.gather_objects(f"{random.getrandbits(48):012x}")[0]
+    marks = folder / f".ranks-{nonce}"
+    marks.mkdir(parents=True, exist_ok=True)
+    (marks / f"{rank}@{socket.gethostname()}.{os.getpid()}").touch()
+    collectives.barrier()
+    seen = sorted(int(p.name.split("@")[0]) for p in marks.iterdir())
+    collectives.barrier()
+    if rank == seen[0]:
+        shutil.rmtree(marks, ignore_errors=True)
+    return seen
+
+
+def _newest_commit(load: str, checkpoint_uri: str, retry_s: float) -> Optional[Commit]:
+    """Rank 0: the commit to resume from: ``load`` when it names the store, else the newest
+    under ``checkpoint_uri`` (None: nothing committed yet)."""
+    where = ObjectURI.parse(load if objectstore.is_remote(load) else checkpoint_uri)
+    return remote_checkpoints.resolve(where, time.monotonic() + retry_s)
+
+
+def locate_resume(run_dir: Path, load: str, checkpoint_uri: str, retry_s: float):
+    """The :class:`~launcher.core.checkpoints.Resume` of a run (collective): from the store when
+    ``load`` names one or when the checkpoints live there and ``load`` is empty (the commit is
+    downloaded into ``<run_dir>/checkpoints`` unless the copy there matches it), else as
+    :func:`launcher.core.checkpoints.find_resume` finds it locally."""
+    from launcher.core.checkpoints import find_resume, resume_point
+    from launcher.core.errors import CheckpointError
+
+    remote = objectstore.is_remote(load) or (not load and objectstore.is_remote(checkpoint_uri))
+    if not remote:
+        return find_resume(run_dir, load)
+    found, error = None, ""
+    if collectives.rank() == 0:
+        try:
+            found = _newest_commit(load, checkpoint_uri, retry_s)
+        except CheckpointError as exc:
+            error = str(exc)
+    found, error = collectives.gather_objects((found, error))[0]
+    if error:
+        raise CheckpointError(error)
+    if found is None:
+        return None
+    return resume_point(fetch(found, Path(run_dir) / "checkpoints", retry_s))
+
+
+def uploads_to(checkpoint_uri: str, retry_s: float) -> Optional[StoreUploads]:
+    """The uploads of a run whose trainer.checkpoint_uri names a store (None: local only)."""
+    if not objectstore.is_remote(checkpoint_uri):
+        return None
+    return StoreUploads(ObjectURI.parse(checkpoint_uri), retry_s=retry_s)
