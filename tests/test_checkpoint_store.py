@@ -37,13 +37,15 @@ def _events(run_dir: Path, kind: str = "checkpoint") -> list:
 
 
 ENGINES = {"megatron": ["engine=megatron", "parallelism.zero_stage=1"],
-           "deepspeed": ["engine=deepspeed", "parallelism.zero_stage=1"]}
+           "megatron_tp2": ["engine=megatron", "parallelism=tp2"],
+           "deepspeed": ["engine=deepspeed", "parallelism.zero_stage=1"],
+           "deepspeed_tp2": ["engine=deepspeed", "parallelism=tp2"]}
 
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))
 def test_saves_to_the_store_and_resumes_bitwise_from_an_empty_run_directory(s3, tmp_path,
                                                                             engine):
-    """4 steps at DP2 saving every 2 to s3://: the store holds both steps, each with its commit
+    """4 steps at DP2 (and at TP2) saving every 2 to s3://: the store holds both steps, each with its commit
     record listing every object (sizes equal), and nothing of them stays on local disk but the
     newest, kept as a cache; a new run directory (another node) loading step 2 from the store
     repeats steps 3-4 bit for bit."""
@@ -116,3 +118,152 @@ def test_an_unusable_store_exits_2_before_any_rank_starts(s3, tmp_path, case):
             "endpoint": "does not answer"}[case] in err, err[-2000:]
     assert "wrong-secret-xyz" not in err and SECRET_KEY not in err
     assert not (tmp_path / case / "checkpoints").exists()
+
+
+HOLD_HOOK = '''
+import json, os, time
+import boto3.s3.inject as _inject
+
+_holds = json.loads(os.environ.get("TW_TEST_HOLD", "[]"))
+_upload = _inject.upload_file
+
+def upload_file(self, Filename, Bucket, Key, *args, **kwargs):
+    for needle, rank, marker, go in _holds:
+        if needle in Key and rank in ("any", os.environ.get("RANK")):
+            if not os.path.exists(marker):
+                with open(marker, "w") as f:
+                    f.write(str(os.getpid()))
+            while go and not os.path.exists(go):
+                time.sleep(0.05)
+    return _upload(self, Filename, Bucket, Key, *args, **kwargs)
+
+_inject.upload_file = upload_file
+'''
+"""In the runs of these tests only (a sitecustomize on their PYTHONPATH): an upload whose key
+holds ``needle``, on rank ``rank``, drops ``marker`` and waits until ``go`` exists (forever
+when ``go`` is empty), so a kill lands inside an upload deterministically. Nothing else of
+boto3 or trainwright is replaced."""
+
+
+def _start(tmp: Path, name: str, holds: list, *overrides: str, env: dict):
+    """A run in the background with :data:`HOLD_HOOK`; (process, its log)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers.training import REPO, TINY
+
+    hook = tmp / "hook"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(HOLD_HOOK)
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
+                "PYTHONPATH": f"{hook}{os.pathsep}{REPO}", "TW_TEST_HOLD": json.dumps(holds),
+                **env}
+    log = tmp / f"{name}.log"
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.train", *TINY,
+                             f"run.output_root={tmp}", f"run.name={name}", *overrides],
+                            cwd=REPO, env=full_env, stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, log
+
+
+def _wait_for(path_or_check, proc, log: Path, timeout_s: float = 240.0) -> None:
+    import time
+
+    check = path_or_check if callable(path_or_check) else path_or_check.exists
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert proc.poll() is None, log.read_text()[-5000:]
+        assert time.monotonic() < deadline, log.read_text()[-5000:]
+        time.sleep(0.05)
+
+
+def _committed_steps(s3, prefix: str) -> list:
+    keys = s3.keys(BUCKET, prefix + "/")
+    return sorted(int(k.split("/step_")[1][:6]) for k in keys if k.endswith("/complete"))
+
+
+def test_a_rank_killed_during_its_upload_never_commits_the_step(s3, tmp_path):
+    """kill -9 of rank 1 while it uploads its share of step 4 (rank 0's share is on the store):
+    step 4 is not committed, the run fails without a restart (restarts_in_job=0), and the same
+    command resumes from step 2 and commits 4 and 6 with steps equal to an unbroken run."""
+    import os
+    import signal
+
+    prefix = "rankkill"
+    common = ["trainer.global_batch_size=8", "trainer.save_interval=2", "trainer.train_steps=6",
+              "trainer.eval_interval=0", "trainer.keep_last=0", "resilience.restarts_in_job=0",
+              f"trainer.checkpoint_uri=s3://{BUCKET}/{prefix}"]
+    marker = tmp_path / "rank1_uploading"
+    proc, log = _start(tmp_path, "run", [["step_000004/", "1", str(marker), ""]], *common,
+                       env=s3.env())
+    _wait_for(marker, proc, log)
+    os.kill(int(marker.read_text()), signal.SIGKILL)
+    assert proc.wait(timeout=120) != 0
+    assert _committed_steps(s3, prefix) == [2]
+    assert any("step_000004/" in k for k in s3.keys(BUCKET, prefix + "/"))  # a partial step
+    train(tmp_path, "unbroken", *common[:-1])
+    train(tmp_path, "run", *common, env=s3.env())
+    assert _committed_steps(s3, prefix) == [2, 4, 6]
+    resumed = steps_of(tmp_path / "run")
+    assert [s for s in sorted(resumed) if s > 2] == [3, 4, 5, 6]
+    assert _rows(tmp_path / "unbroken")[2:] == [r for r in _rows(tmp_path / "run") if r[0] > 2]
+
+
+def _event_lines(run_dir: Path, needle: str) -> list:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if needle in line]
+
+
+def test_the_server_killed_during_a_save_costs_that_save_only(s3, tmp_path):
+    """The S3 server SIGKILLed while step 2 uploads: one line names the step, the key and the
+    error; nothing of step 2 is committed; training goes on; with the server back, steps 4 and
+    6 commit and the run ends 0."""
+    prefix = "serverkill"
+    marker, go, go4 = (tmp_path / n for n in ("uploading", "go", "go4"))
+    holds = [["step_000002/", "any", str(marker), str(go)],
+             ["step_000004/", "any", str(tmp_path / "uploading4"), str(go4)]]
+    proc, log = _start(tmp_path, "run", holds, "trainer.global_batch_size=8",
+                       "trainer.save_interval=2", "trainer.train_steps=6",
+                       "trainer.eval_interval=0", "trainer.checkpoint_retry_s=4",
+                       f"trainer.checkpoint_uri=s3://{BUCKET}/{prefix}", env=s3.env())
+    try:
+        _wait_for(marker, proc, log)
+        s3.kill()
+        go.touch()
+        _wait_for(lambda: _event_lines(tmp_path / "run", "NOT saved"), proc, log)
+    finally:
+        s3.start()
+        go4.touch()
+    assert proc.wait(timeout=240) == 0, log.read_text()[-5000:]
+    failed = _event_lines(tmp_path / "run", "NOT saved")
+    assert len(failed) == 1 and failed[0]["step"] == 2, failed
+    assert f"s3://{BUCKET}/{prefix}/step_000002/" in failed[0]["message"]
+    assert "training continues" in failed[0]["message"]
+    assert _committed_steps(s3, prefix) == [4, 6]
+    assert log.read_text().count("NOT saved") == 1
+
+
+def test_saves_failing_in_a_row_end_the_run_with_exit_4_and_no_restart(s3, tmp_path):
+    """The server killed during the save of step 2 and left down: steps 2 and 4 fail
+    (checkpoint_failures_allowed=2), the run exits 4 and the launcher does not restart it."""
+    prefix = "downhill"
+    marker, go = tmp_path / "uploading", tmp_path / "go"
+    proc, log = _start(tmp_path, "run", [["step_000002/", "any", str(marker), str(go)]],
+                       "trainer.global_batch_size=8", "trainer.save_interval=2",
+                       "trainer.train_steps=8", "trainer.eval_interval=0",
+                       "trainer.checkpoint_retry_s=2", "trainer.checkpoint_failures_allowed=2",
+                       f"trainer.checkpoint_uri=s3://{BUCKET}/{prefix}", env=s3.env())
+    try:
+        _wait_for(marker, proc, log)
+        s3.kill()
+        go.touch()
+        assert proc.wait(timeout=240) == 4, log.read_text()[-5000:]
+    finally:
+        s3.start()
+    assert [e["step"] for e in _event_lines(tmp_path / "run", "NOT saved")] == [2, 4]
+    assert not _event_lines(tmp_path / "run", '"kind": "restart"')
+    assert "checkpoint_failures_allowed=2" in log.read_text()
+    assert _committed_steps(s3, prefix) == []
