@@ -27,6 +27,7 @@ from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.launch.bootstrap import Rank, run_ranks
 from launcher.launch.job import prepare
 from launcher.launch.model_source import adopt_model
+from launcher.launch.remote_inputs import localized
 
 
 def split_checkpoint(argv: Sequence[str]) -> tuple[str, list]:
@@ -168,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
-    checkpoint, rest = split_checkpoint(argv)
+    checkpoint, rest = split_checkpoint(localized(argv, ("checkpoint",)))  # s3://: local copy
     if not checkpoint:
         print("generate: missing checkpoint=<run, step or Hugging Face directory>",
               file=sys.stderr)

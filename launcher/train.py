@@ -30,6 +30,7 @@ from launcher.core.exits import CONFIG_ERROR_EXIT, REQUEUE_EXIT
 from launcher.launch.agent import scheduler_exit
 from launcher.launch.bootstrap import Rank, run_ranks
 from launcher.launch.job import prepare
+from launcher.launch.remote_inputs import localized
 from launcher.runtime.goodput import print_summary
 from launcher.runtime.metrics import Metrics
 
@@ -42,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(flag in argv for flag in ("-m", "--multirun")):
         from launcher.launch.sweep import main as sweep_main  # Hydra multirun: one run per point
         return sweep_main(argv, on_end=finish_sweep)
-    job = prepare(argv, weights_key="trainer.init_from")
+    job = prepare(localized(argv, ("trainer.init_from",)), weights_key="trainer.init_from")
     if not run_dir_free(job.run_dir):
         return CONFIG_ERROR_EXIT
     code: int | None = 1

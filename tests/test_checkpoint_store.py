@@ -267,3 +267,65 @@ def test_saves_failing_in_a_row_end_the_run_with_exit_4_and_no_restart(s3, tmp_p
     assert not _event_lines(tmp_path / "run", '"kind": "restart"')
     assert "checkpoint_failures_allowed=2" in log.read_text()
     assert _committed_steps(s3, prefix) == []
+
+
+def _cli(*args: str, env: dict) -> "subprocess.CompletedProcess":
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers.training import REPO
+
+    full = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
+            "PYTHONPATH": str(REPO), **env}
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=full,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_every_reader_takes_a_checkpoint_from_the_store(s3, tmp_path):
+    """A run saved only to the store (the local copy deleted): ``launcher.convert to_hf``,
+    ``launcher.evaluate`` and ``trainer.init_from`` given its s3:// URI give what they give on a
+    local copy of the same step; a URI with nothing committed exits 2 naming it."""
+    import safetensors.torch
+    import torch
+
+    from tests.helpers.data_prep import train_hf_tokenizer
+
+    uri = f"s3://{BUCKET}/readers"
+    train(tmp_path, "run", "engine=megatron", "trainer.train_steps=2", "trainer.eval_interval=0",
+          f"trainer.checkpoint_uri={uri}", env=s3.env())
+    local = tmp_path / "local_copy"
+    shutil.move(tmp_path / "run" / "checkpoints", local)  # the reference; nothing left in run
+    env = s3.env(TRAINWRIGHT_CACHE=str(tmp_path / "cache"))
+
+    for source, out in ((uri, "hf_store"), (str(local / "step_000002"), "hf_local")):
+        done = _cli("launcher.convert", "to_hf", f"checkpoint={source}",
+                    f"out={tmp_path / out}", env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert "[store] checkpoint=" in _cli("launcher.convert", "to_hf", f"checkpoint={uri}",
+                                         f"out={tmp_path / 'again'}", env=env).stderr
+    ours = safetensors.torch.load_file(next((tmp_path / "hf_store").glob("*.safetensors")))
+    ref = safetensors.torch.load_file(next((tmp_path / "hf_local").glob("*.safetensors")))
+    assert sorted(ours) == sorted(ref) and all(torch.equal(ours[k], ref[k]) for k in ref)
+
+    (tmp_path / "tok").mkdir()
+    tok = train_hf_tokenizer(tmp_path / "tok", vocab_size=500)
+    scores = []
+    for source in (f"{uri}/step_000002", str(local / "step_000002")):
+        done = _cli("launcher.evaluate", f"checkpoint={source}", "eval.tasks=[tw_facts]",
+                    "eval.limit=4", f"eval.tokenizer={tok}", "eval.format=json",
+                    "cluster.gpus_per_node=1", env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        scores.append(json.loads(done.stdout.strip().splitlines()[-1])["tasks"])
+    assert scores[0] == scores[1]
+
+    for source, name in ((uri, "from_store"), (str(local / "step_000002"), "from_local")):
+        train(tmp_path, name, "engine=megatron", "trainer.train_steps=1",
+              "trainer.eval_interval=0", f"trainer.init_from={source}", env=env)
+    assert _rows(tmp_path / "from_store") == _rows(tmp_path / "from_local")
+
+    missing = _cli("launcher.convert", "to_hf", f"checkpoint=s3://{BUCKET}/nothing-here",
+                   f"out={tmp_path / 'none'}", env=env)
+    assert missing.returncode == 2
+    assert f"checkpoint=s3://{BUCKET}/nothing-here" in missing.stderr
+    assert "nothing is committed" in missing.stderr

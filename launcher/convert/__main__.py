@@ -111,6 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         command, own, rest = parse(sys.argv[1:] if argv is None else argv)
     except ValueError as exc:
         return _fail(str(exc))
+    if "checkpoint" in own:  # s3://: the committed step's local copy (exit 2 if there is none)
+        from launcher.launch.remote_inputs import local_checkpoint
+
+        own["checkpoint"] = local_checkpoint(own["checkpoint"], "checkpoint")
     if command == "to_hf":
         return to_hf(own)
     if command == "preset":
