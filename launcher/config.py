@@ -452,6 +452,14 @@ class DataConfig:
     """DataLoader worker processes per rank; 0 = load in the training process."""
     cache_dir: str = ""
     """Where GPTDataset index caches go; empty = <run dir>/cache."""
+    shard_cache_dir: str = ""
+    """Where the shards of s3:// prefixes are copied before training reads them (once per node,
+    shared by its ranks and later runs; docs/data_prep.md, Data on object storage); empty =
+    $TRAINWRIGHT_CACHE/shards, by default ~/.cache/trainwright/shards."""
+    shard_cache_gb: float = 0.0
+    """Bound on that cache in GB (1e9 bytes): shards this run does not read are evicted, least
+    recently used first, to keep under it; a run whose own shards exceed it is refused (exit
+    2); 0 = no bound."""
 
 
 @dataclass
@@ -557,7 +565,7 @@ class TrainerConfig:
     as a cache for restarts."""
     checkpoint_retry_s: float = 0.0
     """Seconds a save (or a load) keeps retrying an object store's transient failures before it
-    counts as failed; 0 = derived from the plan: 2 x the planned save time, at least 30 s and
+    counts as failed; 0 means derived from the plan: 2 x the planned save time, at least 30 s and
     at most half the hang watchdog's first-phase allowance (resilience.first_phase_timeout_s)."""
     checkpoint_failures_allowed: int = 3
     """Saves in a row that may fail to reach the object store before the run ends (exit 4,
@@ -705,6 +713,11 @@ class ClusterConfig:
     checkpoint_gbps_per_node: float = 1.0
     """Rate at which each node writes (and reads) its share of a checkpoint, GB/s (1e9 bytes);
     the plan's save and load times assume every node writes in parallel at this rate."""
+    store_gbps_per_node: float = 1.0
+    """With trainer.checkpoint_uri=s3://...: rate at which each node uploads its share of a
+    checkpoint to the object store, and downloads a whole one on a resume, GB/s (1e9 bytes).
+    The plan adds the upload to the save time (in the background: the loop stalls for the
+    local write only) and the download to every restart."""
     kubernetes_api: KubernetesApi = KubernetesApi.trainjob
     """launcher=kubernetes: which API launcher.submit renders (see KubernetesApi)."""
     namespace: str = "default"

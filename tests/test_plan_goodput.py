@@ -160,3 +160,30 @@ def test_the_start_up_timeout_is_derived_from_the_plan():
     assert big.first_phase_timeout_s < UNPLANNED_FIRST_PHASE_S
     fixed = plan_of("cluster=local_cpu", "resilience.first_phase_timeout_s=42")
     assert fixed.first_phase_timeout_s == 42 and fixed.to_dict()["first_phase_timeout_s"] == 42
+
+
+def test_an_object_store_adds_its_upload_to_the_save_and_its_download_to_restarts():
+    """500 GB on 100 nodes: 10 s to local disk at 0.5 GB/s, then 5 s of upload at 1 GB/s (the
+    step commits after both; the loop stalls for the local write only); a restart downloads the
+    whole 500 GB on a node (500 s) then reads its 5 GB share (10 s)."""
+    kw = dict(checkpoint_bytes=int(500e9), bytes_per_gpu=int(5e9), nodes=100, gbps_per_node=0.5,
+              node_mtbf_hours=1000.0, step_time_s=2.0, save_interval=50, train_steps=1000,
+              async_save=False)
+    disk, store = plan_goodput(**kw), plan_goodput(store_gbps_per_node=1.0, **kw)
+    assert (disk.save_s, disk.load_s, disk.upload_s) == pytest.approx((10.0, 10.0, 0.0))
+    assert (store.save_s, store.upload_s, store.stall_s) == pytest.approx((15.0, 5.0, 10.0))
+    assert store.load_s == pytest.approx(510.0)
+    assert store.restart_s == pytest.approx(STARTUP_S + 510.0)
+    assert store.expected < disk.expected  # restarts cost more
+
+
+def test_the_plan_prices_the_store_only_for_s3_checkpoints():
+    local = plan_of(EXP_70B)
+    s3 = plan_of(EXP_70B, "trainer.checkpoint_uri=s3://bucket/run",
+                 "cluster.store_gbps_per_node=2.0")
+    upload = local.goodput.checkpoint_bytes / 2048 / 2e9
+    assert local.goodput.upload_s == 0 and s3.goodput.upload_s == pytest.approx(upload)
+    assert s3.goodput.save_s == pytest.approx(local.goodput.save_s + upload)
+    assert "cluster.store_gbps_per_node=2 GB/s" in s3.sources["checkpoint save/load"]
+    with pytest.raises(PlanError, match="cluster.store_gbps_per_node=0.0 must be a rate > 0"):
+        plan_of("cluster.store_gbps_per_node=0")

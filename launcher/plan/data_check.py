@@ -22,6 +22,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from launcher.core.objectstore import is_remote
+from launcher.core.remote_data import DataUnavailable
+
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 """The first bytes of a Megatron-Core indexed-dataset ``.idx`` (format version 1)."""
 ITEM_BYTES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 8, 7: 4, 8: 2}
@@ -124,15 +127,20 @@ def vocab_problems(prefixes: Sequence[str], vocab_size: int) -> list[str]:
         except (OSError, ValueError) as exc:
             problems.append(f"{path}: cannot be read as JSON ({exc}); re-run data_prep for it")
             continue
-        data_vocab = tokenizer.get("vocab_size")
-        if isinstance(data_vocab, int) and data_vocab > vocab_size:
-            problems.append(
-                f"model.vocab_size={vocab_size} is smaller than the vocabulary of the tokenizer "
-                f"that wrote {path.parent} ({tokenizer.get('kind', '?')} "
-                f"{tokenizer.get('path') or tokenizer.get('name') or ''}: vocab_size="
-                f"{data_vocab}, see {path}); token ids up to {data_vocab - 1} would index past "
-                f"the embedding: set model.vocab_size={data_vocab} (or more)")
+        problems += _vocab_problem(tokenizer, str(path), str(path.parent), vocab_size)
     return problems
+
+
+def _vocab_problem(tokenizer: dict, path: str, folder: str, vocab_size: int) -> list[str]:
+    """The problem of a manifest's ``tokenizer`` against ``vocab_size`` ([] when it fits)."""
+    data_vocab = tokenizer.get("vocab_size")
+    if not isinstance(data_vocab, int) or data_vocab <= vocab_size:
+        return []
+    return [f"model.vocab_size={vocab_size} is smaller than the vocabulary of the tokenizer "
+            f"that wrote {folder} ({tokenizer.get('kind', '?')} "
+            f"{tokenizer.get('path') or tokenizer.get('name') or ''}: vocab_size="
+            f"{data_vocab}, see {path}); token ids up to {data_vocab - 1} would index past "
+            f"the embedding: set model.vocab_size={data_vocab} (or more)"]
 
 
 def chat_token_shares(prefixes: Sequence[str]) -> dict:
@@ -167,15 +175,62 @@ def chat_pack_multiples(prefixes: Sequence[str]) -> dict:
     return found
 
 
-def check_data_or_exit(prefixes: Sequence[str], vocab_size: int, split: str = "98,1,1") -> None:
+def check_data_or_exit(prefixes: Sequence[str], vocab_size: int, split: str = "98,1,1", *,
+                       cache=None, fetch: bool = True) -> list[str]:
     """Print every problem of :func:`shard_problems`, :func:`split_problems` and
-    :func:`vocab_problems` and exit 2 when there is any."""
+    :func:`vocab_problems` and exit 2 when there is any; the prefixes as the ranks read them.
+
+    ``s3://`` prefixes are first copied into the node's shard cache (``cache``, a
+    :class:`launcher.core.shard_cache.ShardCache`; None = :func:`shard_cache` of the defaults)
+    and checked there. With ``fetch=False`` (launcher.submit: the job's nodes copy them) they
+    are only checked on the store: committed, every object there with its manifest's size, and
+    the manifest's vocabulary. A store or dataset that cannot be read exits 2 naming it."""
+    try:
+        local, on_store = _localized(prefixes, cache, fetch)
+    except DataUnavailable as exc:
+        _exit_with([f"data.prefixes: {exc}"])
+    problems = shard_problems(local)
+    problems += split_problems(local, split) if not problems else []
+    problems += vocab_problems(local, vocab_size) + _store_vocab_problems(on_store, vocab_size)
+    if problems:
+        _exit_with(problems)
+    return local
+
+
+def shard_cache(data=None):
+    """The shard cache of a DataConfig's ``shard_cache_dir`` and ``shard_cache_gb`` (None: the
+    defaults)."""
+    from launcher.core.shard_cache import ShardCache
+
+    return ShardCache.at(getattr(data, "shard_cache_dir", ""),
+                         getattr(data, "shard_cache_gb", 0.0))
+
+
+def _localized(prefixes: Sequence[str], cache, fetch: bool) -> tuple[list[str], list]:
+    """(the local prefixes to check, the shards checked on the store only): remote prefixes
+    copied into ``cache`` when ``fetch``, else resolved on the store and left out."""
+    if not fetch and any(is_remote(p) for p in prefixes):
+        from launcher.core.remote_data import resolve
+
+        return ([p for p in prefixes if not is_remote(p)],
+                resolve([p for p in prefixes if is_remote(p)]))
+    if any(is_remote(p) for p in prefixes):
+        return (cache or shard_cache()).localize(prefixes), []
+    return list(prefixes), []
+
+
+def _store_vocab_problems(shards: Sequence, vocab_size: int) -> list[str]:
+    """:func:`vocab_problems` of the manifests on the store of resolved remote ``shards``."""
+    problems = []
+    for folder, text in sorted({(str(s.folder), s.manifest) for s in shards}):
+        tokenizer = json.loads(text).get("tokenizer") or {}
+        problems += _vocab_problem(tokenizer, f"{folder}/manifest.json", folder, vocab_size)
+    return problems
+
+
+def _exit_with(problems: Sequence[str]) -> None:
     from launcher.core.exits import CONFIG_ERROR_EXIT
 
-    problems = shard_problems(prefixes)
-    problems += split_problems(prefixes, split) if not problems else []
-    problems += vocab_problems(prefixes, vocab_size)
-    if problems:
-        print(f"data: {len(problems)} problem(s):\n" + "\n".join(f"- {p}" for p in problems),
-              file=sys.stderr)
-        raise SystemExit(CONFIG_ERROR_EXIT)
+    print(f"data: {len(problems)} problem(s):\n" + "\n".join(f"- {p}" for p in problems),
+          file=sys.stderr)
+    raise SystemExit(CONFIG_ERROR_EXIT)

@@ -26,6 +26,13 @@ optimizer state, one copy across the data-parallel replicas) in parallel at
 ``cluster.checkpoint_gbps_per_node``; loading reads it back at the same rate. An asynchronous
 save (``trainer.async_save``) stalls the loop only for the copy of the GPU's shard to host
 memory.
+
+With an object store (``trainer.checkpoint_uri=s3://...``) a save is first written to local disk
+(as above: the stall), then every node uploads its share at ``cluster.store_gbps_per_node`` in
+the background; the step is durable (committed) only after both, so ``save_s`` is their sum and
+the run's last save waits for all of it. A restart downloads the whole checkpoint on every node
+at that rate (each node reads what any of its ranks may need), then reads its share from local
+disk.
 """
 
 from __future__ import annotations
@@ -80,6 +87,8 @@ class GoodputPlan:
     """Planned seconds of all the run's evaluations."""
     launch_source: str = "assumed"
     """Where startup_s and shutdown_s come from: "measured: <profile>" or "assumed"."""
+    upload_s: float = 0.0
+    """Of save_s, the upload to the object store (0: checkpoints on a file system)."""
 
     def to_dict(self) -> dict:
         return {"mtbf_hours": self.mtbf_hours, "save_s": self.save_s, "stall_s": self.stall_s,
@@ -88,7 +97,7 @@ class GoodputPlan:
                 "expected": self.expected, "best_save_interval": self.best_save_interval,
                 "expected_at_best": self.expected_at_best, "startup_s": self.startup_s,
                 "shutdown_s": self.shutdown_s, "eval_s": self.eval_s,
-                "launch_source": self.launch_source}
+                "launch_source": self.launch_source, "upload_s": self.upload_s}
 
 
 def expected_goodput(interval_s: float, stall_s: float, restart_s: float, mtbf_s: float) -> float:
@@ -120,12 +129,18 @@ def plan_goodput(*, checkpoint_bytes: int, bytes_per_gpu: int, nodes: int,
                  gbps_per_node: float, node_mtbf_hours: float, async_save: bool,
                  step_time_s: float, save_interval: int, train_steps: int,
                  launch: LaunchCost = LaunchCost(STARTUP_S, EXIT_S),
-                 eval_s: float = 0.0) -> GoodputPlan:
+                 eval_s: float = 0.0, store_gbps_per_node: float = 0.0) -> GoodputPlan:
     """The expected goodput of a configured save interval, and the best interval; ``launch``:
-    one launch's start-up and exit, ``eval_s``: the run's evaluations in all."""
-    save_s = checkpoint_bytes / nodes / (gbps_per_node * 1e9)
-    stall_s = min(save_s, bytes_per_gpu / (HOST_COPY_GBPS * 1e9)) if async_save else save_s
-    restart_s = launch.startup_s + save_s
+    one launch's start-up and exit, ``eval_s``: the run's evaluations in all;
+    ``store_gbps_per_node``: an object store's rate per node (0: none)."""
+    local_s = checkpoint_bytes / nodes / (gbps_per_node * 1e9)
+    stall_s = min(local_s, bytes_per_gpu / (HOST_COPY_GBPS * 1e9)) if async_save else local_s
+    upload_s = checkpoint_bytes / nodes / (store_gbps_per_node * 1e9) \
+        if store_gbps_per_node > 0 else 0.0
+    download_s = checkpoint_bytes / (store_gbps_per_node * 1e9) if store_gbps_per_node > 0 \
+        else 0.0
+    save_s, load_s = local_s + upload_s, local_s + download_s
+    restart_s = launch.startup_s + load_s
     mtbf_s = node_mtbf_hours * 3600.0 / nodes
     interval = save_interval or train_steps
     train_s = train_steps * step_time_s
@@ -139,8 +154,8 @@ def plan_goodput(*, checkpoint_bytes: int, bytes_per_gpu: int, nodes: int,
     best = max(1, round(math.sqrt(2.0 * stall_s * mtbf_s) / step_time_s))
     best = min((best, best + 1, max(1, best - 1)), key=lambda k: -at(k))
     return GoodputPlan(mtbf_hours=mtbf_s / 3600.0, save_s=save_s, stall_s=stall_s,
-                       load_s=save_s, restart_s=restart_s, checkpoint_bytes=checkpoint_bytes,
+                       load_s=load_s, restart_s=restart_s, checkpoint_bytes=checkpoint_bytes,
                        save_interval=save_interval, expected=at(interval),
                        best_save_interval=best, expected_at_best=at(best),
                        startup_s=launch.startup_s, shutdown_s=shutdown_s, eval_s=eval_s,
-                       launch_source=launch.source)
+                       launch_source=launch.source, upload_s=upload_s)

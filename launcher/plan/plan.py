@@ -19,6 +19,7 @@ from launcher.engines import spec
 from launcher.plan import fp8
 from launcher.plan.engine_choice import engine_notes
 from launcher.plan.flops import train_flops_per_token
+from launcher.core.objectstore import is_remote
 from launcher.plan.goodput import (CPU_STARTUP_S, EXIT_S, STARTUP_S, GoodputPlan,
                                    LaunchCost, plan_goodput)
 from launcher.plan.kubernetes import kubernetes_warnings
@@ -439,6 +440,7 @@ def _goodput(cfg: TrainwrightConfig, counts: ParamCounts, per_gpu: MemoryPerGPU,
         node_mtbf_hours=c.mtbf_hours, async_save=t.async_save,
         step_time_s=compute.step_time_s, save_interval=t.save_interval,
         train_steps=batch.train_steps, launch=launch,
+        store_gbps_per_node=c.store_gbps_per_node if is_remote(t.checkpoint_uri) else 0.0,
         eval_s=eval_s * (batch.train_steps // t.eval_interval if t.eval_interval else 0)
         + tasks_s * (evaluations(batch.train_steps, cfg.eval.interval, cfg.eval.at_end)
                      if cfg.eval.tasks and not cfg.eval.asynchronous else 0))
@@ -469,7 +471,11 @@ def _sources(cfg: TrainwrightConfig, calibration: Optional[Calibration], goodput
             if cfg.cluster.nodes > 1 else "none: one node",
             "start-up and exit": goodput.launch_source,
             "checkpoint save/load": f"assumed: cluster.checkpoint_gbps_per_node="
-                                    f"{cfg.cluster.checkpoint_gbps_per_node:g} GB/s",
+                                    f"{cfg.cluster.checkpoint_gbps_per_node:g} GB/s" + (
+                f", object store cluster.store_gbps_per_node="
+                f"{cfg.cluster.store_gbps_per_node:g} GB/s (upload in the background, a "
+                "resume downloads the whole checkpoint on every node)"
+                if is_remote(cfg.trainer.checkpoint_uri) else ""),
             "interruptions": f"assumed: cluster.mtbf_hours={cfg.cluster.mtbf_hours:g} per node",
             "memory": "model of the built tensors (docs/plan.md), device memory from the "
                       "catalogue",

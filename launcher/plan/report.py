@@ -185,7 +185,9 @@ def _goodput_rows(p: Plan) -> list[tuple[str, str, str]]:
     every = f"every {g.save_interval:,} steps" if g.save_interval else "at the end only"
     return [
         ("checkpoint", _b(g.checkpoint_bytes), f"save {g.save_s:,.1f} s (loop stalls "
-                                               f"{g.stall_s:,.1f} s), load {g.load_s:,.1f} s"),
+                                               f"{g.stall_s:,.1f} s"
+                                               + (f", upload {g.upload_s:,.1f} s" if g.upload_s
+                                                  else "") + f"), load {g.load_s:,.1f} s"),
         ("interrupted every", f"{g.mtbf_hours:,.1f} h",
          f"cluster.mtbf_hours / {p.machines.nodes:,} nodes; a restart costs {g.restart_s:,.0f} s"),
         ("launch", f"{g.startup_s + g.shutdown_s:,.0f} s",

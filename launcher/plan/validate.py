@@ -75,6 +75,11 @@ def check_values(cfg: TrainwrightConfig) -> list[Problem]:
         if not math.isfinite(value) or value < 0 or (key == "optimizer.lr" and value == 0):
             problems.append(Problem((key,), f"{key}={value} must be a finite number > 0 "
                                             "(min_lr may be 0), e.g. optimizer.lr=3e-4"))
+    for key in ("checkpoint_gbps_per_node", "store_gbps_per_node"):
+        value = getattr(cfg.cluster, key)
+        if not math.isfinite(value) or value <= 0:
+            problems.append(Problem((f"cluster.{key}",), f"cluster.{key}={value} must be a "
+                                    f"rate > 0 in GB/s, e.g. cluster.{key}=1.0"))
     for key, value in (("trainer.log_interval", t.log_interval),):
         if value < 1:
             problems.append(Problem((key,), f"{key}={value} must be >= 1 (optimizer steps "
