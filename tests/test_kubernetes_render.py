@@ -239,6 +239,26 @@ def test_secrets_are_references_and_their_values_never_appear(tmp_path):
     assert main["envFrom"] == [{"secretRef": {"name": "hf-token"}}]
 
 
+def test_s3_checkpoints_free_the_run_dir_from_a_volume_and_take_keys_as_references(tmp_path):
+    """With trainer.checkpoint_uri=s3://..., a run directory on the container's disk is allowed
+    (the checkpoints outlive the pod; the same override without it is refused); the store's
+    secret key is a Secret reference, its value in no manifest, the endpoint a plain variable."""
+    value = "aws-secret-value-0987654321"
+    common = (*EIGHT_B, "run.output_root=/workspace/outputs",
+              "+cluster.secret_env=[{name: AWS_SECRET_ACCESS_KEY, secret: s3, key: secret}]",
+              "+cluster.env.AWS_ENDPOINT_URL_S3=http://store.internal:8333")
+    proc = submit(tmp_path, *common, "trainer.checkpoint_uri=s3://ckpts/llama-8b",
+                  env={"AWS_SECRET_ACCESS_KEY": value})
+    assert proc.returncode == 0, proc.stderr
+    assert value not in proc.stdout + proc.stderr
+    main = pod_templates(next(yaml.safe_load_all(proc.stdout)))[0]["spec"]["containers"][0]
+    assert {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {
+        "name": "s3", "key": "secret"}}} in main["env"]
+    assert {"name": "AWS_ENDPOINT_URL_S3", "value": "http://store.internal:8333"} in main["env"]
+    refused = submit(tmp_path, *common)
+    assert refused.returncode == 2 and "lost with the pod" in refused.stderr
+
+
 def test_hostile_override_reaches_the_pod_unchanged_through_the_kubelet(tmp_path):
     override = f"logger.project={hydra_quote(HOSTILE)}"
     docs = rendered(*EIGHT_B, override)

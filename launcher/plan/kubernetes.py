@@ -8,6 +8,7 @@ import posixpath
 import re
 
 from launcher.config import ClusterConfig, LoggerConfig, RunConfig
+from launcher.core.objectstore import is_remote
 from launcher.core.problems import Problem
 from launcher.core.secrets import is_secret_env_name
 
@@ -39,11 +40,16 @@ def run_volume(cluster: ClusterConfig, root: str):
     return max(holding, key=lambda v: len(v.mount_path), default=None)
 
 
-def kubernetes_problems(cluster: ClusterConfig, run: RunConfig) -> list[Problem]:
-    """Every problem of a Kubernetes cluster config (none for other launchers)."""
+def kubernetes_problems(cluster: ClusterConfig, run: RunConfig,
+                        checkpoint_uri: str = "") -> list[Problem]:
+    """Every problem of a Kubernetes cluster config (none for other launchers);
+    ``checkpoint_uri``: trainer.checkpoint_uri (on an object store the checkpoints outlive the
+    pod, so the run directory may be on the container's disk)."""
     if cluster.launcher != "kubernetes":
         return []
-    return (_image_and_names(cluster) + _volume_problems(cluster) + _run_dir_problems(cluster, run)
+    run_dir = [] if is_remote(checkpoint_uri) and pod_run_root(cluster, run) is not None \
+        else _run_dir_problems(cluster, run)
+    return (_image_and_names(cluster) + _volume_problems(cluster) + run_dir
             + _env_problems(cluster) + _scheduling_problems(cluster))
 
 

@@ -371,7 +371,7 @@ def check_cluster(cfg: TrainwrightConfig) -> list[Problem]:
         return [Problem(("cluster.launcher",), (
             f"cluster.launcher={c.launcher!r} is not a launcher; use one of "
             f"{', '.join(LAUNCHERS)}"))]
-    problems = kubernetes_problems(c, cfg.run)
+    problems = kubernetes_problems(c, cfg.run, cfg.trainer.checkpoint_uri)
     if c.ranks_per_gpu > 1 and c.launcher != "local":
         problems.append(Problem(
             ("cluster.ranks_per_gpu", "cluster.launcher"),
