@@ -1,10 +1,14 @@
 """``python -m data_prep [overrides]``: compose conf/prepare.yaml, run, print the summary.
 
-Exit codes: 0 done; 2 config error (an output locked by a live run included); 3 bad data
-(strict=true, too many skipped records, no documents, a truncated or corrupt input file, an input
-changed during the run); 75 stopped by SIGUSR1 for requeue (a batch job's early warning before
-its time limit); 1 any other failure, a crashed worker and a full output disk included. SIGTERM
-(Slurm's scancel or time limit) ends the run like Ctrl-C: the pool is stopped and the output lock
+``output=s3://bucket/folder`` writes into a staging directory, then publishes it to the store,
+the manifest last (data_prep.remote_output).
+
+Exit codes: 0 done; 2 config error (an output locked by a live run included; an object store
+that cannot be written); 3 bad data (strict=true, too many skipped records, no documents, a
+truncated or corrupt input file, an input changed during the run); 75 stopped by SIGUSR1 for
+requeue (a batch job's early warning before its time limit); 1 any other failure, a crashed
+worker, a full output disk and a store that kept failing mid-upload included. SIGTERM (Slurm's
+scancel or time limit) ends the run like Ctrl-C: the pool is stopped and the output lock
 released, so a resubmitted job can take the output. SIGUSR1 ends it the same way, with exit 75.
 """
 
@@ -20,6 +24,7 @@ from data_prep.errors import DataPrepError, StopForRequeue
 from launcher.core.exits import CONFIG_ERROR_EXIT, FAILURE_EXIT, REQUEUE_EXIT
 
 USAGE = """usage: python -m data_prep input=<file|glob|dir|[a,b]> output=<dir> [key=value ...]
+  output=s3://bucket/folder: written into staging_dir=<dir>, then uploaded, the manifest last
   tokenizer.kind=hf|tiktoken|sentencepiece|byte tokenizer.path=<file|dir|encoding name>
   workers=N  shard_tokens=N  shard_bytes=N  text_key=text  strict=true  max_bad_fraction=0.001
   num_tasks=N task_index=I (default from SLURM_ARRAY_TASK_COUNT / SLURM_ARRAY_TASK_ID)
@@ -86,8 +91,9 @@ def dry_run(cfg) -> int:
     return 0
 
 
-def run_chat(cfg) -> int:
-    """format=chat (data_prep.chat_prep): conversations into packed, masked shards."""
+def run_chat(cfg, folder=None) -> int:
+    """format=chat (data_prep.chat_prep): conversations into packed, masked shards (published to
+    ``folder`` on the store, when given)."""
     from data_prep.chat_prep import execute_chat, print_chat_summary
     from data_prep.run import check_bad_fraction
 
@@ -97,7 +103,17 @@ def run_chat(cfg) -> int:
         print(f"data_prep: warning: {warning}", file=sys.stderr)
     check_bad_fraction(manifest, cfg.max_bad_fraction)
     print(f"wrote {manifest['totals']['shards']} shard(s) and the manifest to {cfg.output}")
+    publish(cfg, folder)
     return 0
+
+
+def publish(cfg, folder) -> None:
+    """output=s3://...: upload the finished output, the manifest last (data_prep.remote_output);
+    an output whose bad records exceeded max_bad_fraction (exit 3) is not published."""
+    if folder is not None:
+        from data_prep.remote_output import publish_output
+
+        publish_output(cfg.output, folder, replace=cfg.overwrite)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -113,6 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from data_prep.run import check_bad_fraction, execute
 
     try:
+        from data_prep.remote_output import staged
+
+        folder = staged(cfg)  # output=s3://...: written into a staging directory, then uploaded
         if cfg.dry_run and str(cfg.format) == "chat":
             from data_prep.chat_estimate import chat_dry_run
 
@@ -120,12 +139,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cfg.dry_run:
             return dry_run(cfg)
         if str(cfg.format) == "chat":
-            return run_chat(cfg)
+            return run_chat(cfg, folder)
         manifest = execute(cfg)
         print_summary(manifest)
         for warning in small_shard_warnings(manifest, cfg.split) + task_warnings(manifest):
             print(f"data_prep: warning: {warning}", file=sys.stderr)
         check_bad_fraction(manifest, cfg.max_bad_fraction)
+        print(f"wrote {manifest['totals']['shards']} shard(s) and the manifest to {cfg.output}")
+        publish(cfg, folder)
     except DataPrepError as exc:
         print(f"data_prep: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -140,5 +161,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"data_prep: failed: {type(exc).__name__}: {exc}; re-run the same command to resume "
               "after fixing the cause", file=sys.stderr)
         return FAILURE_EXIT
-    print(f"wrote {manifest['totals']['shards']} shard(s) and the manifest to {cfg.output}")
     return 0

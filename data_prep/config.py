@@ -119,7 +119,13 @@ class PrepareConfig:
     input: List[str] = MISSING
     """Input files, globs or directories (walked recursively), in this order; a single value works."""
     output: str = MISSING
-    """Output directory for shards, manifest.json and data.yaml (created if missing)."""
+    """Output directory for shards, manifest.json and data.yaml (created if missing); or
+    ``s3://bucket/folder``: written into ``staging_dir``, then uploaded there, the manifest last
+    (docs/data_prep.md, Data on object storage)."""
+    staging_dir: str = ""
+    """output=s3://... only: the local directory the dataset is written into before its upload
+    (kept: a re-run resumes from it, and uploads unless the store holds its very commit); empty =
+    $TRAINWRIGHT_CACHE/data_prep/<bucket>/<folder>, by default under ~/.cache/trainwright."""
     name: str = ""
     """Shard name stem: shards are <name>_<NNNNN>.bin/.idx; empty = the output directory's name."""
     format: InputFormat = InputFormat.auto

@@ -93,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = plan_or_exit(cfg)
     if cfg.cluster.launcher == "kubernetes":
         return submit_kubernetes(cfg, plan, argv)
-    check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size, cfg.data.split)
+    # s3:// shards are checked on the store here; the job's nodes copy them (once per node)
+    check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size, cfg.data.split, fetch=False)
     run_dir = run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name).resolve()
     script = render_or_exit(cfg, plan, argv, run_dir)
     if cfg.submit.dry_run:

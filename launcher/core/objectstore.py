@@ -307,3 +307,24 @@ def _unusable_reason(exc: BaseException) -> str:
             return (f"access denied ({code or status}); check the credentials of the AWS chain "
                     "and that they may list and write this bucket")
     return _error_text(exc)
+
+
+def fetch_object(uri: ObjectURI, path: Path, deadline: float,
+                 on_bytes: Optional[Callable[[int], None]] = None) -> int:
+    """Download the object ``uri`` into ``path`` as it is (the caller names a temporary file
+    and renames it once it has checked it); the bytes written. ``on_bytes(n)`` is called as
+    each ``n`` bytes arrive (from the transfer's threads; a retried transfer counts again).
+    Raises StoreFailure naming the key when it is missing or unreadable by ``deadline``."""
+    transfer = _transfer_config()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with_retries(f"download of {uri}", lambda: client().download_file(
+        uri.bucket, uri.prefix, str(path), Config=transfer, Callback=on_bytes), deadline)
+    return path.stat().st_size
+
+
+def unusable_reason(exc: BaseException) -> str:
+    """What to fix for a store that refused a request (``exc`` or, for a StoreFailure, its
+    cause): credentials, endpoint, bucket or access, else the error in one line; never a
+    secret. For the messages of other readers of the store (data shards)."""
+    cause = exc.__cause__ if isinstance(exc, StoreFailure) and exc.__cause__ else exc
+    return _unusable_reason(cause)

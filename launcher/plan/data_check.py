@@ -10,6 +10,11 @@ size. Token ids at or above ``model.vocab_size`` would index past the embedding 
 assert on a GPU, an IndexError on a CPU, after the job has queued and started), so a tokenizer
 larger than the model is refused here, with the manifest's path and the fix. Prefixes without a
 manifest (data prepared elsewhere) are not checked.
+
+``s3://`` prefixes (data_prep output=s3://..., docs/data_prep.md "Data on object storage") are
+copied into the node's shard cache first (:mod:`launcher.core.shard_cache`) and checked there,
+so the ranks then read local files; a dataset that is not committed, a shard or object that is
+missing and a store that cannot be read are refused here too (exit 2, naming the URI and key).
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ call it on every rank of an initialised process group.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
-
 import os
 from dataclasses import dataclass, field
 from typing import Iterator, List, Optional
@@ -27,6 +27,8 @@ import torch
 
 from launcher.config import DataConfig
 from launcher.core.errors import TrainingAborted
+from launcher.core.exits import CONFIG_ERROR_EXIT
+from launcher.core.objectstore import is_remote
 from launcher.core.stop import ignore_stop_signals
 
 
@@ -173,6 +175,29 @@ def to_device(batch: dict, device: torch.device) -> dict:
             if isinstance(v, torch.Tensor)}
 
 
+_LOCAL: dict = {}
+"""``s3://`` prefix -> the local copy this process reads (what :func:`data_failure` checks)."""
+
+
+def local_data(data: DataConfig) -> DataConfig:
+    """``data`` with each ``s3://`` prefix replaced by its copy in the node's shard cache: found
+    there (the launcher copied it before the ranks started), else downloaded now (one process of
+    the node at a time; launcher.core.shard_cache). TrainingAborted (exit 2) naming what cannot
+    be had."""
+    if not any(is_remote(p) for p in data.prefixes):
+        return data
+    from launcher.core.remote_data import DataUnavailable
+    from launcher.plan.data_check import shard_cache
+
+    cache = shard_cache(data)
+    try:
+        local = cache.cached(data.prefixes) or cache.localize(data.prefixes, progress=False)
+    except DataUnavailable as exc:
+        raise TrainingAborted(f"data.prefixes: {exc}", exit_code=CONFIG_ERROR_EXIT) from None
+    _LOCAL.update(zip(data.prefixes, local))
+    return dataclasses.replace(data, prefixes=local)
+
+
 def data_failure(prefixes, exc: BaseException) -> TrainingAborted:
     """``exc``, raised while training, as the end of the run (exit 3, one line naming the
     file) when a data shard went bad under it (truncated, replaced, removed: a DataLoader
@@ -180,7 +205,7 @@ def data_failure(prefixes, exc: BaseException) -> TrainingAborted:
     still whole."""
     from launcher.plan.data_check import shard_problems
 
-    problems = shard_problems(prefixes)
+    problems = shard_problems([_LOCAL.get(p, p) for p in prefixes])
     if not problems:
         raise exc
     return TrainingAborted("a data shard went bad during the run: " + "; ".join(problems)
@@ -191,19 +216,19 @@ def build_data(cfg, plan, run_dir, consumed_samples: int):
     """(next_batch, eval_batches) for this rank (collective: datasets are built on all ranks)."""
     from megatron.core import parallel_state
 
-    t, dp_size = cfg.trainer, plan.dims.dp
+    t, dp_size, data = cfg.trainer, plan.dims.dp, local_data(cfg.data)
     dp_rank = parallel_state.get_data_parallel_rank()
     eval_samples = t.eval_iters * t.micro_batch_size * dp_size
     train_samples = plan.batch.train_steps * plan.batch.global_batch_size
-    if cfg.data.format == "chat":  # packed conversations with their loss mask
+    if data.format == "chat":  # packed conversations with their loss mask
         from launcher.runtime.chat_data import build_chat_datasets
 
-        train, valid, _ = build_chat_datasets(cfg.data, seq_length=cfg.model.seq_length,
+        train, valid, _ = build_chat_datasets(data, seq_length=cfg.model.seq_length,
                                               seed=t.seed, train_samples=train_samples,
                                               eval_samples=eval_samples)
     else:
         train, valid, _ = build_datasets(
-            cfg.data, seq_length=cfg.model.seq_length, vocab_size=cfg.model.vocab_size,
+            data, seq_length=cfg.model.seq_length, vocab_size=cfg.model.vocab_size,
             seed=t.seed, cache_dir=cfg.data.cache_dir or str(run_dir / "cache"),
             sizes=split_sizes(train_samples=train_samples, eval_samples=eval_samples))
     common = dict(micro_batch_size=t.micro_batch_size, dp_rank=dp_rank, dp_size=dp_size,
