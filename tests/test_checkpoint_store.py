@@ -329,3 +329,35 @@ def test_every_reader_takes_a_checkpoint_from_the_store(s3, tmp_path):
     assert missing.returncode == 2
     assert f"checkpoint=s3://{BUCKET}/nothing-here" in missing.stderr
     assert "nothing is committed" in missing.stderr
+
+
+def test_eval_jobs_score_the_store_checkpoints(s3, tmp_path):
+    """eval.asynchronous with checkpoints on the store: each save asks for its s3:// step, the
+    eval job downloads it and scores it as launcher.evaluate scores the same step."""
+    import time
+
+    from launcher.evals import ledger
+    from tests.helpers.data_prep import train_hf_tokenizer
+
+    (tmp_path / "tok").mkdir()
+    tok = train_hf_tokenizer(tmp_path / "tok", vocab_size=500)
+    uri = f"s3://{BUCKET}/evaljobs"
+    env = s3.env(TRAINWRIGHT_CACHE=str(tmp_path / "cache"))
+    train(tmp_path, "run", "engine=megatron", "eval.tasks=[tw_facts]", "eval.limit=4",
+          "eval.async=true", "eval.job_overrides=['cluster.gpus_per_node=1']",
+          f"eval.tokenizer={tok}", "trainer.save_interval=2", "trainer.train_steps=4",
+          "trainer.keep_last=0", "trainer.eval_interval=0", f"trainer.checkpoint_uri={uri}",
+          env=env)
+    run_dir, deadline = tmp_path / "run", time.monotonic() + 300
+    while not all(ledger.settled(run_dir, s) for s in (2, 4)):
+        assert time.monotonic() < deadline, sorted(p.name for p in ledger.evals_dir(run_dir)
+                                                   .iterdir())
+        time.sleep(0.5)
+    for step in (2, 4):
+        request = ledger.result(run_dir, step)
+        assert request is not None and request["checkpoint"] == f"{uri}/step_{step:06d}"
+        done = _cli("launcher.evaluate", f"checkpoint={uri}/step_{step:06d}",
+                    "eval.tasks=[tw_facts]", "eval.limit=4", f"eval.tokenizer={tok}",
+                    "eval.format=json", "cluster.gpus_per_node=1", env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert json.loads(done.stdout.strip().splitlines()[-1])["tasks"] == request["tasks"]

@@ -70,20 +70,49 @@ def checkpoint_scorer(cfg, tokenizer: str):
                                     micro_batch=cfg.trainer.micro_batch_size, tokenizer=tokenizer)
 
 
+def local_copy(checkpoint: str) -> tuple[str, str]:
+    """('', a local step directory) for ``checkpoint``: itself, or for an s3:// step folder its
+    copy in the cache, downloaded by the job's ranks together (collective); (why not, '') when
+    it is not committed there any more (keep-k on the store) or cannot be read."""
+    from launcher.core import objectstore, remote_checkpoints
+    from launcher.core.errors import CheckpointError
+    from launcher.launch.remote_inputs import RETRY_S, cache_root
+    from launcher.parallel import collectives
+    from launcher.runtime.checkpoint_store import fetch
+
+    if not objectstore.is_remote(checkpoint):
+        return "", checkpoint
+    uri, commit, error = objectstore.ObjectURI.parse(checkpoint), None, ""
+    if collectives.rank() == 0:
+        try:
+            commit = remote_checkpoints.read_commit(uri, time.monotonic() + RETRY_S)
+            error = "" if commit is not None else "removed from the store before its turn (keep-k)"
+        except CheckpointError as exc:
+            error = f"unreadable: {exc}"
+    commit, error = collectives.gather_objects((commit, error))[0]
+    if error:
+        return error, ""
+    try:
+        cache = cache_root() / "checkpoints" / uri.bucket / uri.prefix.rpartition("/")[0]
+        return "", str(fetch(commit, cache, RETRY_S))
+    except CheckpointError as exc:
+        return f"unreadable: {exc}", ""
+
+
 def load_weights(chunks, checkpoint: str) -> str:
     """Fill ``chunks`` from ``checkpoint`` (collective); '' when every rank did, else why not."""
     from launcher.core.checkpoints import COMPLETE
     from launcher.engines.weights.fill import fill_chunks
     from launcher.parallel import collectives
 
-    error = ""
-    if not (Path(checkpoint) / COMPLETE).is_file():
+    error, local = local_copy(checkpoint)
+    if not error and not (Path(local) / COMPLETE).is_file():
         error = "removed before its turn (keep-k)"
-    else:
+    if not error:
         try:
-            fill_chunks(chunks, checkpoint)
+            fill_chunks(chunks, local)
         except Exception as exc:  # a checkpoint pruned while it was read, or a broken one
-            error = ("removed while it was read (keep-k)" if not Path(checkpoint).exists()
+            error = ("removed while it was read (keep-k)" if not Path(local).exists()
                      else f"unreadable: {type(exc).__name__}: {exc}")
     failed = collectives.any_rank(bool(error))
     return (error or "failed on another rank") if failed else ""

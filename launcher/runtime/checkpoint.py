@@ -122,7 +122,7 @@ class CheckpointManager:
     def __init__(self, checkpoints_dir: Path, io, *, keep_last: int, async_save: bool = False,
                  final_step: int = 0, record: Optional[dict] = None,
                  report: Optional[Callable] = None,
-                 on_complete: Optional[Callable[[Path, int], None]] = None,
+                 on_complete: Optional[Callable[..., None]] = None,
                  store: Optional[StoreUploads] = None, failures_allowed: int = 0):
         self.dir, self.io = Path(checkpoints_dir), io
         self.store = store
@@ -136,7 +136,8 @@ class CheckpointManager:
         self._pending: Optional[_Pending] = None
         self.on_complete = on_complete
         """Rank 0, once a checkpoint has its final name and ``latest``, before keep-k prunes:
-        (step directory, step) (e.g. :meth:`launcher.runtime.eval_jobs.EvalJobs.saved`)."""
+        (step directory, step), and with a store its s3:// step folder too (e.g.
+        :meth:`launcher.runtime.eval_jobs.EvalJobs.saved`)."""
 
     def warm_up(self) -> None:
         """Let the engine's IO start what its first save needs (after any resume load, which
@@ -243,9 +244,11 @@ class CheckpointManager:
         if collectives.rank() == 0:
             if self.store.shared:
                 keep_local(pending.tmp, pending.final, done)
+            if self.on_complete is not None:  # the metadata read from rank 0's local copy
+                self.on_complete(pending.final if self.store.shared else pending.tmp,
+                                 pending.step, str(done.uri))
+            if self.store.shared:
                 prune(self.dir, 1)
-                if self.on_complete is not None:
-                    self.on_complete(pending.final, pending.step)
             seconds = time.perf_counter() - pending.started
             how = " in the background" if pending.upload_background else ""
             self.report("checkpoint", f"checkpoint step {pending.step} saved{how} to "

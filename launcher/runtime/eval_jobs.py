@@ -48,7 +48,7 @@ def merge_results(run_dir: Path, metrics, already: Optional[set] = None) -> int:
 class NullEvalJobs:
     """Ranks other than 0, and runs without eval.asynchronous: nothing to ask for or merge."""
 
-    def saved(self, step_dir: Path, step: int) -> None:
+    def saved(self, step_dir: Path, step: int, checkpoint: str = "") -> None:
         """Do nothing."""
 
     def catch_up(self) -> None:
@@ -67,16 +67,19 @@ class EvalJobs(NullEvalJobs):
         self.dispatch = dispatch
         self._merged = ledger.merged_in_metrics(self.run_dir)
 
-    def _request(self, step_dir: Path) -> bool:
+    def _request(self, step_dir: Path, checkpoint: str = "") -> bool:
         meta = read_meta(step_dir)
         if "step" not in meta:
             return False
-        return ledger.request(self.run_dir, step=int(meta["step"]), checkpoint=step_dir,
+        return ledger.request(self.run_dir, step=int(meta["step"]),
+                              checkpoint=checkpoint or step_dir,
                               tokens=int(meta.get("consumed_samples", 0)) * self.seq_length)
 
-    def saved(self, step_dir: Path, step: int) -> None:
-        """Checkpoint ``step`` is complete: ask for its scores and start an eval job."""
-        if self._request(step_dir):
+    def saved(self, step_dir: Path, step: int, checkpoint: str = "") -> None:
+        """Checkpoint ``step`` is complete (``step_dir``: a local copy, read now;
+        ``checkpoint``: where the eval job loads it, when not there: its s3:// step folder): ask
+        for its scores and start an eval job."""
+        if self._request(step_dir, checkpoint):
             self._start(f"checkpoint step {step}")
 
     def catch_up(self) -> None:
