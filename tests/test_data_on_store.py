@@ -128,6 +128,36 @@ def test_data_prep_uploads_the_shards_then_commits_with_the_manifest_last(s3, co
             and ".trainwright-write-check" not in key] == []
 
 
+def test_data_prep_upload_publishes_an_existing_output(s3, corpus, tmp_path):
+    """``python -m data_prep.upload`` of a finished local output (a merged array's, say): its
+    shards under another folder, data.yaml naming them there, the manifest written last; a
+    directory that holds no finished output exits 2 and sends nothing."""
+    import shutil
+
+    local = tmp_path / "out"
+    shutil.copytree(corpus[0], local)
+    log = tmp_path / "requests.log"
+    env = {**os.environ, **_env(s3, tmp_path, TW_TEST_S3_LOG=str(log))}
+
+    def upload(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "data_prep.upload", *args], cwd=REPO,
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    proc = upload(str(local), f"s3://{BUCKET}/uploaded")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    writes = [key for op, key in _requests(log) if op == "PutObject"
+              and ".trainwright-write-check" not in key]
+    assert writes[-1] == "uploaded/manifest.json" and len(writes) == 3 * 2 + 2
+    config = yaml.safe_load(s3.client().get_object(Bucket=BUCKET,
+                                                   Key="uploaded/data.yaml")["Body"])
+    assert config["prefixes"] == [f"s3://{BUCKET}/uploaded/corpus_0000{i}" for i in range(3)]
+    (tmp_path / "empty").mkdir()
+    log.unlink()
+    refused = upload(str(tmp_path / "empty"), f"s3://{BUCKET}/empty")
+    assert refused.returncode == 2 and "not a finished data_prep output" in refused.stderr
+    assert _requests(log) == [] and s3.keys(BUCKET, "empty/") == {}
+
+
 def _store_run(s3, tmp: Path, name: str, stage: Path, *extra: str, expect: int = 0,
                env: dict | None = None) -> subprocess.CompletedProcess:
     """The tiny model trained on the data config data_prep wrote (prefixes on the store)."""

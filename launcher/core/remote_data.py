@@ -104,7 +104,7 @@ def read_manifest(folder: ObjectURI, deadline: float) -> tuple[str, dict]:
         raise DataUnavailable(
             f"{folder} is not a committed dataset (no {where}): its upload never finished, or "
             "nothing was published there; re-run the python -m data_prep command that writes "
-            "it (output=" f"{folder}), or fix data.prefixes")
+            f"it (output={folder}), or fix data.prefixes")
     try:
         manifest = json.loads(text)
         manifest["shards"]
@@ -148,6 +148,8 @@ def resolve(prefixes: Sequence[str], deadline: Optional[float] = None) -> list[R
 
 def _shard(prefix: str, folder: ObjectURI, name: str, text: str, manifest: dict,
            listing: dict) -> RemoteShard:
+    """The shard ``name`` of a folder's manifest, every object of it in ``listing`` (key ->
+    bytes) with its manifest's size; DataUnavailable naming the prefix and the key."""
     entry = next((e for e in manifest["shards"] if e.get("prefix") == name), None)
     if entry is None:
         raise DataUnavailable(f"{prefix}: the manifest {folder.child(MANIFEST)} lists no shard "

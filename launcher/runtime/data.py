@@ -3,7 +3,8 @@
 :func:`build_datasets` turns a :class:`~launcher.config.DataConfig` into the train / validation /
 test ``GPTDataset`` splits through megatron-core's ``BlendedMegatronDatasetBuilder`` (a blend of
 indexed-dataset prefixes, or ``MockGPTDataset`` when ``prefixes`` is empty). The datasets shuffle
-documents and samples from ``seed`` and cache their indices under ``cache_dir``.
+documents and samples from ``seed`` and cache their indices under ``cache_dir``. ``s3://``
+prefixes are read from their copies in the node's shard cache (:func:`local_data`).
 
 :class:`DataParallelSampler` walks the dataset in order, starting at ``consumed_samples``: global
 micro-batch ``k`` is samples ``[k*m*dp, (k+1)*m*dp)`` and data-parallel rank ``r`` takes the
