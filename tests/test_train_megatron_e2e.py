@@ -104,6 +104,16 @@ def test_moe_ep2_run_logs_load_balancing_loss(tmp_path):
         == (2, 1, 1)
 
 
+@pytest.mark.slow
+def test_the_load_balancing_loss_is_a_mean_over_the_moe_layers_only(tmp_path):
+    """With a dense first layer (model.moe_dense_layers=1 of 2) the logged loss is the mean over
+    the one MoE layer: the same 1.0-2.0 band as above (averaged over every layer it read about
+    half of that)."""
+    train(tmp_path, "dense_first", *MOE_EP2, "model.moe_dense_layers=1", "trainer.train_steps=2")
+    balance = [row["moe/load_balancing_loss"] for row in step_rows(tmp_path / "dense_first")]
+    assert len(balance) == 2 and all(0.9 < b < 2.0 for b in balance), balance
+
+
 DP_SHARDED = MEGATRON + ["parallelism.zero_stage=1", "engine.optimizer_checkpoint=dp_reshardable",
                          "trainer.save_interval=2", "trainer.keep_last=0",
                          "trainer.eval_interval=0"]

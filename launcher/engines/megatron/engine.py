@@ -38,6 +38,7 @@ from launcher.engines.megatron.scoring import chunk_label_scores, data_parallel,
 from launcher.engines.model import use_transformer_engine
 from launcher.parallel import collectives
 from launcher.shape import Batch
+from launcher.shape.model import ResolvedModel
 from launcher.shape.stages import StageSplit, stage_layers
 
 LOAD_BALANCING_METRIC = "moe/load_balancing_loss"
@@ -159,7 +160,7 @@ def build_megatron_engine(*, batch: Batch, model: ModelConfig, parallelism: Para
     opt = get_megatron_optimizer(
         optimizer_config(optimizer, trainer, parallelism.zero_stage == 1), chunks)
     return MegatronEngine(chunks, opt, batch=batch, engine=engine, trainer=trainer,
-                          moe_layers=model.num_layers if model.num_experts else 0,
+                          moe_layers=ResolvedModel.of(model).moe_layers,
                           vocab_size=model.vocab_size,
                           stage_layers=stage_layers(model.num_layers,
                                                     parallelism.pipeline_parallel_size,
