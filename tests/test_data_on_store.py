@@ -212,6 +212,18 @@ def test_training_reads_the_store_like_the_local_copy_then_from_the_cache_only(s
     assert _losses(tmp_path / "cached") == reference
 
 
+def test_data_shard_cache_dir_is_the_only_cache_the_launcher_and_ranks_fill(s3, corpus,
+                                                                           tmp_path):
+    """data.shard_cache_dir set: the launcher's copy before the ranks start lands there, and the
+    default cache ($TRAINWRIGHT_CACHE/shards) stays empty (it was filled instead, then the ranks
+    downloaded a second copy into the configured one)."""
+    own = tmp_path / "own_cache"
+    run = _store_run(s3, tmp_path, "own", corpus[0], f"data.shard_cache_dir={own}")
+    assert "[data] 3 shard(s) on the store: 3 downloaded" in run.stderr, run.stderr[-3000:]
+    assert len(list(own.rglob("corpus_*.bin"))) == 3
+    assert not (tmp_path / "cache" / "shards").exists()
+
+
 def test_a_publish_killed_before_its_manifest_leaves_no_dataset(s3, corpus, tmp_path):
     """data_prep SIGKILLed as it writes the manifest: every shard is on the store but the
     folder is not committed, and a run on it exits 2 naming the folder and the missing

@@ -28,7 +28,7 @@ from launcher.launch.contamination import with_contamination
 from launcher.launch.model_source import adopt_model
 from launcher.parallel.distributed import in_distributed_launch
 from launcher.plan import Plan, PlanError, compute_plan, plan_or_exit, print_problems
-from launcher.plan.data_check import check_data_or_exit
+from launcher.plan.data_check import check_data_or_exit, shard_cache
 from launcher.plan.validate import check_interleaving
 from launcher.plan.precision import resolve_precision, with_precision
 from launcher.runtime.rundir import run_dir_path, to_plain
@@ -112,7 +112,8 @@ def planned_job(argv: Sequence[str], raw: DictConfig, *, run_dir: Optional[Path]
         cfg.resilience, first_phase_timeout_s=plan.first_phase_timeout_s))  # 0: the plan's
     cfg, planned, notes = plan_for_this_machine(cfg, plan, world)
     if check_data:
-        check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size, cfg.data.split)
+        check_data_or_exit(cfg.data.prefixes, cfg.model.vocab_size, cfg.data.split,
+                           cache=shard_cache(cfg.data))
         check_stores_or_exit(cfg.trainer)
     run_dir = run_dir or run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name)
     config = to_plain(raw)
