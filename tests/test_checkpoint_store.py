@@ -109,9 +109,13 @@ def test_the_secret_reaches_no_file_the_run_wrote(s3, tmp_path):
 def test_an_unusable_store_exits_2_before_any_rank_starts(s3, tmp_path, case):
     env = {"bucket": s3.env(), "credentials": s3.env(AWS_SECRET_ACCESS_KEY="wrong-secret-xyz"),
            "endpoint": s3.env(AWS_ENDPOINT_URL_S3="http://127.0.0.1:9")}[case]
+    import time
+
     bucket = "nosuchbucket" if case == "bucket" else BUCKET
+    started = time.monotonic()
     proc = train(tmp_path, case, "trainer.train_steps=2",
                  f"trainer.checkpoint_uri=s3://{bucket}/x", env=env, expect=2)
+    assert time.monotonic() - started < 40  # compose and plan, then a check of seconds
     err = proc.stderr
     assert "trainer.checkpoint_uri" in err and f"bucket {bucket!r}" in err, err[-2000:]
     assert {"bucket": "does not exist", "credentials": "access denied",

@@ -268,7 +268,7 @@ def delete_folder(uri: ObjectURI, deadline: float) -> None:
                                              UploadId=up["UploadId"]), deadline)
 
 
-def check_usable(uri: ObjectURI, *, write: bool, timeout_s: float = 20.0) -> None:
+def check_usable(uri: ObjectURI, *, write: bool, timeout_s: float = 8.0) -> None:
     """Raise :class:`StoreUnusable` (exit 2) unless this process can list (and, ``write``,
     write and delete) under ``uri``: names the endpoint, the bucket and what answered, never
     the secret. Takes seconds, not the transfers' retry budget."""
@@ -282,10 +282,9 @@ def check_usable(uri: ObjectURI, *, write: bool, timeout_s: float = 20.0) -> Non
             put_text(probe, "write check\n", deadline)
             delete_keys(uri.bucket, [probe.prefix], deadline)
     except Exception as exc:  # noqa: BLE001
-        cause = exc.__cause__ if isinstance(exc, StoreFailure) and exc.__cause__ else exc
         doing = "write checkpoints to" if write else "read checkpoints from"
         raise StoreUnusable(f"cannot {doing} {uri} (endpoint {endpoint()}, bucket "
-                            f"{uri.bucket!r}): {_unusable_reason(cause)}") from None
+                            f"{uri.bucket!r}): {unusable_reason(exc)}") from None
 
 
 def _unusable_reason(exc: BaseException) -> str:
