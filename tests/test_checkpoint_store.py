@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.s3 import SECRET_KEY, SeaweedS3
+from tests.helpers.s3 import SECRET_KEY, serve
 from tests.helpers.training import steps_of, train
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("s3_store")]
@@ -20,10 +20,7 @@ BUCKET = "ckpt"
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    server = SeaweedS3(tmp_path_factory.mktemp("seaweed")).start()
-    server.bucket(BUCKET)
-    yield server
-    server.stop()
+    yield from serve(tmp_path_factory, BUCKET)
 
 
 def _rows(run_dir: Path) -> list:
@@ -221,22 +218,30 @@ def _event_lines(run_dir: Path, needle: str) -> list:
     return [json.loads(line) for line in path.read_text().splitlines() if needle in line]
 
 
+def _kill_the_server_mid_upload(s3, tmp_path: Path, prefix: str, holds: list, *overrides: str):
+    """A run saving every 2 steps to ``prefix``; the server SIGKILLed while step 2 uploads
+    (held there until then), then the upload let go; (process, log)."""
+    marker, go = tmp_path / "uploading", tmp_path / "go"
+    proc, log = _start(tmp_path, "run", [["step_000002/", "any", str(marker), str(go)], *holds],
+                       "trainer.global_batch_size=8", "trainer.save_interval=2",
+                       "trainer.eval_interval=0", f"trainer.checkpoint_uri=s3://{BUCKET}/{prefix}",
+                       *overrides, env=s3.env())
+    _wait_for(marker, proc, log)
+    s3.kill()
+    go.touch()
+    return proc, log
+
+
 def test_the_server_killed_during_a_save_costs_that_save_only(s3, tmp_path):
     """The S3 server SIGKILLed while step 2 uploads: one line names the step, the key and the
     error; nothing of step 2 is committed; training goes on; with the server back, steps 4 and
     6 commit and the run ends 0."""
-    prefix = "serverkill"
-    marker, go, go4 = (tmp_path / n for n in ("uploading", "go", "go4"))
-    holds = [["step_000002/", "any", str(marker), str(go)],
-             ["step_000004/", "any", str(tmp_path / "uploading4"), str(go4)]]
-    proc, log = _start(tmp_path, "run", holds, "trainer.global_batch_size=8",
-                       "trainer.save_interval=2", "trainer.train_steps=6",
-                       "trainer.eval_interval=0", "trainer.checkpoint_retry_s=4",
-                       f"trainer.checkpoint_uri=s3://{BUCKET}/{prefix}", env=s3.env())
+    prefix, go4 = "serverkill", tmp_path / "go4"
+    hold4 = ["step_000004/", "any", str(tmp_path / "uploading4"), str(go4)]
     try:
-        _wait_for(marker, proc, log)
-        s3.kill()
-        go.touch()
+        proc, log = _kill_the_server_mid_upload(s3, tmp_path, prefix, [hold4],
+                                                "trainer.train_steps=6",
+                                                "trainer.checkpoint_retry_s=4")
         _wait_for(lambda: _event_lines(tmp_path / "run", "NOT saved"), proc, log)
     finally:
         s3.start()
@@ -254,16 +259,11 @@ def test_saves_failing_in_a_row_end_the_run_with_exit_4_and_no_restart(s3, tmp_p
     """The server killed during the save of step 2 and left down: steps 2 and 4 fail
     (checkpoint_failures_allowed=2), the run exits 4 and the launcher does not restart it."""
     prefix = "downhill"
-    marker, go = tmp_path / "uploading", tmp_path / "go"
-    proc, log = _start(tmp_path, "run", [["step_000002/", "any", str(marker), str(go)]],
-                       "trainer.global_batch_size=8", "trainer.save_interval=2",
-                       "trainer.train_steps=8", "trainer.eval_interval=0",
-                       "trainer.checkpoint_retry_s=2", "trainer.checkpoint_failures_allowed=2",
-                       f"trainer.checkpoint_uri=s3://{BUCKET}/{prefix}", env=s3.env())
     try:
-        _wait_for(marker, proc, log)
-        s3.kill()
-        go.touch()
+        proc, log = _kill_the_server_mid_upload(s3, tmp_path, prefix, [],
+                                                "trainer.train_steps=8",
+                                                "trainer.checkpoint_retry_s=2",
+                                                "trainer.checkpoint_failures_allowed=2")
         assert proc.wait(timeout=240) == 4, log.read_text()[-5000:]
     finally:
         s3.start()

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.helpers.data_prep import stdlib_documents, write_jsonl
-from tests.helpers.s3 import SECRET_KEY, SeaweedS3
+from tests.helpers.s3 import SECRET_KEY, serve
 from tests.helpers.training import REPO, TINY, steps_of, train
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("s3_data")]
@@ -51,10 +51,7 @@ Nothing else of botocore or trainwright is replaced."""
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    server = SeaweedS3(tmp_path_factory.mktemp("seaweed")).start()
-    server.bucket(BUCKET)
-    yield server
-    server.stop()
+    yield from serve(tmp_path_factory, BUCKET)
 
 
 def _env(s3, tmp: Path, **extra: str) -> dict:

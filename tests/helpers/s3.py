@@ -137,3 +137,11 @@ class SeaweedS3:
     def stop(self) -> None:
         self.kill()
         self.proc = None
+
+
+def serve(tmp_path_factory, bucket: str):
+    """A module fixture's body: a started server with ``bucket``, stopped after the module."""
+    server = SeaweedS3(tmp_path_factory.mktemp("seaweed")).start()
+    server.bucket(bucket)
+    yield server
+    server.stop()
