@@ -49,17 +49,17 @@ def split_checkpoint(argv: Sequence[str]) -> tuple[str, list]:
 
 
 def checkpoint_tokenizer(tokenizer: str, checkpoint: str) -> Optional[str]:
-    """``eval.tokenizer``, else the Hugging Face directory's tokenizer.json, else the tokenizer
-    the checkpoint's run was prepared with; None when there is none."""
-    from launcher.engines.weights.sources import (SourceError, checkpoint_meta, step_dir_of,
-                                                  tokenizer_file)
+    """``eval.tokenizer``, else the Hugging Face directory's tokenizer.json, else the one kept
+    in the checkpoint (from_hf's), else the tokenizer the checkpoint's run was prepared with;
+    None when there is none."""
+    from launcher.engines.weights.sources import SourceError, step_dir_of, step_tokenizer
 
     if tokenizer:
         return tokenizer
     if (Path(checkpoint) / "tokenizer.json").is_file():
         return str(Path(checkpoint) / "tokenizer.json")
     try:
-        found = tokenizer_file(checkpoint_meta(step_dir_of(Path(checkpoint))))
+        found = step_tokenizer(step_dir_of(Path(checkpoint)))
     except SourceError:
         return None
     return str(found) if found else None

@@ -42,7 +42,8 @@ def split_checkpoint(argv: Sequence[str]) -> tuple[str, list]:
 
 
 def tokenizer_path(gen, checkpoint: str) -> Optional[Path]:
-    """The tokenizer.json to use: generate.tokenizer, the HF directory's, or the run's."""
+    """The tokenizer.json to use: generate.tokenizer, the HF directory's, the one kept in the
+    checkpoint (from_hf's, with its chat template), or the run's."""
     for candidate in (gen.tokenizer, checkpoint):
         if not candidate:
             continue
@@ -51,11 +52,11 @@ def tokenizer_path(gen, checkpoint: str) -> Optional[Path]:
             return p
         if (p / "tokenizer.json").is_file():
             return p / "tokenizer.json"
-    from launcher.engines.weights.sources import checkpoint_meta, step_dir_of, tokenizer_file
+    from launcher.engines.weights.sources import step_dir_of, step_tokenizer
 
     if (Path(checkpoint) / "config.json").is_file():
         return None
-    return tokenizer_file(checkpoint_meta(step_dir_of(Path(checkpoint))))
+    return step_tokenizer(step_dir_of(Path(checkpoint)))
 
 
 def chat_tokenizer(gen, tokenizer: Optional[Path], checkpoint: str):

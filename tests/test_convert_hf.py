@@ -570,3 +570,53 @@ def test_the_mistral_window_changes_the_logits(hf_models, tmp_path):
     (full / "config.json").write_text(json.dumps({**config, "sliding_window": None}))
     os.symlink(Path(hf_models["mistral"], "model.safetensors"), full / "model.safetensors")
     assert np.abs(reference_logits(str(full)) - reference_logits(hf_models["mistral"])).max() > 1e-3
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.slow
+def test_from_hf_keeps_the_tokenizer_so_generate_and_evaluate_need_none(tmp_path):
+    """A Llama directory with its tokenizer and chat template: from_hf keeps them in the step
+    directory; launcher.generate generate.chat=true renders the prompt as transformers does and
+    launcher.evaluate scores as with eval.tokenizer given, neither told where a tokenizer is."""
+    import shutil
+
+    from tests.helpers.chat import chatml_tokenizer
+
+    tok = chatml_tokenizer(tmp_path / "tok", 280)
+    config = json.loads((tok / "tokenizer_config.json").read_text())
+    (tok / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHATML}))
+    hf = tmp_path / "hf"
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**LLAMA, "vocab_size": 300},
+                                                           tie_word_embeddings=False)
+                                  ).save_pretrained(str(hf))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tok / name, hf / name)
+    run = tmp_path / "run"
+    done = _cli("launcher.convert", "from_hf", f"hf={hf}", f"out={run}", "model.seq_length=64",
+                "trainer.precision=fp32", "cluster.gpus_per_node=1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    kept = run / "checkpoints" / "step_000000" / "tokenizer"
+    assert sorted(p.name for p in kept.iterdir()) == [
+        "generation_config.json", "tokenizer.json", "tokenizer_config.json"]
+
+    turn = [{"role": "user", "content": "the cat sat"}]
+    theirs = transformers.AutoTokenizer.from_pretrained(str(hf))
+    prompt = theirs.apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
+    expected = theirs(prompt, add_special_tokens=False)["input_ids"]
+    gen = _cli("launcher.generate", f"checkpoint={run}", "generate.chat=true",
+               "generate.prompt=the cat sat", "generate.max_new_tokens=2", "generate.format=json",
+               "trainer.precision=fp32", "cluster.gpus_per_node=1")
+    assert gen.returncode == 0, gen.stderr[-3000:]
+    assert json.loads(gen.stdout.strip().splitlines()[-1])["prompt_ids"] == list(expected)
+
+    scores = []
+    for extra in ([], [f"eval.tokenizer={hf / 'tokenizer.json'}"]):
+        ev = _cli("launcher.evaluate", f"checkpoint={run}", "eval.tasks=[tw_facts]",
+                  "eval.limit=2", "eval.format=json", "cluster.gpus_per_node=1", *extra)
+        assert ev.returncode == 0, ev.stderr[-3000:]
+        scores.append(json.loads(ev.stdout.strip().splitlines()[-1])["tasks"])
+    assert scores[0] == scores[1]

@@ -3,7 +3,9 @@
 Every rank of the requested layout (``parallelism.*``, ``engine=``, ``cluster.*``) builds its
 engine exactly as ``launcher.train`` does with ``trainer.init_from=<hf dir>`` (each rank reads
 only its own slices of the HF tensors), then writes step 0 through the engine's checkpoint IO:
-``<out>/checkpoints/step_0`` with a fresh optimizer and the model in ``trainwright.json``. The
+``<out>/checkpoints/step_0`` with a fresh optimizer and the model in ``trainwright.json``, and the
+model's tokenizer (with its chat template) in ``step_0/tokenizer/``, so that launcher.evaluate
+and launcher.generate on the result need no tokenizer setting. The
 result resumes (``run.name``/``trainer.load``) or seeds runs (``trainer.init_from=<out>``).
 
 The ranks write into ``<out>.partial`` (logs included), renamed to ``<out>`` once step 0 is
@@ -50,6 +52,7 @@ def import_rank(rank: Rank) -> int:
     """One rank of the import: build the engine with the HF weights and save step 0 (unless a
     stop signal came first)."""
     from launcher.engines import engine_inputs, spec
+    from launcher.engines.weights.sources import tokenizer_files
     from launcher.runtime import resume as resume_safety
     from launcher.runtime.checkpoint import CheckpointManager
     from launcher.runtime.rundir import redact
@@ -64,5 +67,5 @@ def import_rank(rank: Rank) -> int:
     manager = CheckpointManager(job.run_dir / "checkpoints", engine.checkpoint_io, keep_last=0,
                                 final_step=0, record=resume_safety.run_record(job.cfg, plan))
     manager.save(0, consumed_samples=0, config=redact(job.config), plan=plan.to_dict(),
-                 background=False)
+                 background=False, files=tokenizer_files(Path(job.cfg.trainer.init_from)))
     return 0

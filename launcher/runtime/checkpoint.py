@@ -150,10 +150,11 @@ class CheckpointManager:
         return self._pending is not None
 
     def save(self, step: int, *, consumed_samples: int, config: dict, plan: dict,
-             background: bool = True) -> Path:
+             background: bool = True, files: Optional[dict] = None) -> Path:
         """Save ``step``; in the background when allowed (``background``, ``async_save`` and not
-        the last step), else complete on return. Returns the final step directory. A failed
-        write raises :class:`CheckpointError` (see :meth:`_write`)."""
+        the last step), else complete on return. ``files``: name inside the step directory ->
+        a file rank 0 copies there (e.g. the tokenizer from_hf keeps). Returns the final step
+        directory. A failed write raises :class:`CheckpointError` (see :meth:`_write`)."""
         self.wait()
         final = self.dir / step_name(step)
         tmp = self.dir / (final.name + ".tmp")
@@ -171,21 +172,25 @@ class CheckpointManager:
         started = time.perf_counter()
         if not background:  # the caller waits for it: say so before the wait, not after
             self.report("checkpoint", f"checkpoint step {step}: saving to {final}", step=step)
-        deferred = self._write(tmp, step, meta, background)
+        deferred = self._write(tmp, step, meta, background, files or {})
         self._pending = _Pending(tmp, final, step, started, deferred, upload_background)
         if not deferred:
             self._finish(blocking=not upload_background)
         return final
 
-    def _write(self, tmp: Path, step: int, meta: dict, background: bool) -> bool:
-        """This rank's files of ``tmp``: the engine's, its RNG states, and (rank 0) the metadata.
-        A write that fails raises CheckpointError (:meth:`_write_failures`)."""
+    def _write(self, tmp: Path, step: int, meta: dict, background: bool,
+               files: dict) -> bool:
+        """This rank's files of ``tmp``: the engine's, its RNG states, and (rank 0) ``files``
+        and the metadata. A write that fails raises CheckpointError (:meth:`_write_failures`)."""
         rank = collectives.rank()
         with self._write_failures(tmp, step):
             deferred = self.io.write(tmp, background=background)
             (tmp / "rng").mkdir(parents=True, exist_ok=True)
             torch.save(_rng_state(), tmp / "rng" / f"rank_{rank}.pt")
             if rank == 0:
+                for name, source in files.items():
+                    (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(source, tmp / name)
                 atomic_write_json(tmp / META, meta)
             return deferred
 

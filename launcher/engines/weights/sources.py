@@ -320,6 +320,32 @@ def open_source(path: Path):
     return DeepSpeedSource(step_dir)
 
 
+TOKENIZER_DIR = "tokenizer"
+"""Inside a step directory: the tokenizer that travels with the checkpoint (launcher.convert
+from_hf copies the Hugging Face model's there), its chat template in tokenizer_config.json."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "chat_template.jinja", "chat_template.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json")
+"""The files of a Hugging Face directory that make its tokenizer (and chat template)."""
+
+
+def tokenizer_files(hf_dir: Path) -> dict:
+    """``tokenizer/<name>`` -> path of each tokenizer file of ``hf_dir`` (empty without a
+    tokenizer.json: nothing this project reads)."""
+    hf_dir = Path(hf_dir)
+    if not (hf_dir / "tokenizer.json").is_file():
+        return {}
+    return {f"{TOKENIZER_DIR}/{name}": hf_dir / name for name in TOKENIZER_FILES
+            if (hf_dir / name).is_file()}
+
+
+def step_tokenizer(step_dir: Path) -> Optional[Path]:
+    """The tokenizer.json of a checkpoint: the one kept in its step directory, else the one
+    its run was prepared with (:func:`tokenizer_file`); None when there is none."""
+    kept = Path(step_dir) / TOKENIZER_DIR / "tokenizer.json"
+    return kept if kept.is_file() else tokenizer_file(checkpoint_meta(Path(step_dir)))
+
+
 def tokenizer_file(meta: dict) -> Optional[Path]:
     """The run's HF ``tokenizer.json`` (data.tokenizer_path, or the tokenizer named by the
     manifest next to its first data prefix); None for other kinds or mock data."""
