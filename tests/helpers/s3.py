@@ -72,7 +72,9 @@ class SeaweedS3:
                 "AWS_EC2_METADATA_DISABLED": "true", **overrides}
 
     def start(self, timeout_s: float = 60.0) -> "SeaweedS3":
-        """Start (or restart) the server; return once its S3 API answers."""
+        """Start (or restart) the server; return once its S3 API answers. A server of this
+        object still running is killed first (never two on one data directory, none leaked)."""
+        self.kill()
         ports = [f"-{name if '.' in name or name == 'metricsPort' else name + '.port'}={port}"
                  for name, port in self.ports.items()]
         args = [weed_binary(), "server", f"-dir={self.root / 'data'}", "-ip=127.0.0.1",
