@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.engines import cfg_of, fixed_batches
+from tests.helpers.engines import cfg_of, run_layout
 
 
 def test_deepspeed_config_follows_the_plan():
@@ -45,35 +45,6 @@ def test_param_groups_exclude_biases_and_norms():
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert [tuple(p.shape) for p in decay["params"]] == [(4, 4)]
     assert len(no_decay["params"]) == 3
-
-
-def run_layout(overrides, steps: int, data_seed: int) -> dict:
-    """Build the engine for ``overrides`` on this process group, train ``steps`` steps."""
-    import torch
-    from megatron.core import parallel_state
-
-    from launcher.core.phases import PhaseTimer
-    from launcher.engines.deepspeed.engine import build_engine
-    from launcher.engines.model import init_parallel_state
-    from launcher.plan import compute_plan
-    from launcher.runtime.schedule import lr_at
-
-    cfg = cfg_of(overrides)
-    plan = compute_plan(cfg, world_size=torch.distributed.get_world_size())
-    init_parallel_state(cfg.parallelism, seed=cfg.trainer.seed)
-    eng = build_engine(batch=plan.batch, model=cfg.model, parallelism=cfg.parallelism,
-                       optimizer=cfg.optimizer, trainer=cfg.trainer, engine=cfg.engine)
-    next_batch = fixed_batches(cfg.model.vocab_size, cfg.model.seq_length,
-                               cfg.trainer.micro_batch_size, data_seed)
-    timer, out = PhaseTimer(), {"loss": [], "grad_norm": [], "loss_scale": []}
-    for step in range(steps):
-        lr = lr_at(step, optimizer=cfg.optimizer, total_steps=plan.batch.train_steps)
-        result = eng.train_step(next_batch, lr, timer)
-        for key in out:
-            out[key].append(getattr(result, key))
-    out["times"] = timer.snapshot()
-    parallel_state.destroy_model_parallel()
-    return out
 
 
 def zero_worker(args: dict) -> dict:

@@ -23,6 +23,7 @@ from launcher.runtime.eval_jobs import merge_results
 from launcher.runtime.metrics import MetricsLogger
 from tests.helpers.data_prep import train_hf_tokenizer
 from tests.helpers.training import REPO, TINY, train
+from tests.helpers.wandb_runs import wandb_history
 
 TASKS = ["eval.tasks=[tw_facts,tw_paragraphs]", "eval.limit=8"]
 ONE_PROCESS = "eval.job_overrides=['cluster.gpus_per_node=1']"
@@ -88,8 +89,6 @@ def evaluate_json(*args: str) -> dict:
 
 @pytest.mark.slow
 def test_every_checkpoint_scored_once_across_a_resume_in_the_same_wandb_run(tmp_path, tokenizer):
-    from tests.test_train_secrets import wandb_history
-
     common = [*ASYNC, f"eval.tokenizer={tokenizer}", "trainer.save_interval=2",
               "trainer.keep_last=0", "logger=wandb"]
     offline = {"WANDB_MODE": "offline"}
@@ -233,8 +232,7 @@ def test_on_kubernetes_a_checkpoint_starts_a_checked_batch_job(tmp_path, monkeyp
 @pytest.mark.slow
 @pytest.mark.xdist_group("slurm")
 def test_under_slurm_each_checkpoint_starts_an_eval_job_of_its_own(slurm, tmp_path, tokenizer):
-    from tests.helpers.slurm import job_env, read_logs, wait_job
-    from tests.test_slurm_jobs import submit
+    from tests.helpers.slurm import job_env, read_logs, submit, wait_job
 
     run_dir = tmp_path / "tiny_1x2_cpu"
     job = submit(tmp_path, *TASKS, "eval.async=true", ONE_PROCESS, f"eval.tokenizer={tokenizer}",

@@ -11,55 +11,7 @@ import math
 
 import pytest
 
-from tests.helpers.engines import MOE, build, fixed_batches
-
-
-def global_params(eng) -> dict:
-    """{global parameter name: tensor} of this rank's chunks (layer numbers made global)."""
-    out = {}
-    for chunk in eng.chunks:
-        gpt = chunk.module
-        local_to_global = {f"decoder.layers.{i}.": f"decoder.layers.{layer.layer_number - 1}."
-                           for i, layer in enumerate(gpt.decoder.layers)}
-        for name, param in gpt.named_parameters():
-            for local, glob in local_to_global.items():
-                if name.startswith(local):
-                    name = glob + name[len(local):]
-                    break
-            out[name] = param
-    return out
-
-
-def copy_weights(eng, reference: dict) -> None:
-    """Give ``eng`` the weights of a PP=1 model (tied output layer = word embeddings)."""
-    import torch
-
-    with torch.no_grad():
-        for name, param in global_params(eng).items():
-            tied = name == "output_layer.weight" and name not in reference
-            param.copy_(reference["embedding.word_embeddings.weight" if tied else name])
-
-
-def train(eng, cfg, steps: int, data_seed: int = 0, reference=None) -> dict:
-    """Train ``steps`` steps on the fixed batches; losses, grad norms, extras, phase times."""
-    from megatron.core import parallel_state
-
-    from launcher.core.phases import PhaseTimer
-    from launcher.runtime.schedule import lr_at
-
-    if reference is not None:
-        copy_weights(eng, reference)
-    next_batch = fixed_batches(cfg.model.vocab_size, cfg.model.seq_length,
-                               cfg.trainer.micro_batch_size, data_seed)
-    timer, out = PhaseTimer(), {"loss": [], "grad_norm": [], "extra": []}
-    for step in range(steps):
-        result = eng.train_step(next_batch, lr_at(step, optimizer=cfg.optimizer,
-                                                  total_steps=steps), timer)
-        for key in out:
-            out[key].append(getattr(result, key))
-    out["times"] = timer.snapshot()
-    parallel_state.destroy_model_parallel()
-    return out
+from tests.helpers.engines import MOE, build, global_params, train
 
 
 def layouts_worker(args: dict) -> dict:

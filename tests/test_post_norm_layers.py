@@ -36,9 +36,7 @@ TP2_SP = ["parallelism.tensor_parallel_size=2", "parallelism.sequence_parallel=t
 
 def engines_worker(args: dict) -> dict:
     """TP=1 (both ranks the same replica) and TP=2 + SP, for each engine, 3 steps each."""
-    from tests.helpers.engines import build
-    from tests.test_engine_deepspeed import run_layout
-    from tests.test_megatron_engine import train
+    from tests.helpers.engines import build, run_layout, train
 
     out, model = {}, MODELS[args["model"]]
     # one micro-batch a step: TP=1's two replicas see the same batch, as TP=2's one does

@@ -12,7 +12,6 @@ import json
 import time
 import os
 import secrets
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from launcher.config import LoggerConfig
 from launcher.core.phases import PHASES, PhaseTimer
 from launcher.runtime.metrics import (MetricsLogger, NullMetricsLogger, make_metrics_logger,
                                       progress_line, timer_metrics)
+from tests.helpers.wandb_runs import wandb_records
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,30 +101,10 @@ def test_progress_line_skips_missing_and_zero_phases():
 
 # --- wandb offline, in fresh processes -------------------------------------------------------
 
-def _wandb_records(path: Path):
-    """Records of a .wandb file (LevelDB-log framing: 7-byte header, 32 KiB blocks, chunks of
-    crc32c(4) length(2) type(1) + payload; types full=1 first=2 middle=3 last=4)."""
-    from wandb.proto import wandb_internal_pb2
-
-    data, pos, parts, block = path.read_bytes(), 7, b"", 32768
-    assert data[:4] == b":W&B"
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:
-            pos += block - pos % block
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
-        parts = chunk if kind in (1, 2) else parts + chunk
-        if kind in (1, 4):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(parts)
-            yield record
-
-
 def _history(path: Path) -> tuple[str, list[dict]]:
     """(run id, history rows) of one offline run file."""
     run_id, rows = "", []
-    for record in _wandb_records(path):
+    for record in wandb_records(path):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run_id = record.run.run_id

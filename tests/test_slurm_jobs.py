@@ -7,33 +7,21 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.slurm import (REPO, job_env, job_info, read_logs, sbatch, start_requeued_job_now,
-                                 wait_job)
+from tests.helpers.slurm import (REPO, SMALL, job_env, job_info, read_logs, sbatch,
+                                 start_requeued_job_now, submit, wait_job)
 from tests.helpers.submit import HOSTILE, hydra_quote
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
-SMALL = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128",
-         "model.num_attention_heads=4", "model.num_query_groups=2", "model.vocab_size=512",
-         "model.seq_length=64"]
 
 
 def metric_steps(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text()
             .splitlines() if "loss" in json.loads(line)]
-
-
-def submit(tmp: Path, *overrides: str, env: dict) -> str:
-    proc = subprocess.run([sys.executable, "-m", "launcher.submit", "experiment=tiny_1x2_cpu",
-                           f"run.output_root={tmp}", *SMALL, *overrides], cwd=tmp, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip()
 
 
 def test_tiny_recipe_via_sbatch_trains_to_completion(slurm, tmp_path):

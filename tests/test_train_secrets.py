@@ -9,48 +9,17 @@ command line held every override verbatim."""
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import struct
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tests.helpers.training import REPO, TINY, steps_of
+from tests.helpers.wandb_runs import wandb_history
 
 STEPS = 4
-
-
-def wandb_records(path: Path):
-    """The protobuf records of a ``.wandb`` file (a leveldb-style log: 32 KiB blocks of
-    checksum/length/type-framed chunks after a 7-byte ``:W&B`` header)."""
-    from wandb.proto import wandb_internal_pb2
-
-    data, pos, block, buf = path.read_bytes(), 7, 32768, b""
-    assert data[:4] == b":W&B", data[:8]
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # block trailer padding
-            pos += block - pos % block
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
-        buf = chunk if kind in (1, 2) else buf + chunk  # FULL/FIRST start, MIDDLE/LAST extend
-        if kind in (1, 4) and buf:
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(buf)
-            yield record
-
-
-def wandb_history(run_file: Path) -> list:
-    rows = []
-    for record in wandb_records(run_file):
-        if record.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                         for item in record.history.item})
-    return rows
 
 
 @pytest.mark.slow

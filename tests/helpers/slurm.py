@@ -10,6 +10,9 @@ submitting at once would wait on each other's jobs inside their own time limits.
 therefore also holds an exclusive lock for the whole test: Slurm tests run one at a time across
 pytest-xdist workers, whichever way the workers are scheduled.
 
+``submit`` runs ``launcher.submit experiment=tiny_1x2_cpu`` on a small model (``SMALL``) and
+returns the job id (formerly in tests/test_slurm_jobs.py; tests/test_eval_jobs.py submits too).
+
 Formerly tests/_slurm.py.
 """
 
@@ -33,6 +36,10 @@ LOCK = Path("/tmp/trainwright_slurm_up.lock")
 JOBS_LOCK = Path("/tmp/trainwright_slurm_jobs.lock")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+SMALL = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128",
+         "model.num_attention_heads=4", "model.num_query_groups=2", "model.vocab_size=512",
+         "model.seq_length=64"]
+"""The model of the Slurm test jobs: small enough for a CPU job of a few seconds."""
 _TOOLS = ("sbatch", "srun", "scontrol", "squeue", "slurmctld", "slurmd", "munged")
 
 
@@ -81,6 +88,16 @@ def sbatch(*args: str, env: dict, cwd: Path = REPO) -> str:
                           env=env, cwd=cwd, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().split(";")[0]
+
+
+def submit(tmp: Path, *overrides: str, env: dict) -> str:
+    """``python -m launcher.submit experiment=tiny_1x2_cpu`` (``SMALL``, run.output_root=tmp,
+    then ``overrides``) from ``tmp``; returns the job id."""
+    proc = subprocess.run([sys.executable, "-m", "launcher.submit", "experiment=tiny_1x2_cpu",
+                           f"run.output_root={tmp}", *SMALL, *overrides], cwd=tmp, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
 
 
 def job_info(job_id: str) -> dict:
