@@ -238,6 +238,28 @@ class LaunchMode(StrEnum):
     plans the job itself. Nothing watches the tasks: no hang detection, no in-job restart."""
 
 
+class DataFormat(StrEnum):
+    text = "text"
+    """Documents: every token trained (data_prep format=text, or mock data)."""
+    chat = "chat"
+    """Conversations packed into rows with a loss mask in <prefix>.mask.bin/.idx (data_prep
+    format=chat); engine=megatron only."""
+
+
+class GenerateFormat(StrEnum):
+    text = "text"
+    """The continuation (decoded, or its token ids without a tokenizer)."""
+    json = "json"
+    """One JSON object: prompt_ids, output_ids, text."""
+
+
+class EvalFormat(StrEnum):
+    text = "text"
+    """One line per task: its metrics."""
+    json = "json"
+    """One JSON object: checkpoint, step, tasks (the scores), seconds."""
+
+
 class PlanFormat(StrEnum):
     table = "table"
     json = "json"
@@ -445,7 +467,7 @@ class DataConfig:
     """End-of-document token id written by data_prep."""
     tokenizer_path: str = ""
     """Tokenizer file used by data_prep (for decoding samples); empty = none."""
-    format: str = "text"
+    format: DataFormat = DataFormat.text
     """What the shards hold: text (documents, every token trained) or chat (data_prep
     format=chat: conversations packed into rows with a loss mask in <prefix>.mask.bin/.idx)."""
     num_workers: int = 2
@@ -913,7 +935,7 @@ class GenerateConfig:
     1.0 = the whole vocabulary."""
     seed: int = 0
     """Seed of the sampling generator (the same on every rank)."""
-    format: str = "text"
+    format: GenerateFormat = GenerateFormat.text
     """text (the continuation) or json (one object: prompt_ids, output_ids, text)."""
     tokenizer: str = ""
     """A tokenizer.json or an HF directory holding one; empty = the checkpoint's own (the HF
@@ -979,8 +1001,8 @@ class EvalConfig:
     tokenizer: str = ""
     """tokenizer.json the tasks' text is encoded with; empty = the run's (data.tokenizer_path,
     or the tokenizer of the shards' manifest)."""
-    format: str = "text"
-    """python -m launcher.evaluate's output: text (a table) or json (one object)."""
+    format: EvalFormat = EvalFormat.text
+    """python -m launcher.evaluate's output: text (a line per task) or json (one object)."""
     contamination: bool = False
     """Check eval.tasks against the run's own shards once before launch (python -m
     data_prep.contamination, cached beside the shards by their manifest): each score is then

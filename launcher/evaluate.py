@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from launcher.config import EvalFormat
 from launcher.core.atomic import atomic_write_json
 from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.evals.check import eval_problems
@@ -97,7 +98,7 @@ def report(table: dict, *, checkpoint: str, ev, out, seconds: float) -> None:
     if ev.output:
         Path(ev.output).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(Path(ev.output), record)
-    if ev.format == "json":
+    if ev.format == EvalFormat.json:
         print(json.dumps(record), file=out, flush=True)
         return
     for task, row in table.items():
@@ -138,8 +139,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     problems = eval_problems(job.cfg, tokenizer)
     if not job.cfg.eval.tasks:
         problems.append("eval.tasks is empty; name the tasks to score, e.g. eval.tasks=[tw_facts]")
-    if job.cfg.eval.format not in ("text", "json"):
-        problems.append(f"eval.format={job.cfg.eval.format}: use text or json")
     if problems:
         print(f"evaluate: {len(problems)} problem(s):\n" + "\n".join(f"- {p}" for p in problems),
               file=sys.stderr)

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from launcher.config import GenerateFormat
 from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.launch.bootstrap import Rank, run_ranks
 from launcher.launch.job import prepare
@@ -158,7 +159,7 @@ def _report(gen, ids, new, logits, tokenizer, generator, out) -> None:
     if not generator.prints():
         return
     text = decode(new, tokenizer)  # an end-of-turn token is special: decoding skips it
-    if gen.format == "json":
+    if gen.format == GenerateFormat.json:
         print(json.dumps({"prompt_ids": ids, "output_ids": new, "text": text}), file=out,
               flush=True)
     else:
@@ -176,10 +177,6 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return CONFIG_ERROR_EXIT
     job = prepare(_for_inference(adopt_model(rest, "checkpoint", path=checkpoint)), plan=False)
-    if job.cfg.generate.format not in ("text", "json"):
-        print(f"generate: generate.format={job.cfg.generate.format}: use text or json",
-              file=sys.stderr)
-        return CONFIG_ERROR_EXIT
     if job.cfg.generate.chat:  # the template and tokenizer checked before any rank starts
         try:
             chat_tokenizer(job.cfg.generate, tokenizer_path(job.cfg.generate, checkpoint),

@@ -7,9 +7,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from launcher.compose import CONF_DIR, ConfigError, compose_config, to_object
-from launcher.config import (ClusterConfig, DataConfig, EngineConfig, EvalConfig, LoggerConfig,
-                             ModelConfig, OptimizerConfig, ParallelismConfig, Recompute,
-                             ResilienceConfig, TrainerConfig, TrainwrightConfig)
+from launcher.config import (ClusterConfig, DataConfig, DataFormat, EngineConfig, EvalConfig,
+                             EvalFormat, GenerateFormat, LoggerConfig, ModelConfig,
+                             OptimizerConfig, ParallelismConfig, Recompute, ResilienceConfig,
+                             TrainerConfig, TrainwrightConfig)
 
 SCHEMA_OF_GROUP = {
     "model": ModelConfig, "parallelism": ParallelismConfig, "data": DataConfig,
@@ -71,12 +72,29 @@ def test_enums_are_typed():
     assert cfg.trainer.activation_recompute is Recompute.selective
 
 
+def test_the_three_format_fields_are_distinct_enums():
+    """data.format (what the shards hold), generate.format and eval.format (what a command
+    prints) are three StrEnums, each refusing the others' values at compose."""
+    cfg = to_object(compose_config(["data.format=chat", "generate.format=json",
+                                    "eval.format=json"]))
+    assert cfg.data.format is DataFormat.chat and cfg.generate.format is GenerateFormat.json
+    assert cfg.eval.format is EvalFormat.json
+    default = to_object(compose_config([]))
+    assert (default.data.format, default.generate.format, default.eval.format) == (
+        DataFormat.text, GenerateFormat.text, EvalFormat.text)
+    with pytest.raises(ConfigError, match=r"data\.format=json.*expected one of \[text, chat\]"):
+        compose_config(["data.format=json"])
+
+
 @pytest.mark.parametrize("override,fragment", [
     (["model.hidden_sizee=3"], "hidden_sizee"),
     (["model.hidden_size=abc"], "hidden_size"),
     (["trainer.activation_recompute=partial"], "activation_recompute"),
     (["parallelism.sequence_parallel=maybe"], "sequence_parallel"),
     (["model=no_such_model"], "no_such_model"),
+    (["data.format=yaml"], "data.format"),
+    (["generate.format=yaml"], "generate.format"),
+    (["eval.format=table"], "eval.format"),
 ])
 def test_typos_and_wrong_types_fail_at_compose(override, fragment):
     with pytest.raises(ConfigError) as info:

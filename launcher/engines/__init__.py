@@ -8,7 +8,7 @@ how much memory it holds without importing torch; ``SPEC.build`` imports the eng
 
 from __future__ import annotations
 
-from launcher.config import EngineName, TrainwrightConfig
+from launcher.config import DataFormat, EngineName, TrainwrightConfig
 from launcher.engines import deepspeed, megatron
 from launcher.engines.base import EngineSpec
 
@@ -30,10 +30,10 @@ def engine_inputs(cfg: TrainwrightConfig) -> dict:
                 trainer=with_per_token_loss(cfg.trainer, cfg.data.format), engine=cfg.engine)
 
 
-def with_per_token_loss(trainer, data_format: str):
+def with_per_token_loss(trainer, data_format: DataFormat):
     """``trainer`` with ``per_token_loss`` resolved (null: on for data.format=chat)."""
     import dataclasses
 
     if trainer.per_token_loss is not None:
         return trainer
-    return dataclasses.replace(trainer, per_token_loss=data_format == "chat")
+    return dataclasses.replace(trainer, per_token_loss=data_format == DataFormat.chat)

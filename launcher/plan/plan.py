@@ -14,7 +14,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from launcher.config import AttentionBackend, Precision, TrainwrightConfig, loss_kernel
+from launcher.config import (AttentionBackend, DataFormat, Precision, TrainwrightConfig,
+                             loss_kernel)
 from launcher.engines import spec
 from launcher.plan import fp8
 from launcher.plan.engine_choice import engine_notes
@@ -414,7 +415,8 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: B
             step_s=compute.step_time_s, save_s=goodput.save_s, eval_s=eval_s),
         sources=_sources(cfg, calibration if measured else None, goodput, choice),
         downstream=_downstream(cfg, batch, tasks_s),
-        chat_tokens=chat_token_shares(cfg.data.prefixes) if cfg.data.format == "chat" else {})
+        chat_tokens=(chat_token_shares(cfg.data.prefixes) if cfg.data.format == DataFormat.chat
+                     else {}))
     problems = _fit_problems(plan) + resilience_problems(
         cfg, step_time_s=compute.step_time_s, eval_s=eval_s, goodput=goodput)
     if problems:

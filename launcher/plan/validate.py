@@ -11,8 +11,8 @@ import math
 import signal
 from pathlib import PurePath
 
-from launcher.config import (Activation, Arch, AttentionBackend, HfFamily, ModelConfig,
-                             NormPlacement, TrainwrightConfig, compute_precision)
+from launcher.config import (Activation, Arch, AttentionBackend, DataFormat, HfFamily,
+                             ModelConfig, NormPlacement, TrainwrightConfig, compute_precision)
 from launcher.core.problems import Problem, divisors, fmt_values
 from launcher.core.stop import resolve_signal
 from launcher.engines import spec
@@ -266,7 +266,7 @@ def _check_window(cfg: TrainwrightConfig, cp: int) -> list[Problem]:
         return _needs_window(cfg.model)
     problems = []
     te = str(cfg.cluster.gpu).lower() != "cpu" and not ResolvedModel.of(cfg.model).local_layers
-    if cfg.data.format == "chat" and te:
+    if cfg.data.format == DataFormat.chat and te:
         problems.append(Problem(("model.window_size", "data.format", "cluster.gpu"), (
             f"model.window_size={window} with data.format=chat on cluster.gpu={cfg.cluster.gpu}: "
             "the packed rows go to Transformer Engine's attention as THD sequences, and a window "
@@ -393,10 +393,7 @@ def check_static(cfg: TrainwrightConfig, dims: ParallelDims) -> list[Problem]:
 def check_data_format(cfg: TrainwrightConfig) -> list[Problem]:
     """data.format=chat (packed conversations, a loss mask) trains on engine=megatron only, from
     shards (no mock data)."""
-    fmt = cfg.data.format
-    if fmt not in ("text", "chat"):
-        return [Problem(("data.format",), f"data.format={fmt!r}: use text or chat")]
-    if fmt == "text":
+    if cfg.data.format == DataFormat.text:
         if cfg.trainer.per_token_loss and cfg.engine.name.value != "megatron":
             return [Problem(("trainer.per_token_loss", "engine.name"), (
                 "trainer.per_token_loss=true is Megatron-Core's calculate_per_token_loss; "

@@ -26,7 +26,7 @@ from typing import Iterator, List, Optional
 
 import torch
 
-from launcher.config import DataConfig
+from launcher.config import DataConfig, DataFormat
 from launcher.core.errors import TrainingAborted
 from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.core.objectstore import is_remote
@@ -221,7 +221,7 @@ def build_data(cfg, plan, run_dir, consumed_samples: int):
     dp_rank = parallel_state.get_data_parallel_rank()
     eval_samples = t.eval_iters * t.micro_batch_size * dp_size
     train_samples = plan.batch.train_steps * plan.batch.global_batch_size
-    if data.format == "chat":  # packed conversations with their loss mask
+    if data.format == DataFormat.chat:  # packed conversations with their loss mask
         from launcher.runtime.chat_data import build_chat_datasets
 
         train, valid, _ = build_chat_datasets(data, seq_length=cfg.model.seq_length,
