@@ -3,7 +3,7 @@
 
 How much of each evaluation task is in the training shards: token n-gram overlap (Llama 3's
 8-grams by default) between every example of each task (lm-evaluation-harness task files,
-:mod:`launcher.evals.tasks`; the text its ``doc_to_decontamination_query`` gives, else the
+:mod:`launcher.core.eval_tasks`; the text its ``doc_to_decontamination_query`` gives, else the
 prompt and its answer) and the shards that ``data_prep`` wrote, encoded with the shards' own
 tokenizer (their manifest's). An example is contaminated when at least ``threshold`` of its
 n-grams occur somewhere in the shards; one shorter than ``ngram`` tokens is not judged.
@@ -158,7 +158,7 @@ def contamination(opts: Options) -> dict:
     """The whole report (see the module docstring)."""
     from data_prep.inspect import read_manifest
     from data_prep.tokenizer_spec import TokenizerInfo, build_encoder
-    from launcher.evals.tasks import load_tasks
+    from launcher.core.eval_tasks import load_tasks
 
     started = time.perf_counter()
     manifest = read_manifest(opts.shards)
@@ -194,7 +194,7 @@ def parse(argv: Sequence[str]) -> tuple[Options, list]:
 
 
 def check(opts: Options) -> list:
-    from launcher.evals.tasks import task_problems
+    from launcher.core.eval_tasks import task_problems
 
     problems = []
     if not opts.shards or not os.path.isfile(os.path.join(opts.shards, "manifest.json")):

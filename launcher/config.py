@@ -987,7 +987,7 @@ class EvalConfig:
     """Downstream tasks scored during training (lm-evaluation-harness's task format; docs/eval.md)."""
 
     tasks: List[str] = field(default_factory=list)
-    """Task names, found in the shipped tasks (launcher/evals/shipped: tw_facts, tw_paragraphs)
+    """Task names, found in the shipped tasks (launcher/core/shipped_tasks: tw_facts, tw_paragraphs)
     and in include_path; empty = no downstream evaluation."""
     include_path: List[str] = field(default_factory=list)
     """Folders of task YAML files (as lm-evaluation-harness's --include_path), data files on disk

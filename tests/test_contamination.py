@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from data_prep.contamination import window_hashes
-from launcher.evals.tasks import SHIPPED
+from launcher.core.eval_tasks import SHIPPED
 from tests.helpers.data_prep import run_module, stdlib_documents, write_jsonl
 
 pytestmark = pytest.mark.slow

@@ -32,7 +32,7 @@ def harness_scores(hf_dir, tokenizer) -> dict:
     from lm_eval.models.huggingface import HFLM
 
     from launcher.evals.harness import run_tasks
-    from launcher.evals.tasks import load_tasks
+    from launcher.core.eval_tasks import load_tasks
 
     tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer))
     lm = HFLM(pretrained=str(hf_dir), tokenizer=tok, device="cpu", dtype="float32",

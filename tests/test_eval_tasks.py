@@ -16,7 +16,7 @@ import pytest
 
 from launcher.evals.harness import metric_table, rolling
 from launcher.evals.rows import micro_batch_count, micro_batches, replica_rows, row_arrays
-from launcher.evals.tasks import SHIPPED, data_files, task_problems
+from launcher.core.eval_tasks import SHIPPED, data_files, task_problems
 from tests.helpers.data_prep import train_hf_tokenizer
 from tests.helpers.layout_runs import LAYOUT_GROUP
 from tests.helpers.training import REPO, TINY, train

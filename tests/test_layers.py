@@ -30,13 +30,34 @@ def test_an_upward_import_inside_a_function_breaks_them(tmp_path):
         shutil.copytree(REPO / name, tmp_path / name,
                         ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", tmp_path)
-    plan_module = tmp_path / "launcher" / "plan" / "flops.py"
-    plan_module.write_text(plan_module.read_text() + (
-        "\n\ndef _upward():\n    from launcher.runtime import loop  # noqa: F401\n"))
+    for module, target in (("launcher/plan/flops.py", "launcher.runtime import loop"),
+                           ("data_prep/contamination.py", "launcher.evals import ledger")):
+        path = tmp_path / module
+        path.write_text(path.read_text() + (
+            f"\n\ndef _upward():\n    from {target}  # noqa: F401\n"))
     proc = lint(tmp_path)
     assert proc.returncode != 0
     assert "launcher's layers import only downwards BROKEN" in proc.stdout
     assert "launcher.plan.flops -> launcher.runtime.loop" in proc.stdout, proc.stdout[-3000:]
+    assert "data_prep stands on launcher.core and launcher.compose only BROKEN" in proc.stdout
+    assert "data_prep.contamination -> launcher.evals.ledger" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_the_contracts_name_every_package_of_launcher():
+    """A package the layers do not list is free to import anything, and one the data_prep
+    contract does not forbid is open to data_prep: neither may be left out."""
+    import pkgutil
+    import tomllib
+
+    packages = {f"launcher.{m.name}" for m in pkgutil.iter_modules([str(REPO / "launcher")])}
+    contracts = {c["name"]: c for c in tomllib.loads((REPO / "pyproject.toml").read_text())
+                 ["tool"]["importlinter"]["contracts"]}
+    [layers] = [c for c in contracts.values() if c["type"] == "layers"]
+    layered = [name.strip() for layer in layers["layers"] for name in layer.split("|")]
+    assert sorted(layered) == sorted(packages)
+    data_prep = contracts["data_prep stands on launcher.core and launcher.compose only"]
+    assert sorted(data_prep["forbidden_modules"]) == sorted(
+        packages - {"launcher.core", "launcher.compose"})
 
 
 def _loaded_after_import(package: str) -> set:

@@ -11,6 +11,12 @@ templates, splits, few-shot samplers and metrics, with nothing downloaded.
 
 ``data_files`` may be relative: trainwright resolves it against the task file's folder
 (lm-evaluation-harness itself would resolve it against the working directory).
+
+On the ground floor because two sides read the same task files: the evaluation
+(:mod:`launcher.evals`, :mod:`launcher.runtime.evaluation`) and ``data_prep``'s contamination
+check (:mod:`data_prep.contamination`), which stands on launcher.core and launcher.compose only.
+Torch-free and Hydra-free at import; lm-evaluation-harness and PyYAML are imported by the
+functions that use them.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-SHIPPED = Path(__file__).parent / "shipped"
+SHIPPED = Path(__file__).parent / "shipped_tasks"
 """The tasks trainwright ships (written for its tests and demo): always on the include path."""
 LOCAL_BUILDERS = ("json", "csv", "text", "parquet")
 """``dataset_path`` values that read ``data_files`` from disk."""

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 from launcher.config import TrainwrightConfig
-from launcher.evals.tasks import task_problems
+from launcher.core.eval_tasks import task_problems
 from launcher.evals.tokenizer import TextTokenizer, eval_tokenizer_path
 
 

@@ -13,7 +13,7 @@ def count_rows(ev: EvalConfig, tokenizer: str, seq: int) -> int:
     as many as its windows of ``seq`` tokens (its length encoded with ``tokenizer``)."""
     import math
 
-    from launcher.evals.tasks import load_tasks
+    from launcher.core.eval_tasks import load_tasks
     from launcher.evals.tokenizer import TextTokenizer
 
     encode = TextTokenizer(Path(tokenizer)).encode

@@ -35,7 +35,7 @@ def shard_dirs(prefixes) -> list[Path]:
 
 def task_files(ev: EvalConfig) -> list[Path]:
     """Every file the tasks are read from: their YAML and their data."""
-    from launcher.evals.tasks import data_files, task_manager
+    from launcher.core.eval_tasks import data_files, task_manager
 
     manager, files = task_manager(ev.include_path), []
     for name in ev.tasks:

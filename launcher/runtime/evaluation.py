@@ -97,7 +97,7 @@ def build_downstream(engine, *, ev: EvalConfig, data: DataConfig, seq: int, micr
     run's) were checked before the ranks started (:func:`launcher.evals.check.eval_problems`)."""
     if not ev.tasks:
         return None
-    from launcher.evals.tasks import load_tasks
+    from launcher.core.eval_tasks import load_tasks
 
     tokenizer = TextTokenizer(Path(tokenizer or eval_tokenizer_path(ev, data)))
     return DownstreamEval(
