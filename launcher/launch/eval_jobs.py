@@ -131,7 +131,7 @@ def start_kubernetes(cfg, plan, run_dir: Path, job_overrides: Sequence[str]) -> 
 
 def job_overrides(cfg) -> list[str]:
     """``eval.job_overrides``, after the run's precision (scores at the precision trained)."""
-    precision = getattr(cfg.trainer.precision, "value", cfg.trainer.precision)
+    precision = str(cfg.trainer.precision)  # a StrEnum: its value
     given = any(o.lstrip("+~").startswith("trainer.precision=") for o in cfg.eval.job_overrides)
     return ([] if given else [f"trainer.precision={precision}"]) + list(cfg.eval.job_overrides)
 

@@ -237,4 +237,4 @@ def _shown(value) -> str:
     """A value as an override spells it (true/false, enum values)."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    return str(getattr(value, "value", value))
+    return str(value)  # numbers, and the StrEnums' values
