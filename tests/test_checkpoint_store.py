@@ -239,9 +239,12 @@ def test_the_server_killed_during_a_save_costs_that_save_only(s3, tmp_path):
     prefix, go4 = "serverkill", tmp_path / "go4"
     hold4 = ["step_000004/", "any", str(tmp_path / "uploading4"), str(go4)]
     try:
+        # step 6 waits for step 4's upload, held until the server is back: on a loaded machine
+        # a restart of the server took over the hang watchdog's 60 s
         proc, log = _kill_the_server_mid_upload(s3, tmp_path, prefix, [hold4],
                                                 "trainer.train_steps=6",
-                                                "trainer.checkpoint_retry_s=4")
+                                                "trainer.checkpoint_retry_s=4",
+                                                "resilience.hang_timeout_s=600")
         _wait_for(lambda: _event_lines(tmp_path / "run", "NOT saved"), proc, log)
     finally:
         s3.start()
