@@ -123,27 +123,27 @@ def test_an_unusable_store_exits_2_before_any_rank_starts(s3, tmp_path, case):
 
 HOLD_HOOK = '''
 import json, os, time
-import boto3.s3.inject as _inject
+from s3transfer.manager import TransferManager as _Manager
 
 _holds = json.loads(os.environ.get("TW_TEST_HOLD", "[]"))
-_upload = _inject.upload_file
+_upload = _Manager.upload
 
-def upload_file(self, Filename, Bucket, Key, *args, **kwargs):
+def upload(self, fileobj, bucket, key, *args, **kwargs):
     for needle, rank, marker, go in _holds:
-        if needle in Key and rank in ("any", os.environ.get("RANK")):
+        if needle in key and rank in ("any", os.environ.get("RANK")):
             if not os.path.exists(marker):
                 with open(marker, "w") as f:
                     f.write(str(os.getpid()))
             while go and not os.path.exists(go):
                 time.sleep(0.05)
-    return _upload(self, Filename, Bucket, Key, *args, **kwargs)
+    return _upload(self, fileobj, bucket, key, *args, **kwargs)
 
-_inject.upload_file = upload_file
+_Manager.upload = upload
 '''
 """In the runs of these tests only (a sitecustomize on their PYTHONPATH): an upload whose key
 holds ``needle``, on rank ``rank``, drops ``marker`` and waits until ``go`` exists (forever
 when ``go`` is empty), so a kill lands inside an upload deterministically. Nothing else of
-boto3 or trainwright is replaced."""
+s3transfer or trainwright is replaced."""
 
 
 def _start(tmp: Path, name: str, holds: list, *overrides: str, env: dict):

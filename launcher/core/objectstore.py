@@ -21,7 +21,6 @@ import functools
 import os
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence, TypeVar
@@ -121,7 +120,13 @@ def _error_text(exc: BaseException) -> str:
 
 
 def _is_permanent(exc: BaseException) -> bool:
-    """A failure that retrying does not mend: access denied, no such bucket, bad request."""
+    """A failure that retrying does not mend: access denied, no such bucket, bad request (also
+    when wrapped, as boto3's S3UploadFailedError wraps the ClientError)."""
+    cause = exc.__cause__ or exc.__context__
+    return _is_permanent_itself(exc) or (cause is not None and _is_permanent_itself(cause))
+
+
+def _is_permanent_itself(exc: BaseException) -> bool:
     from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
 
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError, FileNotFoundError,
@@ -149,56 +154,76 @@ def with_retries(what: str, call: Callable[[], T], deadline: float) -> T:
         wait = min(wait * 2, TRANSIENT_BACKOFF_S[1])
 
 
+@functools.lru_cache(maxsize=None)
+def _manager(pid: int):
+    """This process's one s3transfer TransferManager: every file of every call shares its
+    :data:`CONCURRENCY` parts in flight (a manager per file multiplied them, and a local
+    server buffering gigabytes timed out its own writes)."""
+    from s3transfer.manager import TransferConfig, TransferManager
+
+    return TransferManager(client(), TransferConfig(
+        multipart_threshold=PART_BYTES, multipart_chunksize=PART_BYTES,
+        max_request_concurrency=CONCURRENCY))
+
+
+def _transfer_all(items: list, submit: Callable, what: Callable[[T], str],
+                  deadline: float) -> None:
+    """Submit every item to the manager, wait for all, and submit again those that failed
+    transiently (backoff with jitter) until ``deadline``; StoreFailure naming the first item
+    still failing then, or failing permanently."""
+    pending, wait, tries = list(items), TRANSIENT_BACKOFF_S[0], 0
+    while pending:
+        tries += 1
+        futures = [(item, submit(item)) for item in pending]
+        failed = []
+        for item, future in futures:
+            try:
+                future.result()
+            except Exception as exc:  # noqa: BLE001 - botocore/s3transfer raise many kinds
+                failed.append((item, exc))
+        for item, exc in failed:
+            if _is_permanent(exc) or time.monotonic() + wait > deadline:
+                raise StoreFailure(f"{what(item)}: {_error_text(exc)} (endpoint {endpoint()}, "
+                                   f"{tries} tries)") from exc
+        if failed:
+            time.sleep(wait * (0.5 + random.random()))
+            wait = min(wait * 2, TRANSIENT_BACKOFF_S[1])
+        pending = [item for item, _ in failed]
+
+
 def upload(files: Sequence[tuple[Path, str]], bucket: str, deadline: float) -> int:
-    """Upload each (local file, key) to ``bucket`` (multipart, files in parallel); the bytes
-    sent. Raises StoreFailure naming the first key that could not be written by ``deadline``."""
-    transfer = _transfer_config()
+    """Upload each (local file, key) to ``bucket`` (multipart, every file in flight at once);
+    the bytes sent. Raises StoreFailure naming the first key that could not be written by
+    ``deadline``."""
+    files = list(files)
+    manager = _manager(os.getpid())
+    _transfer_all(files, lambda item: manager.upload(str(item[0]), bucket, item[1]),
+                  lambda item: f"upload of s3://{bucket}/{item[1]}", deadline)
+    return sum(Path(path).stat().st_size for path, _ in files)
 
-    def one(item: tuple[Path, str]) -> int:
-        path, key = item
-        with_retries(f"upload of s3://{bucket}/{key}", lambda: client().upload_file(
-            str(path), bucket, key, Config=transfer), deadline)
-        return path.stat().st_size
 
-    return sum(_parallel(one, files))
+def _part(path: Path) -> Path:
+    return path.with_name(path.name + ".part")
 
 
 def download(objects: Sequence[tuple[str, Path, int]], bucket: str, deadline: float) -> int:
     """Download each (key, local file, expected size) of ``bucket``, written under a temporary
     name and renamed once its size is the expected one; the bytes read. Raises StoreFailure
     naming a key that is missing, truncated or unreadable by ``deadline``."""
-    transfer = _transfer_config()
-
-    def one(item: tuple[str, Path, int]) -> int:
-        key, path, size = item
-        path.parent.mkdir(parents=True, exist_ok=True)
-        part = path.with_name(path.name + ".part")
-        with_retries(f"download of s3://{bucket}/{key}", lambda: client().download_file(
-            bucket, key, str(part), Config=transfer), deadline)
-        got = part.stat().st_size
+    objects = list(objects)
+    for _, path, _ in objects:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    manager = _manager(os.getpid())
+    _transfer_all(objects, lambda item: manager.download(bucket, item[0], str(_part(item[1]))),
+                  lambda item: f"download of s3://{bucket}/{item[0]}", deadline)
+    for key, path, size in objects:
+        got = _part(path).stat().st_size
         if got != size:
-            part.unlink(missing_ok=True)
+            _part(path).unlink(missing_ok=True)
             raise StoreFailure(f"s3://{bucket}/{key} holds {got} bytes, its checkpoint's "
                                f"manifest says {size}: truncated or replaced; it is not loaded")
-        os.replace(part, path)
-        return size
-
-    return sum(_parallel(one, objects))
-
-
-def _parallel(work: Callable[[T], int], items: Iterable[T]) -> list[int]:
-    """``work`` over ``items`` on a few threads (each transfer has its own parts in flight);
-    the first failure is raised once every started transfer has ended."""
-    items = list(items)
-    if not items:
-        return []
-    with ThreadPoolExecutor(max_workers=min(4, len(items))) as pool:
-        futures = [pool.submit(work, item) for item in items]
-        errors = [f.exception() for f in futures]
-    first = next((e for e in errors if e is not None), None)
-    if first is not None:
-        raise first
-    return [f.result() for f in futures]
+        os.replace(_part(path), path)
+    return sum(size for _, _, size in objects)
 
 
 def put_text(uri: ObjectURI, text: str, deadline: float) -> None:

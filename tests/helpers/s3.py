@@ -17,7 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-from tests.helpers.dist import free_port
 from tests.helpers.processes import MARK
 
 ACCESS_KEY = "TWTESTACCESSKEY0001"
@@ -34,11 +33,21 @@ def weed_binary() -> str:
 
 
 def _free_ports(count: int) -> list:
-    """``count`` distinct ports free now (weed derives nothing from them: each is given)."""
+    """``count`` distinct ports free now, below the kernel's ephemeral range (32768 up): a
+    restarted server binds them again, and a client's outgoing connection never takes one
+    meanwhile (one did, from the ephemeral range, while the server was down)."""
+    import random
+    import socket
+
     ports: list = []
     while len(ports) < count:
-        port = free_port()
-        if port not in ports:
+        port = random.randrange(20000, 32000)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        if port not in ports and port + 10000 not in ports:
             ports.append(port)
     return ports
 
