@@ -76,7 +76,7 @@ def local_copy(checkpoint: str) -> tuple[str, str]:
     it is not committed there any more (keep-k on the store) or cannot be read."""
     from launcher.core import objectstore, remote_checkpoints
     from launcher.core.errors import CheckpointError
-    from launcher.launch.remote_inputs import RETRY_S, cache_root
+    from launcher.launch.remote_inputs import RETRY_S, cache_of
     from launcher.parallel import collectives
     from launcher.runtime.checkpoint_store import fetch
 
@@ -93,8 +93,7 @@ def local_copy(checkpoint: str) -> tuple[str, str]:
     if error:
         return error, ""
     try:
-        cache = cache_root() / "checkpoints" / uri.bucket / uri.prefix.rpartition("/")[0]
-        return "", str(fetch(commit, cache, RETRY_S))
+        return "", str(fetch(commit, cache_of(uri), RETRY_S))
     except CheckpointError as exc:
         return f"unreadable: {exc}", ""
 

@@ -33,6 +33,11 @@ def cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "trainwright")
 
 
+def cache_of(step_uri: objectstore.ObjectURI) -> Path:
+    """The local checkpoints folder that caches the store's step folder ``step_uri``."""
+    return cache_root() / "checkpoints" / step_uri.bucket / step_uri.prefix.rpartition("/")[0]
+
+
 def local_checkpoint(value: str, key: str) -> str:
     """``value`` itself when it is a local path; for ``s3://...`` (a committed step folder or a
     checkpoints prefix: its newest commit) the path of its local copy. Exit 2 naming ``key``
@@ -45,9 +50,8 @@ def local_checkpoint(value: str, key: str) -> str:
         commit = remote_checkpoints.resolve(uri, time.monotonic() + RETRY_S)
         if commit is None:
             raise CheckpointError(f"nothing is committed under {uri} (no step_<N>/complete)")
-        parent = commit.uri.prefix.rpartition("/")[0]
         started = time.perf_counter()
-        path = fetch(commit, cache_root() / "checkpoints" / uri.bucket / parent, RETRY_S)
+        path = fetch(commit, cache_of(commit.uri), RETRY_S)
     except (CheckpointError, ValueError) as exc:
         print(f"config error: {key}={value}: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(CONFIG_ERROR_EXIT) from None

@@ -179,17 +179,15 @@ def fetch(commit: Commit, checkpoints_dir: Path, retry_s: float) -> Path:
     if errors:
         raise StoreFailure(f"cannot load checkpoint {commit.uri}: {errors[0]}")
     if collectives.rank() == group[0]:
-        atomic_write_text(partial / REMOTE_RECORD, record)
-        atomic_write_text(partial / COMPLETE, f"{commit.step}\n")
-        partial.rename(final)
-        atomic_symlink_or_pointer(Path(checkpoints_dir) / LATEST, final.name)
+        keep_local(partial, final, commit)
     collectives.barrier()
     return final
 
 
 def keep_local(staged: Path, final: Path, done: Commit) -> None:
-    """Rank 0, after a commit of a step every rank staged in one folder: that folder becomes
-    the local copy of the commit (``complete``, the commit record, ``latest``)."""
+    """``staged`` (a step every rank staged in one folder, just committed; or a whole download)
+    becomes the local copy of the commit ``final``: the commit record, ``complete``, the rename,
+    ``latest``."""
     atomic_write_text(staged / REMOTE_RECORD, done.record())
     atomic_write_text(staged / COMPLETE, f"{done.step}\n")
     if final.exists():
