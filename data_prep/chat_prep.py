@@ -27,6 +27,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, List, Optional
 
 import numpy as np
@@ -174,14 +175,39 @@ def packed_length(length: int, multiple: int) -> int:
     return -(-length // multiple) * multiple
 
 
-def fingerprint(cfg, files, template: str, stem: str) -> str:
-    """What the output depends on: inputs (path, size, mtime), tokenizer, template, settings,
-    and the shard names (an array task's)."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "chat_template.jinja", "chat_template.json")
+"""The files of a tokenizer directory that transformers reads for a fast tokenizer and its
+chat template (the weights beside them are not read)."""
+
+
+def tokenizer_digest(json_file: str) -> str:
+    """SHA-256 over the name and bytes of each tokenizer file: ``json_file`` and, when it is a
+    directory's tokenizer.json, the other :data:`TOKENIZER_FILES` there."""
+    path = Path(json_file)
+    files = ([path.parent / name for name in TOKENIZER_FILES]
+             if path.name == "tokenizer.json" else [path])
+    digest = hashlib.sha256()
+    for file in files:
+        if file.is_file():
+            digest.update(file.name.encode() + b"\0")
+            with open(file, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+            digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def fingerprint(cfg, files, tokenizer, stem: str) -> str:
+    """What the output depends on: inputs (path, size, mtime), the tokenizer's files (their
+    bytes), the template's text, the settings, and the shard names (an array task's). An edited
+    .jinja file or tokenizer is another run, never a resumed or finished one."""
     parts = [f"{f.path}|{f.size}|{f.mtime_ns}" for f in files] + [stem,
-        os.path.abspath(cfg.tokenizer.path), template, str(cfg.chat.mask), str(cfg.chat.pack),
-        str(cfg.chat.overlong), str(cfg.seq_length), str(cfg.chat.pack_window),
-        str(cfg.shard_bytes)] + ([f"multiple={cfg.chat.pack_multiple}"]
-                                 if cfg.chat.pack_multiple > 1 else [])
+        tokenizer_digest(tokenizer.json_file), tokenizer.template_name,
+        hashlib.sha256(str(tokenizer.template_text).encode()).hexdigest(), str(cfg.chat.mask),
+        str(cfg.chat.pack), str(cfg.chat.overlong), str(cfg.seq_length),
+        str(cfg.chat.pack_window), str(cfg.shard_bytes)] + (
+        [f"multiple={cfg.chat.pack_multiple}"] if cfg.chat.pack_multiple > 1 else [])
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
@@ -319,7 +345,7 @@ def _run(cfg, files, tokenizer, out_dir: str, task: ChatTask, started: float) ->
     from data_prep.manifest import write_manifest
 
     stem = task.stem
-    identity = fingerprint(cfg, files, tokenizer.template_name, stem)
+    identity = fingerprint(cfg, files, tokenizer, stem)
     done, kept, tally = _starting_point(cfg, out_dir, task, identity)
     if done is not None:
         return done

@@ -28,6 +28,10 @@ USAGE = """usage: python -m data_prep input=<file|glob|dir|[a,b]> output=<dir> [
   tokenizer.kind=hf|tiktoken|sentencepiece|byte tokenizer.path=<file|dir|encoding name>
   workers=N  shard_tokens=N  shard_bytes=N  text_key=text  strict=true  max_bad_fraction=0.001
   num_tasks=N task_index=I (default from SLURM_ARRAY_TASK_COUNT / SLURM_ARRAY_TASK_ID)
+  format=auto|jsonl|parquet|text, or format=chat: conversations for fine-tuning, packed with a
+    loss mask: seq_length=N (the model's) chat.template=<name|file.jinja> (default: the
+    tokenizer's) chat.mask=assistant|last|all chat.pack=true chat.overlong=truncate|drop
+    chat.pack_window=N chat.pack_multiple=M (2 x context_parallel_size under TE)
 Every key is documented in data_prep/config.py and docs/data_prep.md."""
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from launcher.config import Arch, ParallelismConfig
+from launcher.engines.megatron.packed_rows import attention_cut
 from launcher.runtime.chat_data import PackedChatDataset, packed_sample
 from tests.helpers.chat import split_rows, write_chat_shards
 from tests.helpers.dist import gloo_group
@@ -33,10 +34,21 @@ def test_a_packed_row_keeps_its_conversations_apart():
     assert s["position_ids"].tolist() == [0, 1, 2, 0, 1, 2, 3, 0]
     # label 20 starts the second conversation: never predicted from the first; padding untrained
     assert s["loss_mask"].tolist() == [1, 1, 0, 0, 1, 1, 0, 0]
-    cut = s["attention_mask"][0]
+    assert s["segment_ids"].tolist() == [0, 0, 0, 1, 1, 1, 1, 2]
+    cut = attention_cut(s["segment_ids"][None])[0, 0]
     assert cut.shape == (8, 8)
     assert not cut[5, 3] and cut[5, 2] and cut[3, 4]  # within, across, the future
     assert not cut[7, 7] and cut[7, 6]  # padding attends to itself only
+
+
+def test_a_sample_is_linear_in_the_sequence_not_an_s_by_s_mask():
+    """At 32K tokens a row's sample is about 1.2 MiB (no [s, s] mask: 1 GiB of booleans); the
+    mask the local attention needs is built per micro-batch on the device instead."""
+    s = 32768
+    seg = np.repeat(np.arange(8), s // 8 + 1)[:s + 1]
+    sample = packed_sample(np.arange(s + 1) % 97, np.ones(s + 1, np.uint8), seg, s, pad_id=0)
+    assert max(v.numel() for v in sample.values()) <= s
+    assert sum(v.numel() * v.element_size() for v in sample.values()) < 16 * 2 ** 20
 
 
 def test_a_micro_batch_of_rows_becomes_one_thd_sequence_that_attends_where_the_mask_does():
@@ -65,7 +77,7 @@ def test_a_micro_batch_of_rows_becomes_one_thd_sequence_that_attends_where_the_m
     allowed = (sequence[:, None] == sequence[None, :]) & np.tril(np.ones((30, 30), bool))
     for r, row in enumerate(rows):
         block = allowed[10 * r:10 * r + 10, 10 * r:10 * r + 10]
-        assert (block == ~row["attention_mask"][0].numpy()).all(), r
+        assert (block == ~attention_cut(row["segment_ids"][None])[0, 0].numpy()).all(), r
     assert float(flat["loss_mask"].sum()) == float(batch["loss_mask"].sum())
     assert torch.equal(flat["labels"][0], batch["labels"].reshape(-1))
 
@@ -135,9 +147,9 @@ def forward(gpt, sample: dict):
 
     with torch.no_grad():
         logits = gpt(sample["tokens"][None], sample["position_ids"][None],
-                     sample["attention_mask"][None])
+                     attention_cut(sample["segment_ids"][None]))
         losses = gpt(sample["tokens"][None], sample["position_ids"][None],
-                     sample["attention_mask"][None], labels=sample["labels"][None])
+                     attention_cut(sample["segment_ids"][None]), labels=sample["labels"][None])
     return logits[0], losses[0]
 
 

@@ -1,7 +1,8 @@
 """``python -m data_prep format=chat``: conversations (JSONL and Parquet, messages and
 prompt/completion) into packed shards with a loss mask that megatron-core's own reader loads;
 rows never over seq_length + 1; bad records counted with file:line; the manifest and the data
-config; the plan refuses to train chat shards as text."""
+config; the plan refuses chat shards under a text config, shards without a loss mask under a
+chat one and rows packed for another seq_length; an edited template or tokenizer is another run."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 from tokenizers import Tokenizer
 
-from tests.helpers.chat import WORDS, chatml_tokenizer, conversations
-from tests.helpers.training import REPO
+from tests.helpers.chat import WORDS, chatml_tokenizer, conversations, split_rows, write_chat_shards
+from tests.helpers.training import REPO, TINY
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
@@ -151,12 +152,94 @@ def test_chat_without_seq_length_or_hf_tokenizer_is_a_config_error(tmp_path, tok
     assert "seq_length=0" in proc.stderr and "tokenizer.kind=byte" in proc.stderr
 
 
-def test_the_plan_refuses_to_train_chat_shards_as_text():
-    from launcher.compose import compose_config, to_object
-    from launcher.plan import PlanError, compute_plan
+def test_chat_shards_under_a_text_config_exit_2_before_any_rank_starts(tmp_path):
+    """Read as text, chat rows would train on prompts, templates and across conversations."""
+    data = write_chat_shards(tmp_path / "data", split_rows())
+    proc = subprocess.run([sys.executable, "-m", "launcher.train", *TINY, "data=chat",
+                           "data.format=text", f"hydra.searchpath=[file://{data / 'conf'}]",
+                           f"run.output_root={tmp_path}", "run.name=r"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"{data / 'chat_00000'} holds data_prep format=chat shards" in proc.stderr
+    assert "set data.format=chat" in proc.stderr
+    assert not (tmp_path / "r").exists() or not list((tmp_path / "r").rglob("rank_*"))
 
-    with pytest.raises(PlanError, match="data.format=chat"):
-        compute_plan(to_object(compose_config(["data.format=chat"])))
+
+def plan_of(data, *overrides):
+    from launcher.compose import compose_config, to_object
+    from launcher.plan import compute_plan
+
+    return compute_plan(to_object(compose_config(
+        [*TINY, "engine=megatron", "data=chat", f"hydra.searchpath=[file://{data / 'conf'}]",
+         *overrides])))
+
+
+def test_the_plan_refuses_rows_packed_for_another_seq_length(tmp_path):
+    from launcher.plan import PlanError
+
+    data = write_chat_shards(tmp_path / "data", split_rows())
+    for packed in (255, 32):  # longer rows do not fit; shorter ones leave each row half empty
+        (data / "manifest.json").write_text(json.dumps(
+            {"format": "chat", "chat": {"seq_length": packed, "pack_multiple": 1}}))
+        with pytest.raises(PlanError) as refused:
+            plan_of(data)
+        assert (f"model.seq_length=64, but {data / 'manifest.json'} was packed into rows for "
+                f"seq_length={packed}") in str(refused.value)
+        assert "re-run data_prep format=chat with seq_length=64" in str(refused.value)
+    (data / "manifest.json").write_text(json.dumps(
+        {"format": "chat", "chat": {"seq_length": 64, "pack_multiple": 1}}))
+    assert plan_of(data).dims.world >= 1
+
+
+def test_the_plan_refuses_text_shards_under_a_chat_config(tmp_path):
+    from launcher.plan import PlanError
+
+    data = write_chat_shards(tmp_path / "data", split_rows())
+    for suffix in (".mask.bin", ".mask.idx"):
+        (data / f"chat_00000{suffix}").unlink()
+    with pytest.raises(PlanError, match=r"has no loss mask .*data_prep format=chat"):
+        plan_of(data)
+
+
+@pytest.mark.parametrize("edited", ["template", "tokenizer"])
+def test_an_edited_template_or_tokenizer_is_another_run_not_a_finished_one(tmp_path,
+                                                                           tokenizer_dir, edited):
+    """The resume fingerprint covers the template's text and the tokenizer files' bytes: a
+    re-run after an edit is refused as another run's output (overwrite=true rebuilds)."""
+    import shutil
+
+    from launcher.core.chat_render import TEMPLATE_DIR
+
+    write_inputs(tmp_path, conversations(20, seed=3))
+    tokenizer = shutil.copytree(tokenizer_dir, tmp_path / "tok")
+    template = tmp_path / "mine.jinja"
+    template.write_text((TEMPLATE_DIR / "chatml.jinja").read_text())
+    settings = ["workers=1", f"chat.template={template}"]
+    prepare(tmp_path, tokenizer, *settings)
+    first = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert prepare(tmp_path, tokenizer, *settings).returncode == 0  # unchanged: already done
+    if edited == "template":  # one more newline after each message
+        template.write_text(template.read_text().replace("'<|im_end|>\\n'", "'<|im_end|>\\n\\n'"))
+    else:
+        config = json.loads((tokenizer / "tokenizer_config.json").read_text())
+        (tokenizer / "tokenizer_config.json").write_text(json.dumps(
+            {**config, "model_max_length": 4096}))
+    refused = prepare(tmp_path, tokenizer, *settings, expect=2)
+    assert "holds the output of another run" in refused.stderr
+    prepare(tmp_path, tokenizer, *settings, "overwrite=true")
+    again = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert again["fingerprint"] != first["fingerprint"]
+    if edited == "template":
+        assert again["totals"]["tokens"] > first["totals"]["tokens"]
+
+
+def test_data_prep_help_names_the_chat_format_and_its_settings():
+    proc = subprocess.run([sys.executable, "-m", "data_prep", "--help"], capture_output=True,
+                          text=True, timeout=60, cwd=REPO)
+    for name in ("format=chat", "seq_length=", "chat.template=", "chat.mask=", "chat.pack=",
+                 "chat.overlong=", "chat.pack_window=", "chat.pack_multiple="):
+        assert name in proc.stdout + proc.stderr, name
 
 
 @pytest.mark.slow

@@ -166,18 +166,38 @@ def chat_token_shares(prefixes: Sequence[str]) -> dict:
     return {"real": tokens / capacity, "trained": trained / capacity} if capacity else {}
 
 
+def local_manifests(prefixes: Sequence[str]) -> dict:
+    """{path: content} of the data_prep ``manifest.json`` beside each local prefix (an
+    ``s3://`` prefix is checked in the shard cache; an unreadable manifest is left out)."""
+    found = {}
+    for path in sorted({Path(p).parent / "manifest.json" for p in prefixes if not is_remote(p)}):
+        try:
+            found[str(path)] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def chat_pack_multiples(prefixes: Sequence[str]) -> dict:
     """{manifest path: chat.pack_multiple} of the data_prep format=chat manifests beside
     ``prefixes`` (1 for a manifest written before the setting)."""
-    found = {}
-    for path in sorted({Path(p).parent / "manifest.json" for p in prefixes}):
-        try:
-            manifest = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if manifest.get("format") == "chat":
-            found[str(path)] = int((manifest.get("chat") or {}).get("pack_multiple", 1))
-    return found
+    return {path: int((manifest.get("chat") or {}).get("pack_multiple", 1))
+            for path, manifest in local_manifests(prefixes).items()
+            if manifest.get("format") == "chat"}
+
+
+def chat_seq_lengths(prefixes: Sequence[str]) -> dict:
+    """{manifest path: the seq_length its chat rows were packed for} (manifests that say)."""
+    return {path: int(manifest["chat"]["seq_length"])
+            for path, manifest in local_manifests(prefixes).items()
+            if manifest.get("format") == "chat" and "seq_length" in (manifest.get("chat") or {})}
+
+
+def loss_mask_shards(prefixes: Sequence[str]) -> dict:
+    """{local prefix: whether its loss mask (``<prefix>.mask.idx``, data_prep format=chat's
+    second dataset) is there}, for the prefixes whose ``.idx`` is."""
+    return {p: os.path.exists(p + ".mask.idx") for p in prefixes
+            if not is_remote(p) and os.path.exists(p + ".idx")}
 
 
 def check_data_or_exit(prefixes: Sequence[str], vocab_size: int, split: str = "98,1,1", *,

@@ -16,7 +16,7 @@ from launcher.config import (Activation, Arch, AttentionBackend, DataFormat, HfF
 from launcher.core.problems import Problem, divisors, fmt_values
 from launcher.core.stop import resolve_signal
 from launcher.engines import spec
-from launcher.plan.data_check import chat_pack_multiples
+from launcher.plan.data_check import chat_pack_multiples, chat_seq_lengths, loss_mask_shards
 from launcher.plan.kubernetes import kubernetes_problems
 from launcher.plan.validate_layers import check_layer_features
 from launcher.shape.dims import ParallelDims
@@ -394,12 +394,13 @@ def check_data_format(cfg: TrainwrightConfig) -> list[Problem]:
     """data.format=chat (packed conversations, a loss mask) trains on engine=megatron only, from
     shards (no mock data)."""
     if cfg.data.format == DataFormat.text:
+        problems = chat_shards_as_text_problems(cfg.data.prefixes)
         if cfg.trainer.per_token_loss and cfg.engine.name.value != "megatron":
-            return [Problem(("trainer.per_token_loss", "engine.name"), (
+            problems.append(Problem(("trainer.per_token_loss", "engine.name"), (
                 "trainer.per_token_loss=true is Megatron-Core's calculate_per_token_loss; "
-                "set engine=megatron, or trainer.per_token_loss=null"))]
-        return []
-    problems = []
+                "set engine=megatron, or trainer.per_token_loss=null")))
+        return problems
+    problems = chat_shard_problems(cfg.data.prefixes, cfg.model.seq_length)
     if cfg.engine.name.value != "megatron":
         problems.append(Problem(("data.format", "engine.name"), (
             f"data.format=chat on engine={cfg.engine.name.value}: packed conversations need "
@@ -411,6 +412,32 @@ def check_data_format(cfg: TrainwrightConfig) -> list[Problem]:
             "(data=<the name data_prep wrote>); mock data has no conversations")))
     return problems + chat_context_parallel_problems(cfg.data.prefixes,
                                                      cfg.parallelism.context_parallel_size)
+
+
+def chat_shards_as_text_problems(prefixes) -> list[Problem]:
+    """Chat shards (a loss mask beside the tokens) read as text would train on every token,
+    prompts and template included, across conversations: refused."""
+    return [Problem(("data.format", "data.prefixes"), (
+        f"data.format=text, but {prefix} holds data_prep format=chat shards (packed "
+        f"conversations with their loss mask {prefix}.mask.bin), which text training would "
+        "read as plain documents; set data.format=chat (the data.yaml data_prep wrote beside "
+        "the shards says so: data=<its name>)"))
+        for prefix, masked in loss_mask_shards(prefixes).items() if masked]
+
+
+def chat_shard_problems(prefixes, seq_length: int) -> list[Problem]:
+    """Shards without a loss mask, and rows packed for another sequence length (longer ones do
+    not fit; shorter ones leave the rest of every row padding)."""
+    problems = [Problem(("data.format", "data.prefixes"), (
+        f"data.format=chat, but {prefix} has no loss mask ({prefix}.mask.bin/.idx): it is not "
+        "the output of data_prep format=chat; prepare the conversations with python -m "
+        "data_prep format=chat, or set data.format=text for plain documents"))
+        for prefix, masked in loss_mask_shards(prefixes).items() if not masked]
+    return problems + [Problem(("model.seq_length", "data.prefixes"), (
+        f"model.seq_length={seq_length}, but {path} was packed into rows for seq_length={packed} "
+        f"({packed + 1} tokens a row); re-run data_prep format=chat with seq_length={seq_length}, "
+        f"or set model.seq_length={packed}"))
+        for path, packed in chat_seq_lengths(prefixes).items() if packed != seq_length]
 
 
 def chat_context_parallel_problems(prefixes, cp: int) -> list[Problem]:

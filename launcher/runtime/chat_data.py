@@ -10,9 +10,12 @@ row, padded to ``seq_length + 1`` tokens:
   predicted from the one before) and on padding;
 - ``position_ids``: restarting at 0 for every conversation (learned position embeddings see each
   alone; rotary ones are relative anyway);
-- ``attention_mask``: ``[1, s, s]`` booleans, True where attention is cut: causal, and never
-  across conversations (padding attends to itself), so a conversation packed after another
-  gives the logits it gives alone;
+- ``segment_ids``: which conversation each input token belongs to (0, 1, ...; the padding is
+  one more): the model attends within a segment only, so a conversation packed after another
+  gives the logits it gives alone. The engine turns them into what its attention takes, per
+  micro-batch on the device (:mod:`launcher.engines.megatron.packed_rows`): an explicit mask
+  for Megatron-Core's local attention, ``cu_seqlens`` for Transformer Engine's. A sample is
+  linear in ``s`` (about 40 bytes a token), never an ``[s, s]`` mask;
 - ``real_tokens``: how many of the ``s`` input tokens are conversations (the rest is padding),
   which the THD layout under Transformer Engine needs to pad conversations for context
   parallelism (:mod:`launcher.engines.megatron.packed_rows`).
@@ -89,13 +92,11 @@ def packed_sample(ids: np.ndarray, mask: np.ndarray, seg: np.ndarray, seq_length
     starts = np.r_[True, seg[1:] != seg[:-1]]
     positions = np.arange(n) - np.maximum.accumulate(np.where(starts, np.arange(n), 0))
     label_mask = mask[1:] & ~starts[1:]
-    s = seg[:-1]
-    cut = (s[None, :] != s[:, None]) | np.triu(np.ones((seq_length, seq_length), bool), 1)
     return {"tokens": torch.from_numpy(ids[:-1].copy()),
             "labels": torch.from_numpy(ids[1:].copy()),
             "loss_mask": torch.from_numpy(label_mask.astype(np.float32)),
             "position_ids": torch.from_numpy(positions[:-1].astype(np.int64)),
-            "attention_mask": torch.from_numpy(cut[None]),
+            "segment_ids": torch.from_numpy(seg[:-1].copy()),
             "real_tokens": torch.tensor(min(n - pad, seq_length))}
 
 

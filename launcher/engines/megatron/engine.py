@@ -33,7 +33,8 @@ from launcher.core.errors import NonFiniteLoss
 from launcher.core.phases import PHASES
 from launcher.engines.base import StepResult
 from launcher.engines.common import masked_mean, set_lr
-from launcher.engines.megatron.packed_rows import on_this_cp_rank, params_on, to_thd
+from launcher.engines.megatron.packed_rows import (attention_cut, on_this_cp_rank, params_on,
+                                                  to_thd)
 from launcher.engines.megatron.scoring import chunk_label_scores, data_parallel, on_this_rank
 from launcher.engines.model import use_transformer_engine
 from launcher.parallel import collectives
@@ -211,11 +212,16 @@ class MegatronEngine:
 
     def _prepare(self, batch: dict) -> dict:
         """Move to the device and keep this context-parallel rank's part of the sequence; chat
-        rows (they carry their attention mask) become one THD sequence under TE."""
+        rows (they carry segment ids) become one THD sequence under TE, or get their attention
+        mask built on the device for the local attention (packed_rows)."""
         packed = None
-        if self.packed_thd and "attention_mask" in batch:
+        batch = dict(batch)
+        segments = batch.pop("segment_ids", None)
+        if self.packed_thd and segments is not None:
             batch, packed = to_thd(batch, multiple=2 * self.cp if self.cp > 1 else 1)
         batch = {k: v.to(self.device) for k, v in batch.items()}
+        if segments is not None and packed is None:
+            batch["attention_mask"] = attention_cut(segments.to(self.device))
         if packed is not None:
             packed = params_on(packed, self.device)
             if self.cp > 1:

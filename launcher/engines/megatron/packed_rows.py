@@ -1,18 +1,22 @@
-"""Packed conversation rows in Transformer Engine's THD layout (``data.format=chat`` with TE).
+"""Packed conversation rows as the attention takes them (``data.format=chat``).
 
 A chat micro-batch (:mod:`launcher.runtime.chat_data`) is ``b`` rows of ``s`` tokens, each row
 several conversations back to back and then padding, with ``position_ids`` that restart at 0
-where a conversation (or the padding) starts. Megatron-Core's local attention keeps them apart
-with the explicit ``[1, s, s]`` mask the row carries. Transformer Engine's attention takes no
-such mask; it runs packed sequences as one long sequence of ``t = b * s`` tokens (batch 1) with
-``cu_seqlens``, the cumulative lengths of the sequences, and attends within each sequence only
-(Megatron-Core's ``PackedSeqParams`` with ``qkv_format="thd"``; its rotary embedding restarts
-per sequence from the same offsets).
+where a conversation (or the padding) starts and ``segment_ids`` that number them. The data
+path carries nothing quadratic in ``s``; what the attention needs is built here, per
+micro-batch, on the device:
 
-:func:`to_thd` turns the micro-batch into that form: tokens, labels, loss mask and positions as
-``[1, t]``, the mask dropped, and the ``PackedSeqParams`` whose sequences start where the
-positions restart (a row's padding is a sequence of its own: it attends only to itself, and its
-loss mask is 0). Per-token sums are unchanged by the flattening, so the loss is the same.
+- Megatron-Core's local attention (the CPU path) takes an explicit mask:
+  :func:`attention_cut` builds the ``[b, 1, s, s]`` one from the segment ids (causal, and never
+  across segments; the padding attends to itself).
+- Transformer Engine's attention takes no such mask; it runs packed sequences as one long
+  sequence of ``t = b * s`` tokens (batch 1) with ``cu_seqlens``, the cumulative lengths of the
+  sequences, and attends within each sequence only (Megatron-Core's ``PackedSeqParams`` with
+  ``qkv_format="thd"``; its rotary embedding restarts per sequence from the same offsets).
+  :func:`to_thd` turns the micro-batch into that form: tokens, labels, loss mask and positions
+  as ``[1, t]``, and the ``PackedSeqParams`` whose sequences start where the positions restart
+  (a row's padding is a sequence of its own: it attends only to itself, and its loss mask is
+  0). Per-token sums are unchanged by the flattening, so the loss is the same.
 
 **Context parallelism** (``multiple = 2 x CP``) splits every sequence into 2 x CP chunks, so each
 must span a multiple of that. The rows of ``data_prep format=chat chat.pack_multiple=2xCP`` leave
@@ -30,6 +34,15 @@ import torch
 
 FLATTENED = ("tokens", "labels", "loss_mask", "position_ids")
 """The ``[b, s]`` tensors of a chat micro-batch that become ``[1, b * s]``."""
+
+
+def attention_cut(segment_ids: torch.Tensor) -> torch.Tensor:
+    """``[b, 1, s, s]`` booleans, True where attention is cut (Megatron-Core's local attention
+    convention), from ``[b, s]`` segment ids: a token sees the earlier tokens of its own
+    segment only. Built where ``segment_ids`` lie (the device)."""
+    s = segment_ids.shape[-1]
+    future = torch.ones(s, s, dtype=torch.bool, device=segment_ids.device).triu_(1)
+    return (segment_ids[:, None, :, None] != segment_ids[:, None, None, :]) | future
 
 
 class UnpaddableRow(ValueError):
