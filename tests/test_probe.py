@@ -81,3 +81,27 @@ def test_the_plan_composes_the_step_from_the_profile_and_says_so(probed, tmp_pat
     other = _plan(profiles, "engine=megatron", "model.hidden_size=128")  # not measured
     assert other["sources"]["step time"].startswith("catalogue (cpu")
     assert _plan(tmp_path, "engine=megatron")["sources"]["step time"].startswith("catalogue")
+
+
+@pytest.mark.parametrize("command", ["launcher.plan", "launcher.search"])
+def test_plan_calibrate_true_probes_first_for_the_plan_and_the_search(tmp_path, command):
+    """plan.calibrate=true was honoured by launcher.train only: the plan printed "catalogue,
+    not calibrated" to a user who had asked for calibration. Now both probe first (stdout
+    stays one JSON object) and plan from what the probe stored."""
+    profiles = tmp_path / "profiles"
+    args = [*TINY, "engine=megatron", "plan.calibrate=true", f"run.output_root={tmp_path}"]
+    args += ["plan.format=json"] if command == "launcher.plan" else [
+        "search.format=json", "search.top_k=3"]
+    proc = subprocess.run([sys.executable, "-m", command, *args], cwd=REPO, env=_env(profiles),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "probing this machine first (plan.calibrate=true)" in proc.stderr
+    assert len(list(profiles.glob("*.json"))) == 1
+    out = json.loads(proc.stdout)
+    if command == "launcher.plan":
+        assert out["sources"]["step time"].startswith("measured: cpu-")
+    else:
+        assert out["step_time_source"].startswith("measured: cpu-")
+    again = subprocess.run([sys.executable, "-m", command, *args], cwd=REPO,
+                           env=_env(profiles), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "probing" not in again.stderr  # measured now: no probe

@@ -19,6 +19,7 @@ from typing import Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.cli.probe_first import needs_probe, probe_first
 from launcher.compose import compose_or_exit, config_errors, exit_on_config_error, to_object
 from launcher.config import Precision, TrainwrightConfig
 from launcher.core import objectstore
@@ -104,8 +105,7 @@ def planned_job(argv: Sequence[str], raw: DictConfig, *, run_dir: Optional[Path]
         cfg = with_contamination(with_eval_rows(cfg))  # exit 2 on a task problem, first
     world = launched_world(cfg)
     plan = trainable_or_exit(plan_or_exit(cfg, world))
-    if cfg.plan.calibrate and not plan.sources["step time"].startswith("measured") \
-            and not in_distributed_launch():
+    if needs_probe(cfg.plan.calibrate, plan.sources["step time"]) and not in_distributed_launch():
         plan = calibrated_plan(argv, cfg, world)
     cfg = with_precision(cfg, Precision(plan.precision))  # trainer.precision=auto, resolved
     cfg = dataclasses.replace(cfg, resilience=dataclasses.replace(
@@ -166,14 +166,7 @@ def with_eval_rows(cfg: TrainwrightConfig) -> TrainwrightConfig:
 def calibrated_plan(argv: Sequence[str], cfg: TrainwrightConfig, world: int) -> Plan:
     """``plan.calibrate=true`` and nothing measured this job here: run the machine probe with the
     same overrides (its own run directory), then plan again."""
-    import subprocess
-
-    print("plan: no stored profile measured this model and layout here; probing this machine "
-          "first (plan.calibrate=true)", file=sys.stderr, flush=True)
-    probe = [sys.executable, "-m", "launcher.probe", *argv, "plan.calibrate=false",
-             f"run.name={cfg.run.name or 'run'}-probe"]
-    if subprocess.run(probe).returncode != 0:
-        print("plan: the probe failed (above); planning from the catalogue", file=sys.stderr)
+    probe_first(argv, cfg.run.name, "plan")
     return plan_or_exit(cfg, world)
 
 

@@ -8,7 +8,8 @@ model and prints the best ``search.top_k`` (``search.format=json``: one JSON obj
 ``search.format=html``: every candidate plotted, predicted MFU against memory headroom, the
 excluded ones grey with their reason, written to ``plan.output`` or search.html).
 ``search.measure=K`` then trains the best K for ``search.measure_steps`` steps each through
-launcher.train and re-ranks them by measured step time. Exit codes: 0 done, 2 config error or no
+launcher.train and re-ranks them by measured step time. ``plan.calibrate=true`` probes this
+machine at the composed layout first when no stored profile measured the model here. Exit codes: 0 done, 2 config error or no
 layout fits.
 """
 
@@ -17,9 +18,10 @@ from __future__ import annotations
 import sys
 
 from launcher.cli import handle_flags
+from launcher.cli.probe_first import needs_probe, probe_first
 from launcher.compose import compose_or_exit, to_object
 from launcher.core.exits import CONFIG_ERROR_EXIT
-from launcher.plan.plan import PlanError, print_problems
+from launcher.plan.plan import PlanError, compute_plan, print_problems
 from launcher.search.measure import measure
 from launcher.search.report import render, to_json
 from launcher.search.search import search
@@ -47,11 +49,19 @@ def _write_html(cfg, result) -> str:
     return str(write_page(page, cfg.plan.output or "search.html"))
 
 
+def calibrate_first(argv: list[str], cfg) -> None:
+    """``plan.calibrate=true``: probe the composed layout first when nothing measured its model
+    here (one probe serves every candidate layout of the model)."""
+    if cfg.plan.calibrate and needs_probe(True, compute_plan(cfg).sources["step time"]):
+        probe_first(argv, cfg.run.name, "search")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = handle_flags(sys.argv[1:] if argv is None else argv, "launcher.search", __doc__)
     cfg = to_object(compose_or_exit(argv))
     html = cfg.search.format.value == "html"
     try:
+        calibrate_first(argv, cfg)
         result = search(cfg, explain=html)
     except PlanError as exc:
         print_problems(exc)

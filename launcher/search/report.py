@@ -41,6 +41,7 @@ def candidate_dict(s: Scored) -> dict:
 def to_json(result: SearchResult, top: list[Scored], measured: list | None = None) -> str:
     out = {"searched": result.searched, "valid": result.valid,
            "global_batch_size": result.global_batch,
+           "step_time_source": result.step_time_source,
            "candidates": [candidate_dict(s) for s in top]}
     if measured is not None:
         out["measured"] = measured

@@ -30,6 +30,9 @@ class SearchResult:
     """With ``explain``: every dropped layout (Excluded), with its reason."""
     budget_bytes: float = 0.0
     """GPU memory a candidate may use (the GPU's, less search.headroom)."""
+    step_time_source: str = "catalogue"
+    """Where every candidate's step time comes from: "measured: <profile>" (a probe of this
+    machine and model) or "catalogue" (launcher/plan/hardware.py)."""
 
 
 def global_batch_of(cfg: TrainwrightConfig, world: int) -> int:
@@ -88,7 +91,8 @@ def search(cfg: TrainwrightConfig, world: int | None = None,
         elif result is not None:
             excluded.append(result)
     ranked.sort(key=_rank_key)
-    return SearchResult(searched, len(ranked), ranked, batch, tuple(excluded), budget)
+    source = calibration.label.replace("calibrated", "measured") if calibration else "catalogue"
+    return SearchResult(searched, len(ranked), ranked, batch, tuple(excluded), budget, source)
 
 
 def _rank_key(s: Scored) -> tuple:
