@@ -49,3 +49,40 @@ def test_the_probe_measures_the_gpu_and_calibrates_the_plan(tmp_path):
                                      capture_output=True, text=True).stdout)
     assert plan["sources"]["step time"].startswith("measured: "), plan["sources"]
     assert plan["step_time_s"] == pytest.approx(sum(plan["step_time_parts"].values()))
+
+
+def collective_worker(args: dict) -> dict:
+    """One rank: the probe's all-reduce figure of ``args["numel"]`` fp32 elements, and the same
+    all-reduce timed here with the device drained before the clock stops (the reference)."""
+    import time
+
+    import torch.distributed as dist
+
+    from launcher.parallel import collectives
+
+    numel = args["numel"]
+    probe = collectives.collective_seconds("all_reduce", numel, torch.float32, reps=3)
+    data = torch.ones(numel, device="cuda")
+    reference = []
+    for _ in range(3):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        dist.all_reduce(data)
+        torch.cuda.synchronize()
+        reference.append(time.perf_counter() - start)
+    return {"probe_s": probe, "reference_s": sorted(reference)[1]}
+
+
+def test_a_collective_is_timed_to_its_completion_on_the_device():
+    """NCCL returns when the all-reduce is enqueued: the probe's clock stopped there, and a
+    1 GiB all-reduce came out at the cost of its launch, which priced every layout's DP, TP and
+    PP traffic near free. Now it waits for the device (launcher/parallel/timing.py)."""
+    from tests.helpers.dist import run_distributed
+
+    numel = 2 ** 28  # 1 GiB of fp32 per rank
+    results = run_distributed("tests.test_gpu_probe:collective_worker", 2, {"numel": numel},
+                              timeout=600, backend="nccl")
+    for r in results:
+        assert r["probe_s"] >= 0.5 * r["reference_s"], r
+        assert r["probe_s"] >= numel * 4 / 5e12, r  # not faster than reading it once from HBM

@@ -96,6 +96,29 @@ def test_pass_figures_below_the_measured_micro_batches_scale_down_and_never_reac
     assert cal.passes(key, 2, 4) is None  # no figures at this tensor-parallel size
 
 
+def test_a_groups_collective_is_looked_up_by_its_size():
+    """A probe of 8 ranks measures groups of 2, 4 and 8: a TP2 group's all-reduce is priced
+    at the 2-rank figure (today's lookup mixed every size into one line: 8 ranks' figures for
+    a pair); a size never measured takes the nearest measured one, the larger of two as near;
+    a profile from before group sizes (world only) still answers."""
+    from launcher.parallel.collectives import group_sizes
+    from launcher.plan.calibrated import Calibration
+
+    assert group_sizes(8) == [2, 4, 8] and group_sizes(6) == [2, 6] and group_sizes(1) == []
+    rows = [{"key": {"op": "all_reduce", "bytes": b, "ranks": n}, "seconds": b * n * 1e-9}
+            for n in (2, 8) for b in (1e6, 1e8)]
+    cal = Calibration(MachineProfile(**{**HERE.to_dict(), "ranks": 8,
+                                        "figures": {"collectives": rows}}))
+    assert cal.collective("all_reduce", 1e7, 2) == pytest.approx(1e7 * 2e-9)
+    assert cal.collective("all_reduce", 1e7, 8) == pytest.approx(1e7 * 8e-9)
+    assert cal.collective("all_reduce", 1e7, 4) == pytest.approx(1e7 * 8e-9)  # 2 and 8: a tie
+    assert cal.collective("all_reduce", 1e7, 3) == pytest.approx(1e7 * 2e-9)
+    assert cal.collective("all_gather", 1e7, 2) is None
+    world_only = Calibration(MachineProfile(**{**HERE.to_dict(), "figures": {"collectives": [
+        r for r in rows if r["key"]["ranks"] == 8]}}))
+    assert world_only.collective("all_reduce", 1e7, 2) == pytest.approx(1e7 * 8e-9)
+
+
 TINY_FP32 = ["model=tiny", "engine=megatron", "cluster=local_cpu", "trainer.precision=fp32"]
 
 

@@ -16,6 +16,8 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from launcher.parallel.timing import median_seconds
+
 Group = Any
 """A torch.distributed process group; None means the default (world) group."""
 
@@ -146,6 +148,27 @@ def world_size(group: Group = None) -> int:
     return dist.get_world_size(group) if initialized() else 1
 
 
+def group_sizes(world: int) -> list[int]:
+    """The group sizes the probe measures on ``world`` ranks: 2, 4, 8, ... up to ``world``,
+    and ``world`` itself (the sizes a layout's TP, DP and PP groups on one node take)."""
+    sizes, size = [], 2
+    while size < world:
+        if world % size == 0:
+            sizes.append(size)
+        size *= 2
+    return sizes + [world] if world > 1 else []
+
+
+def subgroup_of_size(size: int) -> Group:
+    """This rank's group of ``size`` consecutive ranks (the world split into groups of that
+    size, all made at once: every rank must call it with the same ``size``); None (the world)
+    when ``size`` is the world's."""
+    if size == world_size():
+        return None
+    group, _ = dist.new_subgroups(group_size=size)
+    return group
+
+
 COLLECTIVE_OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
 """What :func:`collective_seconds` times: every collective a layout issues."""
 
@@ -154,9 +177,8 @@ def collective_seconds(op: str, numel: int, dtype: torch.dtype = torch.float32,
                        reps: int = 5, group: Group = None) -> float:
     """Median seconds of one ``op`` (:data:`COLLECTIVE_OPS`) of a ``numel``-element tensor per
     rank over ``group`` (the machine probe's figure; ``send_recv``: each rank sends to the next
-    and receives from the previous, as pipeline stages do)."""
-    import time
-
+    and receives from the previous, as pipeline stages do), each timed to its completion on the
+    device (NCCL returns when the collective is enqueued), the slowest rank's."""
     n, device = world_size(group), device_for(group)
     numel = max(n, numel - numel % n)
     data = torch.ones(numel, dtype=dtype, device=device)
@@ -183,12 +205,6 @@ def collective_seconds(op: str, numel: int, dtype: torch.dtype = torch.float32,
         else:
             raise ValueError(f"unknown collective {op!r}; one of {', '.join(COLLECTIVE_OPS)}")
 
-    once()
-    times = []
-    for _ in range(reps):
-        barrier(group)
-        start = time.perf_counter()
-        once()
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return max_floats([times[len(times) // 2]], group)[0]
+    seconds = median_seconds(once, reps=reps, warmup=1, device=device,
+                             before=lambda: barrier(group))
+    return max_floats([seconds], group)[0]

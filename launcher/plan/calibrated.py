@@ -92,6 +92,14 @@ def interpolate(points: list[tuple[float, float]], x: float) -> float:
     return y1 if x1 == x0 else max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
+def nearest_group_size(measured: set, ranks: int) -> int:
+    """Of the ``measured`` group sizes, ``ranks`` itself or the nearest on a log scale (the
+    larger of two as near)."""
+    import math
+
+    return min(measured, key=lambda m: (abs(math.log(max(m, 1) / max(ranks, 1))), -m))
+
+
 def per_micro_batch(points: list[tuple[float, float]], micro_batch: int) -> float:
     """A pass figure at ``micro_batch`` from its measured (micro-batch, seconds) points: below
     the smallest measured micro-batch, in proportion to it; else :func:`interpolate`. (The line
@@ -146,11 +154,16 @@ class Calibration:
             return None
         return interpolate([(r["key"]["numel"], r["seconds"]) for r in rows], numel)
 
-    def collective(self, op: str, nbytes: float) -> Optional[float]:
+    def collective(self, op: str, nbytes: float, ranks: int) -> Optional[float]:
+        """Seconds of one ``op`` of ``nbytes`` per rank over a group of ``ranks``: from the
+        records of that group size, else of the nearest one measured (on a log scale; a tie
+        takes the larger group). A TP2 group on an 8-rank node is not priced at 8 ranks."""
         rows = [r for r in self._section("collectives") if r.get("key", {}).get("op") == op]
         if not rows or nbytes <= 0:
             return 0.0 if rows else None
-        return interpolate([(r["key"]["bytes"], r["seconds"]) for r in rows], nbytes)
+        size = nearest_group_size({int(r["key"].get("ranks", 0)) for r in rows}, ranks)
+        return interpolate([(r["key"]["bytes"], r["seconds"]) for r in rows
+                            if int(r["key"].get("ranks", 0)) == size], nbytes)
 
     def launch(self) -> Optional[tuple[float, float]]:
         """(start-up, exit) seconds a run on this machine measured (launcher.probe
@@ -191,10 +204,10 @@ def stage_costs(cal: Calibration, cost: PassCost, *, dims, layers: list, tokens:
         volume = tokens * hidden * elem
         passes = 3 if recompute == "full" else 2
         if dims.sequence_parallel:
-            per = 2 * (cal.collective("all_gather", volume / dims.tp) or 0.0) \
-                + 2 * (cal.collective("reduce_scatter", volume) or 0.0)
+            per = 2 * (cal.collective("all_gather", volume / dims.tp, dims.tp) or 0.0) \
+                + 2 * (cal.collective("reduce_scatter", volume, dims.tp) or 0.0)
         else:
-            per = 2 * (cal.collective("all_reduce", volume) or 0.0)
+            per = 2 * (cal.collective("all_reduce", volume, dims.tp) or 0.0)
         tp = passes * per
     out = []
     for i, n in enumerate(layers):
@@ -211,11 +224,11 @@ def data_parallel_s(cal: Calibration, *, engine: str, zero_stage: int, dp: int, 
         return 0.0
     grads, weights = params * grad_bytes, params * param_bytes
     if zero_stage == 0:
-        return cal.collective("all_reduce", grads) or 0.0
+        return cal.collective("all_reduce", grads, dp) or 0.0
     per_mb = engine == "deepspeed" and zero_stage >= 2
-    reduce = (cal.collective("reduce_scatter", grads) or 0.0) * (grad_accum if per_mb else 1)
+    reduce = (cal.collective("reduce_scatter", grads, dp) or 0.0) * (grad_accum if per_mb else 1)
     gathers = 2 * grad_accum if engine == "deepspeed" and zero_stage == 3 else 1
-    return reduce + gathers * (cal.collective("all_gather", weights / dp) or 0.0)
+    return reduce + gathers * (cal.collective("all_gather", weights / dp, dp) or 0.0)
 
 
 def find_calibration(cfg, device) -> tuple[Optional[Calibration], list[str]]:

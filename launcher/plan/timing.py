@@ -201,7 +201,8 @@ def _calibrated_parts(cal, cost, cfg: TrainwrightConfig, dims: ParallelDims, gra
     if dims.pp > 1:
         transfers = 2 * (grad_accum + dims.pp - 1) if dims.vpp == 1 else 2 * (dims.pp - 1)
         shards = dims.tp if dims.sequence_parallel else 1
-        p2p = transfers * (cal.collective("send_recv", tokens * d.hidden * elem / shards) or 0.0)
+        p2p = transfers * (cal.collective("send_recv", tokens * d.hidden * elem / shards, 2)
+                           or 0.0)  # between two neighbouring stages
     grad_bytes = 4 if (e.grad_reduce_in_fp32 or elem == 4) else 2
     zero = cfg.parallelism.zero_stage
     dp = data_parallel_s(cal, engine=e.name.value, zero_stage=zero, dp=dims.dense_shards,

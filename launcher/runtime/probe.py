@@ -23,7 +23,6 @@ same key and keeps the others, so one profile serves several models and layouts.
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Callable, Mapping
 
 from launcher.parallel import collectives
@@ -79,16 +78,20 @@ def optimizer_records(numel: int, tensors: int) -> list[dict]:
 
 def collective_records(sizes: dict, element_bytes: int, ranks: int) -> list[dict]:
     """The ``collectives`` section: every op at one element and at each of ``sizes`` (name ->
-    elements)."""
+    elements), over groups of every size :func:`collectives.group_sizes` gives (the world split
+    into such groups, all measuring at once, as a layout's TP or DP groups run), keyed by the
+    group's size: the plan looks a group's figure up by its size."""
     import torch
 
     dtype = {2: torch.bfloat16, 4: torch.float32}[element_bytes]
     out = []
-    for op in collectives.COLLECTIVE_OPS:
-        for numel in sorted({ranks, *sizes.values()}):
-            seconds = collectives.collective_seconds(op, numel, dtype, reps=REPS)
-            out.append({"key": {"op": op, "bytes": numel * element_bytes, "ranks": ranks},
-                        "seconds": seconds})
+    for size in collectives.group_sizes(ranks):
+        group = collectives.subgroup_of_size(size)
+        for op in collectives.COLLECTIVE_OPS:
+            for numel in sorted({size, *sizes.values()}):
+                seconds = collectives.collective_seconds(op, numel, dtype, reps=REPS, group=group)
+                out.append({"key": {"op": op, "bytes": numel * element_bytes, "ranks": size},
+                            "seconds": collectives.max_floats([seconds])[0]})
     return out
 
 
@@ -109,8 +112,7 @@ def engine_records(cfg, plan, config: Mapping, build: Callable) -> list[dict]:
     :data:`ENGINE_WARM_STEPS` (``config``: the job's resolved config, plain). Two depths give
     the layer's cost inside the engine at this layout (its collectives, hooks and Python
     included) as well as the fixed part."""
-    from launcher.core.phases import PhaseTimer
-    from launcher.engines.probe.passes import compute_device, device_sync, synthetic_batch
+    from launcher.engines.probe.passes import synthetic_batch
 
     dims, b = plan.dims, plan.batch
     batch = synthetic_batch(b.micro_batch_size, cfg.model.seq_length, cfg.model.vocab_size)
@@ -119,19 +121,18 @@ def engine_records(cfg, plan, config: Mapping, build: Callable) -> list[dict]:
     depths = sorted({chunks * min(d, max(1, cfg.model.num_layers // chunks))
                      for d in ENGINE_DEPTHS})
     for layers in depths:
-        engine = build(dataclasses.replace(cfg.model, num_layers=layers), b)
-        times = []
-        for i in range(ENGINE_WARM_STEPS + ENGINE_REPS):
-            collectives.barrier()
-            device_sync(compute_device())
-            start = time.perf_counter()
-            engine.train_step(lambda: dict(batch), 1e-5, PhaseTimer())
-            device_sync(compute_device())
-            if i >= ENGINE_WARM_STEPS:
-                times.append(time.perf_counter() - start)
-        times.sort()
-        seconds = collectives.max_floats([times[len(times) // 2]])[0]
+        step = _step_seconds(build(dataclasses.replace(cfg.model, num_layers=layers), b), batch)
         out.append({"key": engine_key(plan.to_dict(), config), "layers": layers,
-                    "seconds": seconds})
-        del engine
+                    "seconds": collectives.max_floats([step])[0]})
     return out
+
+
+def _step_seconds(engine, batch: dict) -> float:
+    """Median seconds of one training step of ``engine`` on ``batch`` (the ranks lined up)."""
+    from launcher.core.phases import PhaseTimer
+    from launcher.engines.probe.passes import compute_device
+    from launcher.parallel.timing import median_seconds
+
+    return median_seconds(lambda: engine.train_step(lambda: dict(batch), 1e-5, PhaseTimer()),
+                          reps=ENGINE_REPS, warmup=ENGINE_WARM_STEPS, device=compute_device(),
+                          before=collectives.barrier)

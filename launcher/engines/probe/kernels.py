@@ -1,34 +1,13 @@
-"""Timed kernels: :func:`median_seconds` of any callable, :func:`precision_timing` of a square
-matmul in fp32 and bf16."""
+"""Timed kernels: :func:`precision_timing` of a square matmul in fp32 and bf16 (timed by
+:func:`launcher.parallel.timing.median_seconds`, re-exported here)."""
 
 from __future__ import annotations
 
-import time
-from typing import Callable
-
 import torch
 
-WARMUP = 2
-"""Calls dropped before timing (allocation, first-call dispatch, AMX tile set-up)."""
+from launcher.parallel.timing import median_seconds
 
-
-def median_seconds(fn: Callable[[], object], reps: int = 5, warmup: int = WARMUP,
-                   sync: Callable[[], None] | None = None) -> float:
-    """Median wall seconds of ``fn()`` over ``reps`` calls after ``warmup`` (``sync`` waits for
-    a device's queued work before each clock read)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        if sync:
-            sync()
-        start = time.perf_counter()
-        fn()
-        if sync:
-            sync()
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2]
+__all__ = ["median_seconds", "precision_timing"]
 
 
 def precision_timing(n: int, reps: int = 5) -> tuple[float, float]:

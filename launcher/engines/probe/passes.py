@@ -13,13 +13,13 @@ in the loop. The collectives a TP layer adds are the probe's collective figures.
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Callable
 
 import torch
 
 from launcher.config import (ModelConfig, ParallelismConfig, Precision, TrainerConfig,
                              compute_precision)
+from launcher.parallel.timing import median_seconds
 from launcher.shape import ResolvedModel
 
 
@@ -57,13 +57,6 @@ def compute_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def device_sync(device: torch.device) -> None:
-    """Wait for the work queued on ``device`` (a clock read after a GPU launch times only the
-    launch otherwise)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def pass_seconds(model: ModelConfig, trainer: TrainerConfig, *, micro_batch: int, reps: int,
@@ -138,23 +131,10 @@ def _median_seconds(one: Callable[[], None], device: torch.device, reps: int,
     memory bandwidth they share is part of the figure); short passes are repeated up to
     :data:`MIN_TIMED_S` of timing (every rank as often as the one that needs most:
     ``max_over_ranks``), so that a difference of two figures is not noise."""
-    for _ in range(WARM_PASSES):
-        device_sync(device)
-        start = time.perf_counter()
-        one()
-        device_sync(device)
-    reps = max(reps, min(MAX_REPS, int(MIN_TIMED_S / max(time.perf_counter() - start, 1e-6))))
-    reps = int(max_over_ranks(reps))
-    times = []
-    for _ in range(reps):
-        barrier()
-        device_sync(device)
-        start = time.perf_counter()
-        one()
-        device_sync(device)
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2]
+    once = median_seconds(one, reps=1, warmup=WARM_PASSES - 1, device=device)
+    reps = max(reps, min(MAX_REPS, int(MIN_TIMED_S / max(once, 1e-6))))
+    return median_seconds(one, reps=int(max_over_ranks(reps)), warmup=0, device=device,
+                          before=barrier)
 
 
 def adam_seconds(numel: int, tensors: int, reps: int) -> float:
@@ -166,13 +146,4 @@ def adam_seconds(numel: int, tensors: int, reps: int) -> float:
     for p in params:
         p.grad = torch.full_like(p, 1e-3)
     opt = torch.optim.AdamW(params, lr=1e-4)
-    opt.step()
-    times = []
-    for _ in range(reps):
-        device_sync(device)
-        start = time.perf_counter()
-        opt.step()
-        device_sync(device)
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2]
+    return median_seconds(opt.step, reps=reps, warmup=1, device=device)
