@@ -172,3 +172,34 @@ def test_a_layout_planned_from_another_layouts_engine_run_takes_positive_time(
 def _composed(parts: dict) -> float:
     """The step's parts without the framework residual."""
     return sum(v for k, v in parts.items() if k != "framework")
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["parallelism.context_parallel_size=2"], "context parallelism (context_parallel_size=2)"),
+])
+def test_a_layout_the_probe_cannot_measure_is_labelled_catalogue_not_measured(tmp_path, extra,
+                                                                             named):
+    """The probe times dense passes at the full sequence: CP2 was composed from them as if it
+    were CP1 (compute at the whole sequence, no ring exchange) and labelled "measured". It is
+    the catalogue's now, saying why, and plan.calibrate=true does not probe for it."""
+    from launcher.cli.probe_first import needs_probe
+
+    _tiny_profile(tmp_path, 0.05)
+    base = compute_plan(to_object(compose_config([*TINY_FP32, f"plan.profile_dir={tmp_path}"])))
+    assert base.sources["step time"].startswith("measured: ")
+    plan = compute_plan(to_object(compose_config(
+        [*TINY_FP32, f"plan.profile_dir={tmp_path}", *extra])))
+    source = plan.sources["step time"]
+    assert source.startswith("catalogue (cpu") and f"the probe does not measure {named}" in source
+    assert plan.compute.parts["framework"] == 0.0
+    assert not needs_probe(True, source) and needs_probe(True, "catalogue (cpu ...), not "
+                                                         "calibrated: python -m launcher.probe")
+
+
+def test_a_moe_model_is_labelled_catalogue_not_measured():
+    from launcher.plan.timing import unprobed
+
+    cfg = to_object(compose_config([*TINY_FP32, "model.num_experts=4", "model.moe_router_topk=2"]))
+    assert "mixture-of-experts layers (num_experts=4" in unprobed(cfg, compute_plan(cfg).dims)
+    dense = to_object(compose_config(TINY_FP32))
+    assert unprobed(dense, compute_plan(dense).dims) == ""

@@ -15,9 +15,16 @@ import sys
 from typing import Sequence
 
 
+UNPROBED = "the probe does not measure"
+"""What a plan's step-time source says when no probe could measure the layout (context
+parallelism, MoE: launcher.plan.timing.unprobed, which writes it from here)."""
+
+
 def needs_probe(calibrate: bool, step_time_source: str) -> bool:
-    """Whether to probe first: calibration asked for and the plan's step time not measured."""
-    return calibrate and not step_time_source.startswith("measured")
+    """Whether to probe first: calibration asked for and the plan's step time not measured,
+    though a probe could measure it."""
+    return calibrate and not step_time_source.startswith("measured") \
+        and UNPROBED not in step_time_source
 
 
 def probe_first(argv: Sequence[str], run_name: str, command: str) -> bool:

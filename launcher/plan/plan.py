@@ -35,7 +35,7 @@ from launcher.plan.data_check import chat_token_shares
 from launcher.plan.resilience import (evaluations, planned_eval_s, planned_first_phase_s,
                                       planned_tasks_s, resilience_problems, resilience_warnings)
 from launcher.plan.step_time import StepTime
-from launcher.plan.timing import peak_flops, predict_step
+from launcher.plan.timing import peak_flops, predict_step, unprobed
 from launcher.plan.validate import (Problem, check_batch, check_interleaving, check_positive,
                                     check_static, check_values, schedule_warnings)
 from launcher.shape import Batch
@@ -413,7 +413,8 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: B
         first_phase_timeout_s=planned_first_phase_s(
             cfg.resilience, startup_s=goodput.startup_s, load_s=goodput.load_s,
             step_s=compute.step_time_s, save_s=goodput.save_s, eval_s=eval_s),
-        sources=_sources(cfg, calibration if measured else None, goodput, choice),
+        sources=_sources(cfg, calibration if measured else None, goodput, choice,
+                         unprobed(cfg, dims)),
         downstream=_downstream(cfg, batch, tasks_s),
         chat_tokens=(chat_token_shares(cfg.data.prefixes) if cfg.data.format == DataFormat.chat
                      else {}))
@@ -461,11 +462,12 @@ def _downstream(cfg: TrainwrightConfig, batch: Batch, tasks_s: float) -> dict:
 
 
 def _sources(cfg: TrainwrightConfig, calibration: Optional[Calibration], goodput: GoodputPlan,
-             choice: PrecisionChoice) -> dict:
-    """Where each of the plan's figures comes from (measured, catalogue or assumed)."""
+             choice: PrecisionChoice, unmeasurable: str = "") -> dict:
+    """Where each of the plan's figures comes from (measured, catalogue or assumed);
+    ``unmeasurable``: why no probe can measure this layout's step (timing.unprobed)."""
     step = calibration.label.replace("calibrated", "measured") if calibration is not None \
         else f"catalogue ({cfg.cluster.gpu} in launcher/plan/hardware.py), not calibrated: " \
-             "python -m launcher.probe measures this machine"
+             + (unmeasurable or "python -m launcher.probe measures this machine")
     return {"calibration": calibration.label if calibration is not None
             else "catalogue, not calibrated",
             "step time": step,

@@ -6,6 +6,7 @@ once; the plan and the search (:mod:`launcher.search`) both call it.
 
 from __future__ import annotations
 
+from launcher.cli.probe_first import UNPROBED
 from launcher.config import Precision, TrainwrightConfig
 from launcher.plan.fp8 import layers_in_fp8
 from launcher.plan.hardware import Device
@@ -113,6 +114,8 @@ def calibrated_step(cal, cfg: TrainwrightConfig, dims: ParallelDims, grad_accum:
 
     from launcher.plan.calibrated import engine_key_of, model_key
 
+    if unprobed(cfg, dims):
+        return None
     key = model_key(dataclasses.asdict(cfg.model), cfg.trainer.precision)
     cost = cal.passes(key, dims.tp, cfg.trainer.micro_batch_size)
     if cost is None:
@@ -144,6 +147,17 @@ def calibrated_step(cal, cfg: TrainwrightConfig, dims: ParallelDims, grad_accum:
     compute = parts["compute"]
     return StepTime(**parts, framework=framework, measured=True,
                     compute_only_mfu=model_flops_per_gpu / (compute * peak) if compute else 0.0)
+
+
+def unprobed(cfg: TrainwrightConfig, dims: ParallelDims) -> str:
+    """Why no profile can give this layout's step time ("" when one can): the probe times
+    dense passes at the full sequence, not context parallelism's split sequence and its ring
+    exchange, nor the experts' routing and all-to-all; composing them as dense would label a
+    guess "measured"."""
+    what = ([f"context parallelism (context_parallel_size={dims.cp})"] * (dims.cp > 1)
+            + [f"mixture-of-experts layers (num_experts={cfg.model.num_experts}: expert compute "
+               "and all-to-all)"] * bool(cfg.model.num_experts))
+    return f"{UNPROBED} {' or '.join(what)}" if what else ""
 
 
 def _measured_residual(cal, cfg: TrainwrightConfig, dims: ParallelDims, record: dict,
