@@ -1028,8 +1028,12 @@ class EvalConfig:
     printed only."""
     rows: int = 0
     """Scored rows of one evaluation of eval.tasks (a request; a rolling text counts its
-    windows), what the plan prices; 0 means the launcher counts them from the tasks before it
-    plans (python -m launcher.plan alone does not count them and leaves them unpriced)."""
+    windows); 0 means the launcher counts them from the tasks before it plans (python -m
+    launcher.plan alone does not count them and leaves them unpriced)."""
+    tokens: int = 0
+    """Tokens the forward passes of one evaluation compute (each row's input, rounded up as its
+    micro-batch pads it: launcher/evals/rows.py), what the plan prices; counted with eval.rows
+    (0 with rows set: priced as rows of model.seq_length tokens)."""
 
 
 @dataclass

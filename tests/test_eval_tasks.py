@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from launcher.evals.harness import metric_table, rolling
-from launcher.evals.rows import micro_batch_count, micro_batches, replica_rows, row_arrays
+from launcher.evals.rows import (computed_tokens, replica_batches, row_arrays, row_length,
+                                 score_plan)
 from launcher.core.eval_tasks import SHIPPED, data_files, task_problems
 from tests.helpers.data_prep import train_hf_tokenizer
 from tests.helpers.layout_runs import LAYOUT_GROUP
@@ -115,14 +116,33 @@ def test_a_row_is_the_tail_of_context_and_continuation_with_the_continuation_mas
     assert mask.tolist() == [0, 0, 1, 1]
 
 
-def test_replicas_split_rows_and_run_the_same_number_of_micro_batches():
-    rows = [([1], [2])] * 5
-    assert replica_rows(5, 0, 2) == [0, 2, 4] and replica_rows(5, 1, 2) == [1, 3]
-    assert micro_batch_count(5, 2, 2) == 2 and micro_batch_count(0, 4, 2) == 1
-    batches = micro_batches(rows, [1, 3], seq=4, micro_batch=2, batches=2)
-    assert len(batches) == 2 and batches[1]["loss_mask"].sum() == 0  # an empty filler batch
-    assert batches[0]["position_ids"].tolist() == [[0, 1, 2, 3]] * 2
-    assert all(isinstance(v, np.ndarray) for v in batches[0].values())
+def test_micro_batches_are_sized_to_the_rows_and_every_replica_gets_the_same_shapes():
+    """Rows of 3-40 tokens at seq 64, micro-batch 2 (128 tokens a micro-batch): longest first,
+    each step padded to its longest row rounded up to 8, as many rows as fit 128 tokens; every
+    replica the same shapes; every row scored once. Before, each row was a whole seq-long
+    sequence: here 20 x 64 = 1,280 tokens; now 592 for the rows' 415."""
+    rng = np.random.default_rng(1)
+    rows = [(list(rng.integers(1, 99, int(n) - 2)), [5, 6]) for n in rng.integers(4, 42, 20)]
+    lengths = [row_length(c, x, 64) for c, x in rows]
+    plan = score_plan(lengths, dp=2, seq=64, micro_batch=2)
+    assert [s.length for s in plan] == sorted((s.length for s in plan), reverse=True)
+    for step in plan:
+        assert step.length % 8 == 0 and step.rows * step.length <= 128
+        mine = [i for r in step.replicas for i in r]
+        assert max(lengths[i] for i in mine) <= step.length < max(lengths[i] for i in mine) + 8
+    assert sorted(i for s in plan for r in s.replicas for i in r) == list(range(20))
+    assert computed_tokens(plan, 2) <= 1.5 * sum(lengths) and computed_tokens(plan, 2) < 640
+    for replica in (0, 1):
+        batches = replica_batches(rows, plan, replica)
+        assert [b["tokens"].shape for b in batches] == [(s.rows, s.length) for s in plan]
+        for step, batch in zip(plan, batches):  # each row as row_arrays makes it, then fillers
+            for j, i in enumerate(step.replicas[replica]):
+                tokens, labels, mask = row_arrays(*rows[i], step.length)
+                assert (batch["tokens"][j] == tokens).all() and (batch["loss_mask"][j] == mask).all()
+            assert batch["loss_mask"][len(step.replicas[replica]):].sum() == 0
+    empty = score_plan([], dp=4, seq=64, micro_batch=2)  # every rank still takes part
+    assert len(empty) == 1 and replica_batches([], empty, 3)[0]["loss_mask"].sum() == 0
+    assert score_plan([64], dp=1, seq=64, micro_batch=1)[0].length == 64
 
 
 def test_rolling_windows_cover_every_token_once():
@@ -148,9 +168,10 @@ def test_evaluations_and_their_price():
     assert evaluations(200, 50, True) == 4 and evaluations(210, 50, True) == 5
     assert evaluations(210, 50, False) == 4 and evaluations(30, 0, True) == 1
     assert evaluations(30, 0, False) == 0
-    # 100 rows on 2 replicas of micro-batch 4: 13 forward passes, each a third of 1/4 step
-    assert planned_tasks_s(1.2, 100, 2, 4, 4) == pytest.approx(13 * 1.2 / 4 / 3)
-    assert planned_tasks_s(1.2, 0, 2, 4, 4) == 0
+    # 3,000 tokens of rows on 2 replicas of micro-batches of 4 x 64 tokens: 6 forward passes
+    # (3,000 / 512, rounded up), each a third of 1/4 step
+    assert planned_tasks_s(1.2, 3000, 2 * 4 * 64, 4) == pytest.approx(6 * 1.2 / 4 / 3)
+    assert planned_tasks_s(1.2, 0, 512, 4) == 0
 
 
 def test_metric_table_keeps_finite_metrics_without_filter_or_stderr():

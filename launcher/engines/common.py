@@ -83,3 +83,31 @@ def label_scores(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Te
     logprob = -(nll.transpose(0, 1) * mask).sum(dim=-1).double()
     misses = ((label_logit < best).float() * mask).sum(dim=-1).double()
     return logprob, misses
+
+
+def length_multiple(config) -> int:
+    """What sequence lengths must be a multiple of at this layout (``config``: the model's
+    TransformerConfig, or None): TP under sequence parallelism (each rank keeps a slice), 2 x CP
+    under context parallelism (two chunks per rank)."""
+    from megatron.core import parallel_state
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    cp = parallel_state.get_context_parallel_world_size()
+    sequence_parallel = bool(getattr(config, "sequence_parallel", False))
+    return math.lcm(tp if sequence_parallel else 1, 2 * cp if cp > 1 else 1)
+
+
+def padded(batch: dict, multiple: int) -> dict:
+    """``batch`` ([b, s] tokens, labels, loss_mask, position_ids) with ``s`` rounded up to
+    ``multiple``: zeros after the end (masked: a causal model's earlier positions never see
+    them), positions counting on."""
+    tensors = {k: torch.as_tensor(v) for k, v in batch.items()}
+    b, s = tensors["tokens"].shape
+    extra = -s % multiple
+    if not extra:
+        return tensors
+    out = {k: torch.cat([v, torch.zeros(b, extra, dtype=v.dtype)], dim=1)
+           for k, v in tensors.items() if k != "position_ids"}
+    out["position_ids"] = torch.arange(s + extra, dtype=torch.int64).expand(b, -1).clone()
+    return out
+

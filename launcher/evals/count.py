@@ -1,28 +1,36 @@
-"""How many rows one evaluation of the tasks scores (:func:`count_rows`): what the plan prices."""
+"""How much one evaluation of the tasks scores (:func:`count_rows`): what the plan prices."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from launcher.config import EvalConfig
+from launcher.evals.rows import LENGTH_MULTIPLE, round_up
 
 
-def count_rows(ev: EvalConfig, tokenizer: str, seq: int) -> int:
-    """Rows of one evaluation of ``ev.tasks`` (``ev.limit`` examples each): one per
-    loglikelihood request (a multiple-choice example makes one per choice), and a rolling text
-    as many as its windows of ``seq`` tokens (its length encoded with ``tokenizer``)."""
-    import math
-
+def count_rows(ev: EvalConfig, tokenizer: str, seq: int) -> tuple[int, int]:
+    """(rows, tokens) of one evaluation of ``ev.tasks`` (``ev.limit`` examples each): a row per
+    loglikelihood request (a multiple-choice example makes one per choice) and per window of
+    ``seq`` tokens of a rolling text (encoded with ``tokenizer``); the tokens a forward pass
+    computes for them, each row's input rounded up as its micro-batch pads it
+    (:mod:`launcher.evals.rows`)."""
     from launcher.core.eval_tasks import load_tasks
     from launcher.evals.tokenizer import TextTokenizer
 
     encode = TextTokenizer(Path(tokenizer)).encode
-    rows = 0
+    lengths: list[int] = []
     for task in load_tasks(ev.tasks, ev.include_path).values():
         task.build_all_requests(limit=ev.limit or None, rank=0, world_size=1)
         for instance in task.instances:
             if instance.request_type == "loglikelihood_rolling":
-                rows += max(1, math.ceil(len(encode(instance.args[0])) / seq))
+                lengths += _windows(len(encode(instance.args[0])), seq)
             else:
-                rows += 1
-    return rows
+                context, continuation = instance.args[:2]
+                lengths.append(min(seq, max(1, len(encode(context + continuation)))))
+    return len(lengths), sum(min(seq, round_up(n, LENGTH_MULTIPLE)) for n in lengths)
+
+
+def _windows(tokens: int, seq: int) -> list[int]:
+    """Input lengths of a rolling text's windows of at most ``seq`` tokens (at least one)."""
+    full, rest = divmod(max(1, tokens), seq)
+    return [seq] * full + ([rest] if rest else [])

@@ -62,9 +62,7 @@ def checkpoint_scorer(cfg, tokenizer: str):
     from launcher.runtime.evaluation import build_downstream
 
     chunks = build_model_chunks(cfg.model, cfg.parallelism, cfg.trainer)
-    scorer = ChunkScorer(chunks, seq_length=cfg.model.seq_length,
-                         micro_batch_size=cfg.trainer.micro_batch_size,
-                         vocab_size=cfg.model.vocab_size)
+    scorer = ChunkScorer(chunks, vocab_size=cfg.model.vocab_size)
     return chunks, build_downstream(scorer, ev=cfg.eval, data=cfg.data,
                                     seq=cfg.model.seq_length,
                                     micro_batch=cfg.trainer.micro_batch_size, tokenizer=tokenizer)

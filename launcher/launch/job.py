@@ -118,7 +118,8 @@ def planned_job(argv: Sequence[str], raw: DictConfig, *, run_dir: Optional[Path]
     run_dir = run_dir or run_dir_path(cfg.run, cfg.model.name, cfg.cluster.name)
     config = to_plain(raw)
     config["trainer"]["precision"] = plan.precision  # what config.yaml records: the one trained
-    config["eval"].update(rows=cfg.eval.rows, contaminated=dict(cfg.eval.contaminated))
+    config["eval"].update(rows=cfg.eval.rows, tokens=cfg.eval.tokens,
+                          contaminated=dict(cfg.eval.contaminated))
     notes = (f"precision {plan.precision}: {plan.precision_reason}",) + notes \
         if raw.trainer.precision == "auto" else notes
     return Job(tuple(argv), config, cfg, planned, run_dir, notes)
@@ -150,7 +151,8 @@ def trainable_or_exit(plan: Plan) -> Plan:
 
 
 def with_eval_rows(cfg: TrainwrightConfig) -> TrainwrightConfig:
-    """``cfg`` with ``eval.rows`` counted from its tasks (checked first: exit 2 on a problem)."""
+    """``cfg`` with ``eval.rows`` and ``eval.tokens`` counted from its tasks (checked first:
+    exit 2 on a problem)."""
     if not cfg.eval.tasks:
         return cfg
     check_eval_or_exit(cfg)
@@ -159,8 +161,9 @@ def with_eval_rows(cfg: TrainwrightConfig) -> TrainwrightConfig:
     from launcher.evals.count import count_rows
     from launcher.evals.tokenizer import eval_tokenizer_path
 
-    rows = count_rows(cfg.eval, eval_tokenizer_path(cfg.eval, cfg.data), cfg.model.seq_length)
-    return dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, rows=rows))
+    rows, tokens = count_rows(cfg.eval, eval_tokenizer_path(cfg.eval, cfg.data),
+                              cfg.model.seq_length)
+    return dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, rows=rows, tokens=tokens))
 
 
 def calibrated_plan(argv: Sequence[str], cfg: TrainwrightConfig, world: int) -> Plan:

@@ -389,8 +389,10 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: B
                         device.name, device.memory_bytes, peak_flops(cfg, device) / 1e12)
     compute, measured = _compute(cfg, dims, device, batch, flash, most, model, calibration)
     eval_s = planned_eval_s(compute.step_time_s, cfg.trainer.eval_iters, batch.grad_accum_steps)
-    tasks_s = planned_tasks_s(compute.step_time_s, cfg.eval.rows if cfg.eval.tasks else 0,
-                              dims.dp, batch.micro_batch_size, batch.grad_accum_steps)
+    ev = cfg.eval
+    tasks_s = planned_tasks_s(compute.step_time_s, (ev.tokens or ev.rows * cfg.model.seq_length)
+                              if ev.tasks else 0, batch.micro_batch_tokens * dims.dp,
+                              batch.grad_accum_steps)
     goodput = _goodput(cfg, counts, per_gpu, batch, compute, eval_s,
                        launch_cost(device, calibration), tasks_s)
     if not cfg.eval.asynchronous:  # eval jobs do not stall the run's heartbeat
@@ -455,9 +457,9 @@ def _downstream(cfg: TrainwrightConfig, batch: Batch, tasks_s: float) -> dict:
         return {}
     if ev.asynchronous:  # one eval job per checkpoint, outside the run's time
         saves = batch.train_steps // t_save if (t_save := cfg.trainer.save_interval) else 0
-        return {"rows": ev.rows, "seconds": tasks_s, "evaluations": 0,
+        return {"rows": ev.rows, "tokens": ev.tokens, "seconds": tasks_s, "evaluations": 0,
                 "jobs": saves + (1 if not t_save or batch.train_steps % t_save else 0)}
-    return {"rows": ev.rows, "seconds": tasks_s,
+    return {"rows": ev.rows, "tokens": ev.tokens, "seconds": tasks_s,
             "evaluations": evaluations(batch.train_steps, ev.interval, ev.at_end)}
 
 

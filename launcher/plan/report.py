@@ -174,8 +174,10 @@ def _downstream_rows(p: Plan) -> list[tuple[str, str, str]]:
         return [("downstream tasks", "not priced", f"{d['evaluations']:,} evaluations; their rows "
                  "are counted when a run launches (eval.rows)")]
     return [("downstream tasks", f"{d['seconds'] * d['evaluations']:,.1f} s",
-             f"{d['evaluations']:,} evaluations of {d['rows']:,} rows, {d['seconds']:,.2f} s "
-             "each (a forward pass per micro-batch of rows on every replica)")]
+             f"{d['evaluations']:,} evaluations of {d['rows']:,} rows"
+             + (f" ({d['tokens']:,} tokens)" if d.get("tokens") else "")
+             + f", {d['seconds']:,.2f} s each (forward passes of micro-batches sized to the "
+             "rows, every replica at once)")]
 
 
 def _goodput_rows(p: Plan) -> list[tuple[str, str, str]]:

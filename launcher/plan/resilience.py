@@ -56,13 +56,15 @@ def planned_eval_s(step_time_s: float, eval_iters: int, grad_accum_steps: int) -
     return step_time_s * eval_iters / max(1, grad_accum_steps) / 3.0
 
 
-def planned_tasks_s(step_time_s: float, rows: int, dp: int, micro_batch: int,
+def planned_tasks_s(step_time_s: float, tokens: int, step_micro_batch_tokens: int,
                     grad_accum_steps: int) -> float:
-    """One evaluation of the downstream tasks: every replica runs ceil(rows / dp / micro_batch)
-    forward passes of a micro-batch (each about a third of a micro-batch's share of the step)."""
+    """One evaluation of the downstream tasks: forward passes of the ``tokens`` its rows
+    compute (launcher/evals/rows.py: micro-batches sized to the rows, every replica at once),
+    each micro-batch's worth (``step_micro_batch_tokens``: a micro-batch's tokens on every
+    replica) about a third of a micro-batch's share of the step (forward only)."""
     import math
 
-    passes = math.ceil(math.ceil(rows / max(1, dp)) / max(1, micro_batch)) if rows else 0
+    passes = math.ceil(tokens / max(1, step_micro_batch_tokens)) if tokens else 0
     return step_time_s * passes / max(1, grad_accum_steps) / 3.0
 
 

@@ -4,8 +4,9 @@ after the last one.
 
 Every rank loads the same tasks and runs lm-evaluation-harness over them
 (:mod:`launcher.evals.harness`), so every rank asks for the same rows in the same order. The
-rows are split over the data-parallel replicas (:mod:`launcher.evals.rows`), each replica's
-micro-batches go through the engine at its layout (:meth:`label_scores`: tensor- and
+rows are sorted by length and split over the data-parallel replicas in micro-batches sized to
+them (:mod:`launcher.evals.rows`), each replica's micro-batches go through the engine at its
+layout (:meth:`label_scores`: tensor- and
 context-parallel ranks see the same batch, the last pipeline stage scores), and one all-reduce
 over the world gives every rank every row's score. Every rank runs the same number of
 micro-batches and collectives whatever its share, so none waits on a collective another rank
@@ -22,25 +23,26 @@ from typing import Callable
 import torch
 
 from launcher.config import DataConfig, EvalConfig
-from launcher.evals.rows import micro_batch_count, micro_batches, replica_rows
+from launcher.evals.rows import replica_batches, row_length, score_plan
 from launcher.evals.tokenizer import TextTokenizer, eval_tokenizer_path
 from launcher.parallel import collectives
 
 
 def score_rows(engine, rows, *, seq: int, micro_batch: int) -> list[tuple[float, bool]]:
     """(summed log-probability of each row's continuation, whether each of its tokens is the
-    argmax), for every row, on every rank (collective over the world)."""
+    argmax), for every row, on every rank (collective over the world). The micro-batches are
+    sized to the rows (:func:`launcher.evals.rows.score_plan`), the same shapes on every
+    replica."""
     if not rows:
         return []
     dp_rank, dp = engine.data_parallel()
-    mine = replica_rows(len(rows), dp_rank, dp)
-    arrays = micro_batches(rows, mine, seq=seq, micro_batch=micro_batch,
-                           batches=micro_batch_count(len(rows), dp, micro_batch))
+    plan = score_plan([row_length(c, x, seq) for c, x in rows], dp=dp, seq=seq,
+                      micro_batch=micro_batch)
     scores = engine.label_scores([{k: torch.from_numpy(v) for k, v in b.items()}
-                                  for b in arrays])
+                                  for b in replica_batches(rows, plan, dp_rank)])
     values = [0.0] * (2 * len(rows))
-    for b, (logprob, misses) in enumerate(scores or []):
-        for j, row in enumerate(mine[b * micro_batch:(b + 1) * micro_batch]):
+    for step, (logprob, misses) in zip(plan, scores or []):
+        for j, row in enumerate(step.replicas[dp_rank]):
             values[2 * row] += float(logprob[j])
             values[2 * row + 1] += float(misses[j])
     totals = collectives.sum_floats(values)

@@ -28,8 +28,8 @@ from launcher.core.atomic import atomic_write_json
 from launcher.core.errors import CheckpointError, IncompatibleCheckpoint, NonFiniteLoss
 from launcher.engines import compat
 from launcher.engines.base import StepResult
-from launcher.engines.common import (initialize_weights, label_scores, masked_mean,
-                                     param_groups, set_lr)
+from launcher.engines.common import (initialize_weights, label_scores, length_multiple,
+                                     masked_mean, padded, param_groups, set_lr)
 from launcher.engines.deepspeed.files import TP_SPLIT_FILE, ZERO_FORMATS, saved_layout
 from launcher.engines.deepspeed.mpu import DeepSpeedMPU
 from launcher.parallel import collectives
@@ -221,9 +221,9 @@ class DeepSpeedEngine:
         from megatron.core import parallel_state
 
         self.ds.eval()
-        out = []
-        for batch in batches:
-            batch = {k: torch.as_tensor(v).to(self.device) for k, v in batch.items()}
+        out, multiple = [], length_multiple(getattr(self.ds.module, "config", None))
+        for batch in batches:  # of any shapes (launcher.evals.rows)
+            batch = {k: v.to(self.device) for k, v in padded(batch, multiple).items()}
             logits = self.ds(batch["tokens"], batch["position_ids"], None)
             out.append(tuple(x.cpu() for x in label_scores(logits, batch["labels"],
                                                            batch["loss_mask"], self.vocab_size)))

@@ -35,7 +35,7 @@ from launcher.engines.base import StepResult
 from launcher.engines.common import masked_mean, set_lr
 from launcher.engines.megatron.packed_rows import (attention_cut, on_this_cp_rank, params_on,
                                                   to_thd)
-from launcher.engines.megatron.scoring import chunk_label_scores, data_parallel, on_this_rank
+from launcher.engines.megatron.scoring import data_parallel, score_batches
 from launcher.engines.model import use_transformer_engine
 from launcher.parallel import collectives
 from launcher.shape import Batch
@@ -371,10 +371,8 @@ class MegatronEngine:
         forward only; launcher/engines/megatron/scoring.py)."""
         for chunk in self.chunks:
             chunk.eval()
-        out = chunk_label_scores(self.chunks, [on_this_rank(b, self.device) for b in batches],
-                                 seq_length=self.seq_length,
-                                 micro_batch_size=self.micro_batch_size,
-                                 vocab_size=self.vocab_size)
+        out = score_batches(self.chunks, batches, device=self.device,
+                            vocab_size=self.vocab_size)
         for chunk in self.chunks:
             chunk.train()
         return out

@@ -1,7 +1,13 @@
-"""Scores of labels through Megatron-Core's forward-only schedules: :func:`chunk_label_scores`
+"""Scores of labels through Megatron-Core's forward-only schedules: :func:`score_batches`
 (any pipeline schedule, tensor and context parallel), used by the Megatron engine during
 training and, through :class:`ChunkScorer`, by ``launcher.evaluate`` on a checkpoint's weights
-(model chunks filled by :func:`launcher.engines.weights.fill.fill_chunks`)."""
+(model chunks filled by :func:`launcher.engines.weights.fill.fill_chunks`).
+
+The micro-batches come sized to their rows (:mod:`launcher.evals.rows`): shapes differ from one
+to the next. Here each is padded to a length the layout can split (a multiple of TP under
+sequence parallelism, of 2 x CP under context parallelism), and each run of equal shapes goes
+through one schedule call (a schedule sends one activation shape between stages), padded with
+empty micro-batches to a multiple of PP under the interleaved schedule, which refuses fewer."""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from launcher.engines.common import label_scores
+from launcher.engines.common import label_scores, length_multiple, padded
 from launcher.parallel import collectives
 
 
@@ -23,6 +29,36 @@ def on_this_rank(batch: dict, device: torch.device) -> dict:
     if parallel_state.get_context_parallel_world_size() > 1:
         batch = get_batch_on_this_cp_rank(batch)
     return batch
+
+
+def _filler(batch: dict) -> dict:
+    """A micro-batch of ``batch``'s shape that counts nothing (mask all zero)."""
+    return {**batch, "loss_mask": torch.zeros_like(batch["loss_mask"])}
+
+
+def score_batches(chunks: list, batches: list, *, device: torch.device,
+                  vocab_size: int) -> Optional[list]:
+    """:meth:`launcher.engines.base.Engine.label_scores` of ``batches`` (this replica's, of
+    any shapes) through ``chunks`` (in eval mode): the module docstring."""
+    from megatron.core import parallel_state
+
+    multiple = length_multiple(getattr(chunks[0], "config", None))
+    ready = [on_this_rank(padded(b, multiple), device) for b in batches]
+    group = parallel_state.get_pipeline_model_parallel_world_size() if len(chunks) > 1 else 1
+    out, start, counted = [], 0, False
+    while start < len(ready):
+        shape = ready[start]["tokens"].shape
+        end = start
+        while end < len(ready) and ready[end]["tokens"].shape == shape:
+            end += 1
+        run = ready[start:end] + [_filler(ready[start])] * (-(end - start) % group)
+        scores = chunk_label_scores(chunks, run, seq_length=shape[1], micro_batch_size=shape[0],
+                                    vocab_size=vocab_size)
+        if scores is not None:
+            counted = True
+            out += scores[:end - start]
+        start = end
+    return out if counted else None
 
 
 def chunk_label_scores(chunks: list, batches: list, *, seq_length: int, micro_batch_size: int,
@@ -66,20 +102,14 @@ def data_parallel() -> tuple[int, int]:
 class ChunkScorer:
     """A checkpoint's model chunks as the scorer :mod:`launcher.runtime.evaluation` drives."""
 
-    def __init__(self, chunks: list, *, seq_length: int, micro_batch_size: int, vocab_size: int):
-        from megatron.core import parallel_state
-
-        self.chunks = chunks
-        self.seq_length = seq_length // parallel_state.get_context_parallel_world_size()
-        self.micro_batch_size, self.vocab_size = micro_batch_size, vocab_size
+    def __init__(self, chunks: list, *, vocab_size: int):
+        self.chunks, self.vocab_size = chunks, vocab_size
         self.device = collectives.device_for()
         for chunk in chunks:
             chunk.eval()
 
     def label_scores(self, batches: list) -> Optional[list]:
-        return chunk_label_scores(self.chunks, [on_this_rank(b, self.device) for b in batches],
-                                  seq_length=self.seq_length,
-                                  micro_batch_size=self.micro_batch_size,
-                                  vocab_size=self.vocab_size)
+        return score_batches(self.chunks, batches, device=self.device,
+                             vocab_size=self.vocab_size)
 
     data_parallel = staticmethod(data_parallel)
