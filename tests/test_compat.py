@@ -125,7 +125,7 @@ def test_jit_build_locks_of_killed_ranks_go_and_a_live_builds_lock_stays(tmp_pat
     import sys
     import time
 
-    from launcher.engines.compat import release_jit_build_locks
+    from launcher.core.jit_locks import release_jit_build_locks
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     stale, live = tmp_path / "op_a" / "lock", tmp_path / "op_b" / "lock"
@@ -176,7 +176,7 @@ def test_a_stale_build_lock_beside_its_built_op_is_taken_over(tmp_path, monkeypa
     import subprocess
     import sys
 
-    from launcher.engines.compat import take_over_stale_build_locks
+    from launcher.core.jit_locks import take_over_stale_build_locks
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     built, live, building = (tmp_path / name for name in ("built", "live", "building"))

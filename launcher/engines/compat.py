@@ -573,70 +573,6 @@ def store_loss_tolerant(handler) -> None:
     handler.num_nodes_waiting = num_nodes_waiting
 
 
-def release_jit_build_locks(since: float) -> list:
-    """Remove the JIT-build locks made since ``since`` (epoch seconds) that no live process
-    holds (those of ranks that were just killed); the paths removed.
-
-    torch 2.13's ``cpp_extension`` guards each JIT-built op with a ``FileBaton``
-    (``<build dir>/lock``) and every later load waits for that file to go away. A rank killed
-    while it held the baton (DeepSpeed builds its CPU shared-memory comm op in every rank's
-    ``init_distributed``) leaves it behind, and every rank of the next attempt waits forever.
-    The baton's holder keeps the file open until it releases it, so a lock that some process
-    still has open belongs to a live build (another job's on the same machine, sharing the
-    cache): it is left alone (removing it made that build fail with FileNotFoundError)."""
-    candidates = []
-    for root in _build_roots():
-        for depth in ("*/lock", "*/*/lock"):
-            for lock in Path(root).glob(depth):
-                try:
-                    if lock.stat().st_mtime >= since:
-                        candidates.append(lock)
-                except OSError:
-                    pass
-    return _remove_unheld(candidates)
-
-
-def _remove_unheld(locks: list) -> list:
-    """Remove the ``locks`` no process has open (those held are live builds); the paths
-    removed."""
-    held = _open_files({str(c.resolve()) for c in locks})
-    removed = []
-    for lock in locks:
-        if str(lock.resolve()) in held:
-            continue
-        try:
-            lock.unlink()
-            removed.append(str(lock))
-        except OSError:
-            pass
-    return removed
-
-
-def _build_roots() -> set:
-    """Where torch's cpp_extension JIT-builds ops: $TORCH_EXTENSIONS_DIR and its default root."""
-    from torch.utils.cpp_extension import get_default_build_root
-
-    return {os.environ.get("TORCH_EXTENSIONS_DIR") or "", get_default_build_root()} - {""}
-
-
-def take_over_stale_build_locks() -> list:
-    """Remove every JIT-build lock that nobody holds and whose product (a built ``.so``) is
-    already there; the paths removed. Such a lock was left by a process killed after its build
-    finished (a test killed during DeepSpeed's shm op build left one): torch 2.13's
-    ``cpp_extension._jit_compile`` sees the lock and waits in ``FileBaton.wait`` for it to go,
-    forever, in every later process on the machine. A lock some process has open is a live build
-    (another job's): left alone. A lock without a product may be a build in progress by a
-    process this user cannot inspect: left alone too (the watch's
-    :func:`release_jit_build_locks` clears those of ranks it killed)."""
-    candidates = []
-    for root in _build_roots():
-        for depth in ("*/lock", "*/*/lock"):
-            for lock in Path(root).glob(depth):
-                if any(lock.parent.glob("*.so")):
-                    candidates.append(lock)
-    return _remove_unheld(candidates)
-
-
 def prepare_deepspeed() -> None:
     """The DeepSpeed engine's start-up shims (:data:`SHIMS`), before ``deepspeed.init_distributed``:
     no shm op build and an eager Muon import on CPU, no forced memory reports anywhere."""
@@ -685,29 +621,6 @@ def skip_cpu_shm_build() -> None:
 
     no_shm_op._trainwright = True
     ds_torch.build_shm_op = no_shm_op
-
-
-def _open_files(paths: set) -> set:
-    """The members of ``paths`` that some process of this machine has open (Linux /proc;
-    processes this user cannot inspect are not seen)."""
-    found: set = set()
-    if not paths or not os.path.isdir("/proc"):
-        return found
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target in paths:
-                found.add(target)
-    return found
 
 
 def _probe_jit_baton() -> bool:
@@ -813,10 +726,10 @@ SHIMS = (
          "torch elastic's agent has no hook for a hang check or a restart policy by exit code, "
          "and exits 1 when the first node's agent (the rendezvous store) exits first"),
     Shim("JIT-build locks of killed ranks", "torch", "2.13.0", _applied_by_caller, None,
-         _probe_jit_baton, "release_jit_build_locks, after the watchdog kills an attempt's "
-         "ranks: cpp_extension._jit_compile waits forever on a FileBaton its killed owner left"),
+         _probe_jit_baton, "launcher.core.jit_locks.release_jit_build_locks, after the "
+         "watchdog kills an attempt's ranks: cpp_extension._jit_compile waits forever on a FileBaton its killed owner left"),
     Shim("stale JIT-build locks", "torch", "2.13.0", _applied_by_caller, None, _probe_jit_baton,
-         "take_over_stale_build_locks, at every rank's start: a lock nobody holds beside a "
+         "launcher.core.jit_locks.take_over_stale_build_locks, at every rank's start: a lock nobody holds beside a "
          "built op makes every later build of that op wait forever"),
     Shim("no shared-memory comm op on CPU", "deepspeed", "0.19.8", _applied_by_caller, None,
          _probe_shm_build, "skip_cpu_shm_build, before deepspeed.init_distributed: TorchBackend "

@@ -35,6 +35,7 @@ from typing import Callable, Optional
 from launcher.core.atomic import atomic_write_text
 from launcher.core.errors import CheckpointError
 from launcher.core.exits import CONFIG_ERROR_EXIT, REQUEUE_EXIT
+from launcher.core.jit_locks import take_over_stale_build_locks
 from launcher.core.stop import StartupStop, StopRequest, this_process_stop
 from launcher.launch.agent import exit_without_collecting
 from launcher.launch.job import Job
@@ -260,7 +261,7 @@ def start_rank(job: Job, command: str = "", startup_exit: Optional[int] = None,
     on_stop = _stopped_in_startup(console, command, startup_exit, heartbeat, announce)
     stop, startup = _stop_contract(cfg.trainer.stop_signal, startup_exit, on_stop)
     stop.agree_through(collectives.any_rank)
-    compat.take_over_stale_build_locks()
+    take_over_stale_build_locks()
     compat.install()
     strict_devices.install_if_requested()
     rank, _, world = init_distributed(timeout_s=collective_timeout_s(cfg.resilience),

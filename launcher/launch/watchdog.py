@@ -39,7 +39,7 @@ from launcher.config import ResilienceConfig
 from launcher.core.atomic import atomic_write_text
 from launcher.core.exits import (BAD_DATA_EXIT, CONFIG_ERROR_EXIT, PERMANENT_EXITS, REQUEUE_EXIT,
                                  STORAGE_EXIT)
-from launcher.engines.compat import release_jit_build_locks
+from launcher.core.jit_locks import release_jit_build_locks
 from launcher.plan.resilience import first_phase_s
 from launcher.runtime.heartbeat import (STARTUP, Beat, decided_exit, ended_in_startup, read_beat,
                                         record_path)
