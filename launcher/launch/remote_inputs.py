@@ -21,7 +21,6 @@ from typing import Sequence
 from launcher.core import objectstore, remote_checkpoints
 from launcher.core.errors import CheckpointError
 from launcher.core.exits import CONFIG_ERROR_EXIT
-from launcher.runtime.checkpoint_store import fetch
 
 CACHE_ENV = "TRAINWRIGHT_CACHE"
 """Root of trainwright's local caches (default ``~/.cache/trainwright``)."""
@@ -51,6 +50,8 @@ def local_checkpoint(value: str, key: str) -> str:
         if commit is None:
             raise CheckpointError(f"nothing is committed under {uri} (no step_<N>/complete)")
         started = time.perf_counter()
+        from launcher.runtime.checkpoint_store import fetch  # torch: only when there is one
+
         path = fetch(commit, cache_of(commit.uri), RETRY_S)
     except (CheckpointError, ValueError) as exc:
         print(f"config error: {key}={value}: {exc}", file=sys.stderr, flush=True)
