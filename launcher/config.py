@@ -1026,6 +1026,10 @@ class EvalConfig:
     output: str = ""
     """JSON file python -m launcher.evaluate also writes its scores to (atomically); empty =
     printed only."""
+    samples: str = ""
+    """JSON Lines file python -m launcher.evaluate writes every example's scored requests to
+    (atomically; one line per example: task, doc_id, target and resps, the scores of its
+    requests as lm-evaluation-harness's --log_samples records them); empty = not written."""
     rows: int = 0
     """Scored rows of one evaluation of eval.tasks (a request; a rolling text counts its
     windows); 0 means the launcher counts them from the tasks before it plans (python -m

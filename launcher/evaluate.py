@@ -11,6 +11,8 @@ and data files are checked before any rank starts. ``eval.format=json`` prints o
 ``{"checkpoint": ..., "step": ..., "tasks": {task: {metric: value}}, "seconds": ...}``;
 ``eval.output=<file>`` also writes it there. For a run directory, the run's own ``eval.*``
 settings (tasks, include path, limit, clean-subset ids) apply unless given here.
+``eval.samples=<file.jsonl>`` also writes every example's scored requests (lm-evaluation-harness's
+logged samples: task, doc_id, target, resps).
 ``checkpoint=<run dir> eval.asynchronous=true`` is the eval job of ``eval.asynchronous``
 (:mod:`launcher.launch.eval_worker`): every checkpoint the run asked for and has no scores for,
 scored once, merged into the run. Exit codes: 0 scored, 2 config error.
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from launcher.config import EvalFormat
-from launcher.core.atomic import atomic_write_json
+from launcher.core.atomic import atomic_write_json, atomic_write_text
 from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.evals.check import eval_problems
 from launcher.launch.bootstrap import Rank, run_ranks
@@ -84,8 +86,13 @@ def evaluate_rank(rank: Rank, checkpoint: str, tokenizer: str) -> int:
     cfg, start = rank.job.cfg, time.perf_counter()
     chunks, downstream = checkpoint_scorer(cfg, tokenizer)
     fill_chunks(chunks, checkpoint)
-    table, _ = downstream.table()
+    samples: Optional[list] = [] if cfg.eval.samples else None
+    table, _ = downstream.table(samples)
     if collectives.rank() == 0:
+        if samples is not None:
+            Path(cfg.eval.samples).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(Path(cfg.eval.samples),
+                              "".join(json.dumps(s) + "\n" for s in samples))
         report(table, checkpoint=checkpoint, ev=cfg.eval, out=rank.console.out,
                seconds=time.perf_counter() - start)
     return 0

@@ -1,7 +1,8 @@
 """Held against a peer (issue 37): a trainwright checkpoint scored by ``launcher.evaluate`` at
 TP=2 equals lm-evaluation-harness's own Hugging Face backend on the checkpoint's ``to_hf``
 export, for the same task files: accuracy exactly, the log-likelihood metrics to float
-tolerance."""
+tolerance; and every request's log-likelihood and greedy flag, example by example, at TP=2 and
+at PP=2 (``eval.samples``), to 1e-5."""
 
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ def cli(*args: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"})
 
 
-def harness_scores(hf_dir, tokenizer) -> dict:
-    """lm-evaluation-harness's HFLM on the export (its own batching, padding and truncation)."""
+def harness_scores(hf_dir, tokenizer, samples: list | None = None) -> dict:
+    """lm-evaluation-harness's HFLM on the export (its own batching, padding and truncation);
+    ``samples`` gets its per-example records."""
     import transformers
     from lm_eval.models.huggingface import HFLM
 
@@ -37,7 +39,7 @@ def harness_scores(hf_dir, tokenizer) -> dict:
     tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer))
     lm = HFLM(pretrained=str(hf_dir), tokenizer=tok, device="cpu", dtype="float32",
               batch_size=8, max_length=64, prefix_token_id=0)  # prefix: data.eod_token_id
-    return run_tasks(load_tasks(TASKS, []), lm, LIMIT)
+    return run_tasks(load_tasks(TASKS, []), lm, LIMIT, samples=samples)
 
 
 def test_our_scores_equal_lm_evaluation_harness_on_the_export(tmp_path):
@@ -48,11 +50,20 @@ def test_our_scores_equal_lm_evaluation_harness_on_the_export(tmp_path):
     assert exported.returncode == 0, exported.stderr[-3000:]
     ours = cli("launcher.evaluate", f"checkpoint={tmp_path / 'run'}", f"eval.tasks=[{','.join(TASKS)}]",
                f"eval.limit={LIMIT}", f"eval.tokenizer={tokenizer}", "eval.format=json",
-               "parallelism.tensor_parallel_size=2", "trainer.precision=fp32")
+               "parallelism.tensor_parallel_size=2", "trainer.precision=fp32",
+               f"eval.samples={tmp_path / 'tp2.jsonl'}")
     assert ours.returncode == 0, ours.stderr[-3000:]
     result = json.loads(ours.stdout.strip().splitlines()[-1])
     assert result["step"] == 3 and set(result["tasks"]) == set(TASKS)
-    theirs = harness_scores(tmp_path / "hf", tokenizer)
+    their_samples: list = []
+    theirs = harness_scores(tmp_path / "hf", tokenizer, their_samples)
+    pp2 = cli("launcher.evaluate", f"checkpoint={tmp_path / 'run'}", f"eval.tasks=[{','.join(TASKS)}]",
+              f"eval.limit={LIMIT}", f"eval.tokenizer={tokenizer}", "trainer.precision=fp32",
+              "parallelism.pipeline_parallel_size=2", f"eval.samples={tmp_path / 'pp2.jsonl'}")
+    assert pp2.returncode == 0, pp2.stderr[-3000:]
+    for layout in ("tp2", "pp2"):  # every request's log-likelihood, not only the aggregates
+        assert_same_samples(read_samples(tmp_path / f"{layout}.jsonl"),
+                            index_samples(their_samples), layout)
     for task in TASKS:
         assert set(result["tasks"][task]) == set(theirs[task]), task
     assert result["tasks"]["tw_facts"]["examples"] == LIMIT  # of 32
@@ -62,3 +73,25 @@ def test_our_scores_equal_lm_evaluation_harness_on_the_export(tmp_path):
     for metric in ("bits_per_byte", "byte_perplexity", "word_perplexity"):
         assert result["tasks"]["tw_paragraphs"][metric] == \
             pytest.approx(theirs["tw_paragraphs"][metric], rel=1e-5), metric
+
+
+def index_samples(records: list) -> dict:
+    return {(r["task"], r["doc_id"]): r for r in records}
+
+
+def read_samples(path) -> dict:
+    return index_samples([json.loads(line) for line in path.read_text().splitlines()])
+
+
+def assert_same_samples(ours: dict, theirs: dict, layout: str) -> None:
+    """Each example's requests: log-likelihoods to 1e-5 (relative), greedy flags equal."""
+    assert set(ours) == set(theirs) and len(ours) == 2 * LIMIT - (LIMIT - 8), layout
+    for key, mine in ours.items():
+        requests, other = mine["resps"], theirs[key]["resps"]
+        assert len(requests) == len(other), (layout, key)
+        for got, want in zip(requests, other):
+            got, want = got[0], want[0]  # one response per request
+            got, want = (got, want) if isinstance(got, list) else ([got], [want])
+            assert got[0] == pytest.approx(want[0], rel=1e-5, abs=1e-5), (layout, key, got, want)
+            assert got[1:] == [bool(x) for x in want[1:]], (layout, key)
+

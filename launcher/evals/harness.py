@@ -78,24 +78,42 @@ def rolling(requests, encode, eot: int, max_length: int, score: Scorer) -> list[
     return totals
 
 
-def run_tasks(tasks: dict, lm, limit: int = 0, contaminated: dict | None = None) -> dict:
+def run_tasks(tasks: dict, lm, limit: int = 0, contaminated: dict | None = None,
+              samples: list | None = None) -> dict:
     """{task: {metric: value}} of ``tasks`` (lm-evaluation-harness Tasks) scored by ``lm``;
     ``limit`` examples per task (0: all). Standard errors are not computed (no bootstrap). With
     ``contaminated`` ({task: example indices}), each task also gets ``<metric>_clean`` and
-    ``examples_clean``: its metrics over the examples not in that list."""
+    ``examples_clean``: its metrics over the examples not in that list. ``samples`` (a list)
+    gets one record per example (:func:`sample_records`)."""
     import os
 
     os.environ.setdefault("TQDM_DISABLE", "1")  # per-request progress bars on every rank
     from lm_eval.evaluator import evaluate
 
     out = evaluate(lm=lm, task_dict=tasks, limit=limit or None, bootstrap_iters=0,
-                   log_samples=contaminated is not None, verbosity="WARNING")
+                   log_samples=contaminated is not None or samples is not None,
+                   verbosity="WARNING")
+    if samples is not None:
+        samples += sample_records(out["samples"])
     table = metric_table(out["results"])
     if contaminated is not None:
         for task, samples in out["samples"].items():
             table[task].update(clean_metrics(tasks[task], samples,
                                              set(contaminated.get(task, ()))))
     return table
+
+
+def sample_records(by_task: dict) -> list:
+    """One plain record per example of lm-evaluation-harness's logged samples: task, doc_id,
+    target and resps (each request's scores: [log-likelihood, greedy] or [log-likelihood])."""
+    def plain(value):
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value if isinstance(value, (int, float, str, bool)) or value is None \
+            else str(value)
+
+    return [{"task": task, "doc_id": s["doc_id"], "target": plain(s.get("target")),
+             "resps": plain(s["resps"])} for task, rows in by_task.items() for s in rows]
 
 
 def clean_metrics(task, samples: list, excluded: set) -> dict:

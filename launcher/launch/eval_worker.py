@@ -28,7 +28,7 @@ from launcher.evals import ledger
 from launcher.launch.bootstrap import Rank, run_ranks
 from launcher.runtime.metrics import append_event
 
-OWN_FIELDS = ("asynchronous", "job_overrides", "output", "format", "rows")
+OWN_FIELDS = ("asynchronous", "job_overrides", "output", "samples", "format", "rows", "tokens")
 """eval.* fields that are the eval job's own, never taken from the run's config."""
 MERGE_WAIT_S = 600.0
 """How long a job whose run is live waits for the run to merge its scores (a run merges every

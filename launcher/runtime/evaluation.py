@@ -69,8 +69,9 @@ class DownstreamEval:
     def due(self, step: int, last: bool) -> bool:
         return bool(self.interval and step % self.interval == 0) or (last and self.at_end)
 
-    def table(self) -> tuple[dict, int]:
-        """({task: {metric: value}}, rows scored) (collective)."""
+    def table(self, samples: list | None = None) -> tuple[dict, int]:
+        """({task: {metric: value}}, rows scored) (collective); ``samples`` gets every
+        example's record (launcher.evals.harness.sample_records)."""
         from launcher.evals.harness import ScoredLM, run_tasks
 
         scored = []
@@ -80,7 +81,7 @@ class DownstreamEval:
             return self.score(rows)
 
         lm = ScoredLM(self.encode, self.eot, self.seq, counted)
-        return run_tasks(self.tasks, lm, self.limit, self.contaminated), sum(scored)
+        return run_tasks(self.tasks, lm, self.limit, self.contaminated, samples), sum(scored)
 
     def __call__(self) -> dict:
         """{"eval/<task>/<metric>": value, ..., "eval/rows": rows scored, "eval/tasks_s":
