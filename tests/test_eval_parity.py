@@ -95,3 +95,38 @@ def assert_same_samples(ours: dict, theirs: dict, layout: str) -> None:
             assert got[0] == pytest.approx(want[0], rel=1e-5, abs=1e-5), (layout, key, got, want)
             assert got[1:] == [bool(x) for x in want[1:]], (layout, key)
 
+
+def test_greedy_generations_equal_the_hf_backends_at_dp2_tp2_and_pp2(tmp_path):
+    """generate_until (greedy, the task's stop strings and max_gen_toks) in launcher.evaluate:
+    every example's generated text equals lm-evaluation-harness's HF backend's on the
+    export, with the rows split over two replicas (DP2) and at TP2 and PP2."""
+    from launcher.core.eval_tasks import load_tasks
+
+    tokenizer = train_hf_tokenizer(tmp_path, vocab_size=500)
+    train(tmp_path, "run", "engine=megatron", "trainer.train_steps=3")
+    assert cli("launcher.convert", "to_hf", f"checkpoint={tmp_path / 'run'}",
+               f"out={tmp_path / 'hf'}").returncode == 0
+    theirs: list = []
+    import transformers
+    from lm_eval.models.huggingface import HFLM
+
+    from launcher.evals.harness import run_tasks
+
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer))
+    tok.eos_token = tok.convert_ids_to_tokens(0)  # the run's data.eod_token_id
+    lm = HFLM(pretrained=str(tmp_path / "hf"), tokenizer=tok, device="cpu", dtype="float32",
+              batch_size=1, max_length=64, prefix_token_id=0)
+    run_tasks(load_tasks(["tw_answers"], []), lm, LIMIT, samples=theirs)  # shipped
+    want = {r["doc_id"]: r["resps"][0][0] for r in theirs}
+    assert len(want) == LIMIT and any(want.values())  # something generated
+    for name, layout in (("dp2", []), ("tp2", ["parallelism.tensor_parallel_size=2"]),
+                         ("pp2", ["parallelism.pipeline_parallel_size=2"])):
+        proc = cli("launcher.evaluate", f"checkpoint={tmp_path / 'run'}", "eval.tasks=[tw_answers]",
+                   f"eval.limit={LIMIT}",
+                   f"eval.tokenizer={tokenizer}", "trainer.precision=fp32", *layout,
+                   f"eval.samples={tmp_path / name}.jsonl")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got = {r["doc_id"]: r["resps"][0][0] for r in map(
+            json.loads, (tmp_path / f"{name}.jsonl").read_text().splitlines())}
+        assert got == want, name
+

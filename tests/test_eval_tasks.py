@@ -63,6 +63,26 @@ def test_tasks_scored_every_interval_and_at_the_end_with_tokens(tmp_path, tokeni
     assert plan["rows"] == scored[0]["eval/rows"] > 8 * 4  # the launcher counted what ran
 
 
+@pytest.mark.slow
+def test_a_generation_task_in_the_loop_on_both_engines(tmp_path, tokenizer):
+    """tw_answers (generate_until, greedy) after the last step on the live model: engine=megatron
+    at DP2 and at PP2, engine=deepspeed at DP2; the same weights (2 steps from the same seed)
+    give the same exact_match on all three, and the plan priced the generation's tokens."""
+    got = {}
+    for name, layout in (("megatron", ["engine=megatron"]),
+                         ("pp2", ["engine=megatron", "parallelism.pipeline_parallel_size=2"]),
+                         ("deepspeed", ["engine=deepspeed"])):
+        train(tmp_path, name, "eval.tasks=[tw_answers]", "eval.limit=6", "trainer.train_steps=2",
+              "trainer.global_batch_size=4", f"eval.tokenizer={tokenizer}", *layout)
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text()
+                .splitlines()]
+        [scored] = [r for r in rows if "eval/tw_answers/exact_match" in r]
+        got[name] = scored["eval/tw_answers/exact_match"]
+        plan = json.loads((tmp_path / name / "plan.json").read_text())["downstream"]
+        assert plan["rows"] == 6 and plan["tokens"] > 6 * 10  # a pass per new token
+    assert 0.0 <= got["megatron"] <= 1.0 and len(set(got.values())) == 1, got
+
+
 def launch(tmp_path, *overrides) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "launcher.train", *TINY,
                            f"run.output_root={tmp_path}", "run.name=bad", *overrides],
@@ -94,10 +114,11 @@ def test_task_problems_name_the_fix(tmp_path):
     remote.write_text("task: remote\ndataset_path: EleutherAI/lambada_openai\n"
                       "output_type: loglikelihood\n")
     gen = tmp_path / "gen.yaml"
-    gen.write_text("task: gen\ndataset_path: json\noutput_type: generate_until\n")
+    gen.write_text("task: gen\ndataset_path: json\noutput_type: generate_until\n"
+                   "generation_kwargs:\n  do_sample: true\n")
     problems = task_problems(["remote", "gen", "nope"], [str(tmp_path)])
     assert any("would be downloaded" in p and "dataset_path: json" in p for p in problems)
-    assert any("generate_until is not scored" in p for p in problems)
+    assert any("do_sample=True: generation tasks are scored greedily" in p for p in problems)
     assert any("no task named 'nope'" in p and "tw_facts" in p for p in problems)
     assert task_problems(["tw_facts"], [str(tmp_path / "missing")]) == [
         f"eval.include_path: {tmp_path / 'missing'} is not a directory; give folders of task "

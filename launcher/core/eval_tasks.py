@@ -6,7 +6,7 @@ where there is one, its line): the include paths exist, every task of ``eval.tas
 YAML file that does not parse is named with its line), its data is local (``dataset_path: json``,
 ``csv`` or ``text`` with ``data_files``) and present, a JSON Lines file parses line by line, and
 the task asks for what trainwright scores (loglikelihood, multiple choice, rolling
-loglikelihood). :func:`load_tasks` then builds lm-evaluation-harness's task objects, its own
+loglikelihood, greedy generate_until). :func:`load_tasks` then builds lm-evaluation-harness's task objects, its own
 templates, splits, few-shot samplers and metrics, with nothing downloaded.
 
 ``data_files`` may be relative: trainwright resolves it against the task file's folder
@@ -30,8 +30,8 @@ SHIPPED = Path(__file__).parent / "shipped_tasks"
 """The tasks trainwright ships (written for its tests and demo): always on the include path."""
 LOCAL_BUILDERS = ("json", "csv", "text", "parquet")
 """``dataset_path`` values that read ``data_files`` from disk."""
-SCORED = ("loglikelihood", "multiple_choice", "loglikelihood_rolling")
-"""Output types trainwright scores (generation is not supported in the training loop)."""
+SCORED = ("loglikelihood", "multiple_choice", "loglikelihood_rolling", "generate_until")
+"""Output types trainwright scores (generate_until: greedy only)."""
 
 
 class TaskError(ValueError):
@@ -113,6 +113,10 @@ def config_problems(name: str, yaml_path: Path, cfg: dict) -> list[str]:
     if output not in SCORED:
         return [f"{where}: output_type {output} is not scored in the training loop; use one of "
                 f"{', '.join(SCORED)}"]
+    sampled = (cfg.get("generation_kwargs") or {}).get("do_sample")
+    if output == "generate_until" and sampled:
+        return [f"{where}: generation_kwargs.do_sample={sampled}: generation tasks are scored "
+                "greedily; set do_sample: false (and temperature: 0)"]
     if cfg.get("dataset_path") not in LOCAL_BUILDERS:
         return [f"{where}: dataset_path {cfg.get('dataset_path')!r} would be downloaded; "
                 "nothing is fetched at run time: give dataset_path: json (or csv, text, parquet) "

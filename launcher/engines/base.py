@@ -92,6 +92,11 @@ class Engine(Protocol):
         ranks whose sums count (the last pipeline stage's tensor-parallel rank 0, each
         context-parallel rank a part of the sequence), None on the others. Collective."""
 
+    def next_tokens(self, tokens, ends: list[int]) -> list[int]:
+        """Forward only, model in eval mode: the greedy next token of each row of ``tokens``
+        ([b, s] on the host; row ``i``'s own tokens are its first ``ends[i]``), on every rank of
+        this replica (generation tasks). Collective within the replica."""
+
     def data_parallel(self) -> tuple[int, int]:
         """(this rank's data-parallel replica, replicas): who scores which rows."""
 

@@ -20,7 +20,22 @@ def eval_problems(cfg: TrainwrightConfig, tokenizer: Optional[str] = None) -> li
     if not ev.tasks:
         return problems
     problems += task_problems(ev.tasks, ev.include_path)
+    if not problems and cfg.parallelism.context_parallel_size > 1:
+        problems += generation_problems(ev.tasks, ev.include_path,
+                                        cfg.parallelism.context_parallel_size)
     return problems + tokenizer_problems(cfg, tokenizer or eval_tokenizer_path(ev, cfg.data))
+
+
+def generation_problems(tasks, include, cp: int) -> list[str]:
+    """Generation picks each row's next token at its end, which context parallelism splits
+    over ranks: generate_until tasks are refused with CP > 1."""
+    from launcher.core.eval_tasks import task_manager
+
+    index = task_manager(include).task_index
+    return [f"task {name}: generate_until is not run with parallelism.context_parallel_size="
+            f"{cp}; score it with context_parallel_size=1 (python -m launcher.evaluate "
+            "parallelism.context_parallel_size=1 on the checkpoint)"
+            for name in tasks if (index[name].cfg or {}).get("output_type") == "generate_until"]
 
 
 def tokenizer_problems(cfg: TrainwrightConfig, path: Optional[str]) -> list[str]:

@@ -24,6 +24,9 @@ def count_rows(ev: EvalConfig, tokenizer: str, seq: int) -> tuple[int, int]:
         for instance in task.instances:
             if instance.request_type == "loglikelihood_rolling":
                 lengths += _windows(len(encode(instance.args[0])), seq)
+            elif instance.request_type == "generate_until":
+                lengths.append(_generation_tokens(len(encode(instance.args[0])),
+                                                  instance.args[1] or {}, seq))
             else:
                 context, continuation = instance.args[:2]
                 lengths.append(min(seq, max(1, len(encode(context + continuation)))))
@@ -34,3 +37,14 @@ def _windows(tokens: int, seq: int) -> list[int]:
     """Input lengths of a rolling text's windows of at most ``seq`` tokens (at least one)."""
     full, rest = divmod(max(1, tokens), seq)
     return [seq] * full + ([rest] if rest else [])
+
+
+def _generation_tokens(prompt: int, gen_kwargs: dict, seq: int) -> int:
+    """Tokens the forward passes of one greedy generation compute: a pass over the whole
+    sequence per new token (no KV cache), at most the task's max_gen_toks of them."""
+    from launcher.evals.harness import DEFAULT_MAX_GEN_TOKS
+
+    budget = min(int(gen_kwargs.get("max_gen_toks") or DEFAULT_MAX_GEN_TOKS), seq - 1)
+    start = min(prompt, seq - budget)
+    return sum(start + k for k in range(1, budget + 1))
+

@@ -17,6 +17,12 @@ from typing import Callable, Sequence
 
 Rows = Sequence[tuple[list[int], list[int]]]
 Scorer = Callable[[Rows], list[tuple[float, bool]]]
+Generator = Callable[[list, list, Callable[[int, list], bool]], list[list[int]]]
+"""(prompts' ids, token budgets, done(row, new ids)) -> each row's generated ids
+(:func:`launcher.runtime.eval_generation.generate_rows`)."""
+DEFAULT_MAX_GEN_TOKS = 256
+"""Tokens a generation task may generate when its ``generation_kwargs`` say nothing
+(lm-evaluation-harness's Hugging Face backend's default)."""
 
 
 def _template_lm():
@@ -30,7 +36,8 @@ class ScoredLM:
     token rows go to ``score``; ``encode`` turns text into token ids."""
 
     def __new__(cls, encode: Callable[[str], list[int]], eot: int, max_length: int,
-                score: Scorer):
+                score: Scorer, generate: Generator | None = None,
+                decode: Callable[[list[int]], str] | None = None):
         base = _template_lm()
 
         class _LM(base):
@@ -54,7 +61,9 @@ class ScoredLM:
                 return rolling(requests, encode, eot, max_length, score)
 
             def generate_until(self, requests, disable_tqdm: bool = False):
-                raise NotImplementedError("generation is not scored in the training loop")
+                if generate is None or decode is None:
+                    raise NotImplementedError("this scorer does not generate")
+                return generate_texts(requests, encode, decode, eot, max_length, generate)
 
         return _LM()
 
@@ -76,6 +85,36 @@ def rolling(requests, encode, eot: int, max_length: int, score: Scorer) -> list[
     for index, (logprob, _) in zip(owner, score(rows)):
         totals[index] += logprob
     return totals
+
+
+def generate_texts(requests, encode, decode, eot: int, max_length: int,
+                   generate: Generator) -> list[str]:
+    """Greedy continuations of ``generate_until`` requests, as lm-evaluation-harness's Hugging
+    Face backend makes them: its generation settings normalised by its own functions, the
+    end-of-text added to the stop strings, the context cut from the left to leave room for
+    ``max_gen_toks``, generation until a stop string appears (or the end-of-text token, or the
+    budget), the text cut at the first stop string."""
+    from lm_eval.models.utils import (handle_stop_sequences, normalize_gen_kwargs,
+                                      postprocess_generated_text)
+
+    eos = decode([eot]) or None
+    prompts, budgets, stops = [], [], []
+    for request in requests:
+        context, gen_kwargs = request.args
+        kwargs = normalize_gen_kwargs(dict(gen_kwargs or {}), DEFAULT_MAX_GEN_TOKS)
+        if kwargs.get("do_sample"):
+            raise ValueError("generate_until: only greedy generation is scored (do_sample=false)")
+        stops.append(handle_stop_sequences(kwargs.pop("until", None), eos=eos))
+        budget = min(int(kwargs["max_gen_toks"]), max_length - 1)
+        prompts.append(encode(context)[-(max_length - budget):])
+        budgets.append(budget)
+
+    def done(row: int, new: list) -> bool:
+        return new[-1] == eot or any(stop and stop in decode(new) for stop in stops[row])
+
+    outputs = generate(prompts, budgets, done)
+    return [postprocess_generated_text(decode([t for t in ids if t != eot]), until, None)
+            for ids, until in zip(outputs, stops)]
 
 
 def run_tasks(tasks: dict, lm, limit: int = 0, contaminated: dict | None = None,

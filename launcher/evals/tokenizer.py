@@ -41,3 +41,9 @@ class TextTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of ``ids``, special tokens left out (as lm-evaluation-harness's Hugging Face
+        backend decodes a generation)."""
+        return self._tok.decode(ids, skip_special_tokens=True)
+

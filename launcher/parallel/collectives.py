@@ -122,6 +122,16 @@ def broadcast_int(value: int, src: int, group: Group = None) -> int:
     return int(packed.item())
 
 
+def broadcast_ints(values: Sequence[int], src: int, group: Group = None) -> list[int]:
+    """``values`` (the same length on every rank) of global rank ``src`` on every rank of
+    ``group`` (themselves without a process group)."""
+    if not initialized():
+        return [int(v) for v in values]
+    packed = torch.tensor([int(v) for v in values], dtype=torch.int64, device=device_for(group))
+    dist.broadcast(packed, src=src, group=group)
+    return [int(v) for v in packed.tolist()]
+
+
 def gather_objects(value: Any, group: Group = None) -> list:
     """Every rank's picklable ``value``, in rank order (``[value]`` without a process group).
     For small records (file lists, results), never tensors."""

@@ -25,6 +25,7 @@ import torch
 from launcher.config import DataConfig, EvalConfig
 from launcher.evals.rows import replica_batches, row_length, score_plan
 from launcher.evals.tokenizer import TextTokenizer, eval_tokenizer_path
+from launcher.runtime.eval_generation import generate_rows
 from launcher.parallel import collectives
 
 
@@ -56,7 +57,10 @@ class DownstreamEval:
     tasks: dict
     """{name: lm-evaluation-harness Task}."""
     score: Callable[[list], list]
+    generate: Callable
+    """(prompts, budgets, done) -> generated ids (eval_generation.generate_rows)."""
     encode: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]
     eot: int
     seq: int
     interval: int
@@ -80,7 +84,7 @@ class DownstreamEval:
             scored.append(len(rows))
             return self.score(rows)
 
-        lm = ScoredLM(self.encode, self.eot, self.seq, counted)
+        lm = ScoredLM(self.encode, self.eot, self.seq, counted, self.generate, self.decode)
         return run_tasks(self.tasks, lm, self.limit, self.contaminated, samples), sum(scored)
 
     def __call__(self) -> dict:
@@ -106,6 +110,8 @@ def build_downstream(engine, *, ev: EvalConfig, data: DataConfig, seq: int, micr
     return DownstreamEval(
         tasks=load_tasks(ev.tasks, ev.include_path),
         score=lambda rows: score_rows(engine, rows, seq=seq, micro_batch=micro_batch),
-        encode=tokenizer.encode, eot=data.eod_token_id, seq=seq, interval=ev.interval,
+        generate=lambda prompts, budgets, done: generate_rows(
+            engine, prompts, budgets, done, seq=seq, micro_batch=micro_batch),
+        encode=tokenizer.encode, decode=tokenizer.decode, eot=data.eod_token_id, seq=seq, interval=ev.interval,
         at_end=ev.at_end, limit=ev.limit,
         contaminated=dict(ev.contaminated) if ev.contamination else None)

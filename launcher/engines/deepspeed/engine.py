@@ -230,6 +230,23 @@ class DeepSpeedEngine:
         self.ds.train()
         return out if parallel_state.get_tensor_model_parallel_rank() == 0 else None
 
+    @torch.no_grad()
+    def next_tokens(self, tokens: torch.Tensor, ends: list) -> list:
+        """See :meth:`launcher.engines.base.Engine.next_tokens` (no pipeline: every rank
+        computes the logits, gathered over the tensor-parallel group)."""
+        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+        self.ds.eval()
+        batch = padded({"tokens": tokens, "position_ids": torch.arange(tokens.shape[1]).expand(
+            tokens.shape[0], -1)}, length_multiple(getattr(self.ds.module, "config", None)))
+        logits = self.ds(batch["tokens"].to(self.device), batch["position_ids"].to(self.device),
+                         None)
+        rows = logits[torch.arange(len(ends), device=self.device),
+                      torch.tensor(ends, device=self.device) - 1]
+        ids = gather_from_tensor_model_parallel_region(rows)[:, :self.vocab_size].float()
+        self.ds.train()
+        return ids.argmax(dim=-1).tolist()
+
     def data_parallel(self) -> tuple[int, int]:
         from megatron.core import parallel_state
 

@@ -33,6 +33,7 @@ from launcher.core.errors import NonFiniteLoss
 from launcher.core.phases import PHASES
 from launcher.engines.base import StepResult
 from launcher.engines.common import masked_mean, set_lr
+from launcher.engines.megatron.generation import next_tokens
 from launcher.engines.megatron.packed_rows import (attention_cut, on_this_cp_rank, params_on,
                                                   to_thd)
 from launcher.engines.megatron.scoring import data_parallel, score_batches
@@ -373,6 +374,17 @@ class MegatronEngine:
             chunk.eval()
         out = score_batches(self.chunks, batches, device=self.device,
                             vocab_size=self.vocab_size)
+        for chunk in self.chunks:
+            chunk.train()
+        return out
+
+    @torch.no_grad()
+    def next_tokens(self, tokens: torch.Tensor, ends: list) -> list:
+        """See :meth:`launcher.engines.base.Engine.next_tokens` (generation.next_tokens)."""
+        for chunk in self.chunks:
+            chunk.eval()
+        out = next_tokens(self.chunks, tokens, ends, vocab_size=self.vocab_size,
+                          device=self.device)
         for chunk in self.chunks:
             chunk.train()
         return out

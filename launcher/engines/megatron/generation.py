@@ -102,3 +102,47 @@ class Generator:
             if token in stop_ids:  # the same token on every rank: every rank stops here
                 break
         return new, prompt_logits
+
+
+def next_tokens(chunks: list, tokens: torch.Tensor, ends: list, *, vocab_size: int,
+                device: torch.device) -> list:
+    """The greedy next token of each row of ``tokens`` ([b, s] on the host, each row's own
+    tokens first: ``ends[i]`` of them, zeros after), on every rank of this replica's pipeline:
+    one forward-only pass through ``chunks`` (any TP/PP/VPP/EP; the length padded to what
+    sequence parallelism splits), the last stage's logits at each row's end gathered over the
+    tensor-parallel group, the padded vocabulary dropped, and the ids broadcast over the
+    pipeline group. Collective within the replica."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    from launcher.engines.common import length_multiple, padded
+
+    batch = padded({"tokens": tokens, "position_ids": torch.arange(tokens.shape[1]).expand(
+        tokens.shape[0], -1)}, length_multiple(getattr(chunks[0], "config", None)))
+    batch = {k: v.to(device) for k, v in batch.items()}
+    at = torch.tensor(ends, device=device) - 1
+
+    def forward_step(data_iterator, model):
+        next(data_iterator)
+        output = model(batch["tokens"], batch["position_ids"], None)
+
+        def keep(output_tensor, non_loss_data=False):
+            rows = output_tensor[torch.arange(len(ends), device=device), at]
+            return gather_from_tensor_model_parallel_region(rows)
+        return output, keep
+
+    data = [iter([None]) for _ in chunks]
+    out = get_forward_backward_func()(
+        forward_step_func=forward_step, data_iterator=data if len(data) > 1 else data[0],
+        model=chunks if len(chunks) > 1 else chunks[0], num_microbatches=1,
+        seq_length=batch["tokens"].shape[1], micro_batch_size=len(ends), forward_only=True,
+        collect_non_loss_data=True)
+    ids = [0] * len(ends)
+    if ps.is_pipeline_last_stage(ignore_virtual=True):
+        ids = out[0][:, :vocab_size].float().argmax(dim=-1).tolist()
+    if ps.get_pipeline_model_parallel_world_size() == 1:
+        return ids
+    return collectives.broadcast_ints(ids, ps.get_pipeline_model_parallel_last_rank(),
+                                      ps.get_pipeline_model_parallel_group())
+

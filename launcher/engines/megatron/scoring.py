@@ -112,4 +112,11 @@ class ChunkScorer:
         return score_batches(self.chunks, batches, device=self.device,
                              vocab_size=self.vocab_size)
 
+    def next_tokens(self, tokens: torch.Tensor, ends: list) -> list:
+        from launcher.engines.megatron.generation import next_tokens
+
+        with torch.no_grad():
+            return next_tokens(self.chunks, tokens, ends, vocab_size=self.vocab_size,
+                               device=self.device)
+
     data_parallel = staticmethod(data_parallel)
