@@ -48,32 +48,69 @@ def include_paths(include: Iterable[str]) -> list[Path]:
     return [SHIPPED, *(Path(p).expanduser() for p in include)]
 
 
-def task_manager(include: Iterable[str]):
-    """lm-evaluation-harness's index of the task files on the include path (its own tasks,
-    which download their data, left out)."""
+def task_manager(include: Iterable[str], harness: bool = False):
+    """lm-evaluation-harness's index of the task files on the include path; with ``harness``,
+    its own task folders too (about 7 s to index; their data must be in the local datasets
+    cache: :func:`cached_data_problems`)."""
     offline()
     from lm_eval.tasks import TaskManager
 
     return TaskManager(include_path=[str(p) for p in include_paths(include)],
-                       include_defaults=False)
+                       include_defaults=harness)
 
 
 def task_problems(tasks: Iterable[str], include: Iterable[str]) -> list[str]:
-    """Every reason the tasks cannot be loaded (empty: they can)."""
+    """Every reason the tasks cannot be loaded (empty: they can). A name the include path
+    lacks is looked up among lm-evaluation-harness's own tasks."""
     tasks = list(tasks)
     missing = [p for p in include_paths(include) if not p.is_dir()]
     problems = [f"eval.include_path: {p} is not a directory; give folders of task YAML files"
                 for p in missing]
     if not tasks or problems:
         return problems
-    manager = task_manager(include)
+    manager, theirs = task_manager(include), None
     for name in tasks:
         entry = manager.task_index.get(name)
+        if entry is not None and entry.yaml_path is not None:
+            problems += config_problems(name, Path(entry.yaml_path), entry.cfg or {})
+            continue
+        theirs = theirs or task_manager(include, harness=True)
+        entry = theirs.task_index.get(name)
         if entry is None or entry.yaml_path is None:
             problems.append(unknown_task(name, manager, include))
-            continue
-        problems += config_problems(name, Path(entry.yaml_path), entry.cfg or {})
+        else:
+            problems += harness_task_problems(name, Path(entry.yaml_path), entry.cfg or {})
     return problems
+
+
+def harness_task_problems(name: str, yaml_path: Path, cfg: dict) -> list[str]:
+    """lm-evaluation-harness's own task ``name``: one task (not a group), an output type scored
+    here, and its data in the local datasets cache."""
+    where = f"task {name} (lm-evaluation-harness's {yaml_path})"
+    if "dataset_path" not in cfg:
+        return [f"{where} is a group of tasks; name the tasks themselves in eval.tasks"]
+    return output_problems(where, cfg) or cached_data_problems(where, cfg)
+
+
+def cached_data_problems(where: str, cfg: dict) -> list[str]:
+    """The task's evaluation split read from this machine's datasets cache, offline (nothing
+    is downloaded); a problem naming the dataset and how to bring it here otherwise."""
+    offline()
+    import datasets
+
+    path, config = cfg["dataset_path"], cfg.get("dataset_name")
+    split = cfg.get("test_split") or cfg.get("validation_split")
+    try:
+        datasets.load_dataset(path, config, split=split, **(cfg.get("dataset_kwargs") or {}))
+    except Exception as exc:  # datasets' own errors for a dataset that is not cached
+        named = f"load_dataset({path!r}" + (f", {config!r}" if config else "") + ")"
+        return [f"{where}: its data ({path}" + (f", config {config}" if config else "")
+                + f", split {split}) are not in this machine's datasets cache "
+                f"({datasets.config.HF_DATASETS_CACHE}) and nothing is downloaded at run time "
+                f"({type(exc).__name__}); on a machine with internet run python -c \"import "
+                f"datasets; datasets.{named}\", then copy its datasets cache folder here "
+                "(HF_DATASETS_CACHE; docs/eval.md, Tasks of lm-evaluation-harness offline)"]
+    return []
 
 
 def unknown_task(name: str, manager, include: Iterable[str]) -> str:
@@ -107,8 +144,8 @@ def unparsable_yamls(include: Iterable[str]) -> list[tuple[Path, str]]:
     return out
 
 
-def config_problems(name: str, yaml_path: Path, cfg: dict) -> list[str]:
-    where = f"task {name} ({yaml_path})"
+def output_problems(where: str, cfg: dict) -> list[str]:
+    """An output type not scored here, or a sampled generation."""
     output = cfg.get("output_type", "generate_until")
     if output not in SCORED:
         return [f"{where}: output_type {output} is not scored in the training loop; use one of "
@@ -117,6 +154,13 @@ def config_problems(name: str, yaml_path: Path, cfg: dict) -> list[str]:
     if output == "generate_until" and sampled:
         return [f"{where}: generation_kwargs.do_sample={sampled}: generation tasks are scored "
                 "greedily; set do_sample: false (and temperature: 0)"]
+    return []
+
+
+def config_problems(name: str, yaml_path: Path, cfg: dict) -> list[str]:
+    where = f"task {name} ({yaml_path})"
+    if output_problems(where, cfg):
+        return output_problems(where, cfg)
     if cfg.get("dataset_path") not in LOCAL_BUILDERS:
         return [f"{where}: dataset_path {cfg.get('dataset_path')!r} would be downloaded; "
                 "nothing is fetched at run time: give dataset_path: json (or csv, text, parquet) "
@@ -168,9 +212,14 @@ def load_tasks(tasks: Iterable[str], include: Iterable[str]) -> dict:
     if problems:
         raise TaskError("\n".join(problems))
     manager = task_manager(include)
-    configs = []
+    if any(name not in manager.task_index for name in tasks):  # lm-evaluation-harness's own
+        manager = task_manager(include, harness=True)
+    configs: list = []
     for name in tasks:
         entry = manager.task_index[name]
+        if Path(entry.yaml_path).is_relative_to(Path(_harness_tasks())):
+            configs.append(name)  # its own task, data from the datasets cache
+            continue
         cfg = copy.deepcopy(entry.cfg)
         files = cfg["dataset_kwargs"]["data_files"]
         folder = Path(entry.yaml_path).parent
@@ -179,6 +228,13 @@ def load_tasks(tasks: Iterable[str], include: Iterable[str]) -> dict:
     from lm_eval.tasks import get_task_dict
 
     return get_task_dict(configs, manager)
+
+
+def _harness_tasks() -> str:
+    """lm-evaluation-harness's own task folder."""
+    import lm_eval.tasks
+
+    return str(Path(lm_eval.tasks.__file__).parent)
 
 
 def resolved(files, folder: Path):
