@@ -66,6 +66,18 @@ MATRIX = {
     "gpt2 dp2 megatron": GPT2 + MEGATRON + ["trainer.micro_batch_size=1"],
     "gpt2 dp2 deepspeed": GPT2 + DEEPSPEED + ["trainer.micro_batch_size=1"],
 }
+UNSEEN = {
+    # issue 48's five configs the bench had not run, fp32 (--uncalibrated)
+    "unseen tiny dp2 deepspeed": TINY + DEEPSPEED,
+    "unseen tiny tp2 megatron": TINY + MEGATRON + ["parallelism=tp2"],
+    "unseen tiny pp2 x accum4": TINY + MEGATRON + ["parallelism=pp2", "trainer.micro_batch_size=1",
+                                                   "trainer.global_batch_size=4"],
+    "unseen gpt2 zero2 seq128": ["model=gpt2_124m", "model.seq_length=128",
+                                 "model.hidden_dropout=0", "model.attention_dropout=0"]
+    + DEEPSPEED + ["parallelism.zero_stage=2", "trainer.micro_batch_size=1"],
+    "unseen 6x512 x accum2": SMALL + MEGATRON + ["trainer.micro_batch_size=1",
+                                                 "trainer.global_batch_size=4"],
+}
 ORDERED = [name for name in MATRIX if name.startswith("tiny ") and "fp32" not in name]
 """The layouts whose order the search must get right (one model, one precision)."""
 COMMON = ["trainer.eval_interval=0", "trainer.save_interval=0", "run.report=false",
@@ -100,6 +112,24 @@ def measured(config: list, env: dict, root: Path, name: str, steps: int, warm: i
     return statistics.median(r["step_time"] for r in rows if r["step"] > warm)
 
 
+def uncalibrated(args, base: dict, root: Path) -> dict:
+    """Plans without a probe (the catalogue's cpu entry) against real runs of the
+    :data:`UNSEEN` configs in fp32."""
+    rows = {}
+    for name, config in UNSEEN.items():
+        config = config + COMMON + ["trainer.precision=fp32"]
+        env = {**base, "TRAINWRIGHT_PROFILE_DIR": str(root / "profiles" / "uncalibrated")}
+        plan = json.loads(_run(["-m", "launcher.plan", *config, "plan.format=json"],
+                               env).stdout)["step_time_s"]
+        got = measured(config, env, root, name, args.steps, args.warm)
+        rows[name] = {"catalogue": plan, "measured": got}
+        print(f"{name:28s} measured {got:.3f} s  planned {plan:.3f} s ({plan / got:.2f}x)",
+              flush=True)
+    errors = [abs(r["catalogue"] / r["measured"] - 1) for r in rows.values()]
+    print(f"median |error| {statistics.median(errors):.1%}, largest {max(errors):.1%}")
+    return rows
+
+
 def kendall_tau(a: list, b: list) -> float:
     pairs = list(combinations(range(len(a)), 2))
     score = sum((a[i] - a[j]) * (b[i] - b[j]) > 0 for i, j in pairs) \
@@ -113,7 +143,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--warm", type=int, default=6, help="steps left out as warm-up")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--uncalibrated", action="store_true",
+                        help="plan the unseen configs without a probe (the catalogue)")
     args = parser.parse_args()
+    if args.uncalibrated:
+        with tempfile.TemporaryDirectory(prefix="plan-accuracy-") as tmp:
+            rows = uncalibrated(args, {**os.environ, "OMP_NUM_THREADS": "1",
+                                       "WANDB_MODE": "disabled"}, Path(tmp))
+        if args.json:
+            args.json.write_text(json.dumps({"uncalibrated": rows}, indent=1))
+        return
     names = [n for n in MATRIX if not args.only or any(o in n for o in args.only)]
     with tempfile.TemporaryDirectory(prefix="plan-accuracy-") as tmp:
         root = Path(tmp)
