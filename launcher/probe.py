@@ -5,7 +5,9 @@ ranks (:func:`launcher.launch.bootstrap.run_ranks`) -> every rank measures at on
 (:mod:`launcher.runtime.probe`: passes at every tensor-parallel size the node allows,
 AdamW, the collectives at the job's sizes, the engine at the job's layout) -> rank 0 merges the
 figures into this machine's profile (:mod:`launcher.plan.profile`), where the plan and the
-search find them again, and prints where. Takes well under a minute on 2 CPU ranks.
+search find them again, and prints where -> then a two-step launch of the same job in a scratch
+directory measures start-up and exit (:func:`short_launch`; one node). Takes well under a
+minute on 2 CPU ranks.
 
 ``python -m launcher.probe --from-run RUN_DIR`` refines the stored profile from a finished
 run's own measurements instead (its median step time becomes the engine figure of its layout).
@@ -33,7 +35,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "--from-run":
         return from_run(Path(argv[1]) if len(argv) > 1 else None, argv[2:])
     job = prepare(argv)
-    return run_ranks(job, probe_rank, command="probe")
+    code = run_ranks(job, probe_rank, command="probe")
+    if code == 0 and job.cfg.cluster.nodes == 1:
+        short_launch(argv, job)
+    return code
+
+
+SHORT_LAUNCH = ("trainer.train_steps=2", "trainer.save_interval=0", "trainer.eval_interval=0",
+                "eval.tasks=[]", "logger=none", "run.report=false", "trainer.load=",
+                "trainer.checkpoint_uri=", "plan.calibrate=false")
+"""The job as a two-step run (one save at the end, no evaluation, no logger): what a launch
+costs before its first step and after its last, whatever the job's own settings."""
+
+
+def short_launch(argv: Sequence[str], job) -> None:
+    """Start-up and exit of this job measured by a short real launch (:data:`SHORT_LAUNCH`) in
+    a scratch run directory, stored as the profile's ``launch`` figures (as ``--from-run``
+    stores a finished run's): the plan's goodput then prices them measured, not assumed. A
+    launch that fails costs a line, never the probe."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="trainwright-probe-launch-") as tmp:
+        proc = subprocess.run([sys.executable, "-m", "launcher.train", *argv, *SHORT_LAUNCH,
+                               f"run.output_root={tmp}", "run.name=launch"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        figures = launch_figures(Path(tmp) / "launch") if proc.returncode == 0 else {}
+        if not figures:
+            print(f"probe: the short launch that measures start-up and exit failed (exit "
+                  f"{proc.returncode}); start-up and exit stay assumed:\n"
+                  f"{proc.stderr[-1500:]}", file=sys.stderr)
+            return
+        figures["launch"]["run"] = "a two-step launch of launcher.probe"
+        path = store(job, figures, "probe")
+        launch = figures["launch"]
+        print(f"probe: {path} (start-up {launch['startup_s']:.1f} s, exit "
+              f"{launch['exit_s']:.1f} s: a two-step launch of this job)", file=sys.stderr)
 
 
 def probe_rank(rank: Rank) -> int:
