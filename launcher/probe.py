@@ -181,20 +181,21 @@ def from_run(run_dir: Path | None, overrides: Sequence[str]) -> int:
 
 
 def launch_figures(run_dir: Path) -> dict:
-    """{"launch": {startup_s, exit_s}} of a finished run's first launch: launch to the first
-    step, and the last step to exit less the final save; {} when the run did not end normally."""
+    """{"launch": {startup_s, exit_s}} of a finished run's first launch, as its goodput account
+    (:func:`launcher.runtime.goodput.account`) counts them, so that the plan's goodput and the
+    measured one share one definition: the attempt's start to its first step, and the last
+    step to exit less the final save; {} when the run did not end normally."""
     from launcher.core.jsonl import read_jsonl
     from launcher.runtime.goodput import account
 
     events = read_jsonl(run_dir / "events.jsonl")
-    startup = next((e for e in events if e.get("kind") == "startup"), None)
     saves = [e for e in events if e.get("kind") == "checkpoint" and "seconds" in e
              and " saved" in e.get("message", "")]
-    shutdown = account(run_dir)["lost_s"]["shutdown"]
-    if startup is None or not saves or shutdown <= 0:
+    lost = account(run_dir)["lost_s"]
+    if lost["startup"] <= 0 or not saves or lost["shutdown"] <= 0:
         return {}
-    total = sum(v for k, v in startup.items() if k.endswith("_s"))
-    return {"launch": {"startup_s": total, "exit_s": max(0.0, shutdown - saves[-1]["seconds"]),
+    return {"launch": {"startup_s": lost["startup"],
+                       "exit_s": max(0.0, lost["shutdown"] - saves[-1]["seconds"]),
                        "run": str(run_dir)}}
 
 
