@@ -1,6 +1,8 @@
 """The plan against real CPU runs: predicted and measured step time over a matrix of configs.
 
     .venv/bin/python bench/plan_accuracy.py [--only NAME ...] [--steps 6] [--json out.json]
+    .venv/bin/python bench/plan_accuracy.py --out-of-sample --steps 24 --warm 12 [--json ...]
+    .venv/bin/python bench/plan_accuracy.py --uncalibrated [--json ...]
 
 For each config of :data:`MATRIX` (2 CPU ranks: three model sizes, DP2 / TP2 / PP2 with and
 without VPP, ZeRO 0-3, both engines, fp32 and bf16 where this CPU computes it fast, other
@@ -130,6 +132,42 @@ def uncalibrated(args, base: dict, root: Path) -> dict:
     return rows
 
 
+def model_groups() -> dict:
+    """{the first config of a model and precision: every config of it} over :data:`MATRIX`:
+    what one probe of a model can plan (a probe's passes are per model and precision)."""
+    groups: dict = {}
+    for name in MATRIX:
+        kind = (name.split()[0], "fp32" in name)
+        groups.setdefault(kind, []).append(name)
+    return {names[0]: names for names in groups.values()}
+
+
+def out_of_sample(args, base: dict, root: Path) -> dict:
+    """One probe per model and precision (its first config), every config of it planned from
+    that profile alone and trained; the probed config trained twice (the run-to-run spread)."""
+    rows = {}
+    for probed, names in model_groups().items():
+        env = {**base, "TRAINWRIGHT_PROFILE_DIR": str(root / "profiles" / probed)}
+        _run(["-m", "launcher.probe", *MATRIX[probed], *COMMON,
+              f"run.output_root={root / 'probe'}", f"run.name={probed.replace(' ', '_')}"], env)
+        for name in names + [probed]:
+            config = MATRIX[name] + COMMON
+            key = name if name not in rows else f"{name} again"
+            got = measured(config, env, root, key, args.steps, args.warm)
+            rows[key] = {"probe": probed, "planned": planned(config, env), "measured": got}
+            r = rows[key]
+            r["error"] = r["planned"] / got - 1
+            print(f"{key:40s} planned {r['planned']:.3f} s  measured {got:.3f} s  "
+                  f"error {r['error']:+.1%}  (probe: {probed})", flush=True)
+    others = [abs(r["error"]) for k, r in rows.items() if k != r["probe"] and "again" not in k]
+    spread = [abs(rows[f"{p} again"]["measured"] / rows[p]["measured"] - 1)
+              for p in model_groups()]
+    print(f"planned from another layout's probe: median |error| {statistics.median(others):.1%}"
+          f", largest {max(others):.1%} over {len(others)} configs; the probed config run "
+          f"twice differs by {', '.join(f'{x:.1%}' for x in spread)}")
+    return rows
+
+
 def kendall_tau(a: list, b: list) -> float:
     pairs = list(combinations(range(len(a)), 2))
     score = sum((a[i] - a[j]) * (b[i] - b[j]) > 0 for i, j in pairs) \
@@ -145,7 +183,16 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--uncalibrated", action="store_true",
                         help="plan the unseen configs without a probe (the catalogue)")
+    parser.add_argument("--out-of-sample", action="store_true",
+                        help="one probe per model; every other config planned from it")
     args = parser.parse_args()
+    if args.out_of_sample:
+        with tempfile.TemporaryDirectory(prefix="plan-accuracy-") as tmp:
+            rows = out_of_sample(args, {**os.environ, "OMP_NUM_THREADS": "1",
+                                        "WANDB_MODE": "disabled"}, Path(tmp))
+        if args.json:
+            args.json.write_text(json.dumps({"out_of_sample": rows}, indent=1))
+        return
     if args.uncalibrated:
         with tempfile.TemporaryDirectory(prefix="plan-accuracy-") as tmp:
             rows = uncalibrated(args, {**os.environ, "OMP_NUM_THREADS": "1",
