@@ -186,20 +186,14 @@ def main() -> None:
     parser.add_argument("--out-of-sample", action="store_true",
                         help="one probe per model; every other config planned from it")
     args = parser.parse_args()
-    if args.out_of_sample:
-        with tempfile.TemporaryDirectory(prefix="plan-accuracy-") as tmp:
-            rows = out_of_sample(args, {**os.environ, "OMP_NUM_THREADS": "1",
-                                        "WANDB_MODE": "disabled"}, Path(tmp))
-        if args.json:
-            args.json.write_text(json.dumps({"out_of_sample": rows}, indent=1))
-        return
-    if args.uncalibrated:
-        with tempfile.TemporaryDirectory(prefix="plan-accuracy-") as tmp:
-            rows = uncalibrated(args, {**os.environ, "OMP_NUM_THREADS": "1",
-                                       "WANDB_MODE": "disabled"}, Path(tmp))
-        if args.json:
-            args.json.write_text(json.dumps({"uncalibrated": rows}, indent=1))
-        return
+    for wanted, mode in ((args.out_of_sample, out_of_sample), (args.uncalibrated, uncalibrated)):
+        if wanted:
+            with tempfile.TemporaryDirectory(prefix="plan-accuracy-") as tmp:
+                rows = mode(args, {**os.environ, "OMP_NUM_THREADS": "1",
+                                   "WANDB_MODE": "disabled"}, Path(tmp))
+            if args.json:
+                args.json.write_text(json.dumps({mode.__name__: rows}, indent=1))
+            return
     names = [n for n in MATRIX if not args.only or any(o in n for o in args.only)]
     with tempfile.TemporaryDirectory(prefix="plan-accuracy-") as tmp:
         root = Path(tmp)
