@@ -117,9 +117,9 @@ def main() -> None:
               f"{before['rows_per_s']:>8.2f} {r['throughput_ratio']:>6.1f} "
               f"{now['mask_on_device_s'] * 1e3:>9.0f} ms/row")
     if args.json:
-        host = {"cpu": next((line.split(":", 1)[1].strip() for line in
-                             open("/proc/cpuinfo") if line.startswith("model name")), "?"),
-                "cores": os.cpu_count(), "torch": torch.__version__}
+        from launcher.plan.machine import cpu_info
+
+        host = {"cpu": cpu_info().model, "cores": os.cpu_count(), "torch": torch.__version__}
         Path(args.json).write_text(json.dumps({"host": host, "rows": args.rows,
                                                "results": results}, indent=1) + "\n")
 

@@ -150,20 +150,13 @@ def theirs(hf: Path, tasks: Path, task: str, env: dict, root: Path) -> dict:
 def token_ratio(hf: Path, tasks: Path, task: str) -> dict:
     """Real and computed tokens of one in-loop evaluation of ``task`` (2 replicas, micro-batch
     1, seq 2,048), and what one row per sequence computed."""
-    from launcher.core.eval_tasks import load_tasks
+    from launcher.config import EvalConfig
+    from launcher.evals.count import row_lengths
     from launcher.evals.rows import computed_tokens, score_plan
     from launcher.evals.tokenizer import TextTokenizer
 
-    encode = TextTokenizer(hf / "tokenizer.json").encode
-    lengths = []
-    for t in load_tasks([task], [str(tasks)]).values():
-        t.build_all_requests(rank=0, world_size=1)
-        for instance in t.instances:
-            if instance.request_type == "loglikelihood_rolling":
-                n = len(encode(instance.args[0]))
-                lengths += [SEQ] * (n // SEQ) + [n % SEQ] * bool(n % SEQ)
-            else:
-                lengths.append(min(SEQ, len(encode(instance.args[0] + instance.args[1]))))
+    lengths = row_lengths(EvalConfig(tasks=[task], include_path=[str(tasks)]),
+                          TextTokenizer(hf / "tokenizer.json").encode, SEQ)
     computed = computed_tokens(score_plan(lengths, dp=2, seq=SEQ, micro_batch=1), 2)
     return {"rows": len(lengths), "real_tokens": sum(lengths), "computed_tokens": computed,
             "computed_vs_real": computed / sum(lengths),
@@ -196,8 +189,9 @@ def main() -> None:
                   f"{'':>18}ours {row['ours']['scores']}\n{'':>18}lm_eval "
                   f"{row['theirs']['scores']}", flush=True)
     if args.json:
-        host = {"cpu": next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                             if line.startswith("model name")), "?"), "cores": os.cpu_count()}
+        from launcher.plan.machine import cpu_info
+
+        host = {"cpu": cpu_info().model, "cores": os.cpu_count()}
         Path(args.json).write_text(json.dumps({"host": host, "started": time.strftime(
             "%Y-%m-%d %H:%M"), "results": results}, indent=1) + "\n")
 

@@ -27,15 +27,13 @@ def needs_probe(calibrate: bool, step_time_source: str) -> bool:
         and UNPROBED not in step_time_source
 
 
-def probe_first(argv: Sequence[str], run_name: str, command: str) -> bool:
-    """Run the probe of ``argv`` (run ``<run_name>-probe``); True when it stored a profile.
-    ``command`` names the caller in what it prints."""
+def probe_first(argv: Sequence[str], run_name: str, command: str) -> None:
+    """Run the probe of ``argv`` (run ``<run_name>-probe``); a line when it fails (the command
+    then plans from the catalogue). ``command`` names the caller in what it prints."""
     print(f"{command}: no stored profile measured this model and layout here; probing this "
           "machine first (plan.calibrate=true)", file=sys.stderr, flush=True)
     probe = [sys.executable, "-m", "launcher.probe", *argv, "plan.calibrate=false",
              f"run.name={run_name or 'run'}-probe"]
-    if subprocess.run(probe, stdout=sys.stderr.fileno()).returncode == 0:
-        return True
-    print(f"{command}: the probe failed (above); planning from the catalogue", file=sys.stderr,
-          flush=True)
-    return False
+    if subprocess.run(probe, stdout=sys.stderr.fileno()).returncode != 0:
+        print(f"{command}: the probe failed (above); planning from the catalogue",
+              file=sys.stderr, flush=True)

@@ -6,7 +6,8 @@ where there is one, its line): the include paths exist, every task of ``eval.tas
 YAML file that does not parse is named with its line), its data is local (``dataset_path: json``,
 ``csv`` or ``text`` with ``data_files``) and present, a JSON Lines file parses line by line, and
 the task asks for what trainwright scores (loglikelihood, multiple choice, rolling
-loglikelihood, greedy generate_until). :func:`load_tasks` then builds lm-evaluation-harness's task objects, its own
+loglikelihood, greedy generate_until). :func:`load_tasks` then builds lm-evaluation-harness's
+task objects, its own
 templates, splits, few-shot samplers and metrics, with nothing downloaded.
 
 ``data_files`` may be relative: trainwright resolves it against the task file's folder
@@ -159,8 +160,9 @@ def output_problems(where: str, cfg: dict) -> list[str]:
 
 def config_problems(name: str, yaml_path: Path, cfg: dict) -> list[str]:
     where = f"task {name} ({yaml_path})"
-    if output_problems(where, cfg):
-        return output_problems(where, cfg)
+    problems = output_problems(where, cfg)
+    if problems:
+        return problems
     if cfg.get("dataset_path") not in LOCAL_BUILDERS:
         return [f"{where}: dataset_path {cfg.get('dataset_path')!r} would be downloaded; "
                 "nothing is fetched at run time: give dataset_path: json (or csv, text, parquet) "

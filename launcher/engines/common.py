@@ -98,16 +98,23 @@ def length_multiple(config) -> int:
 
 
 def padded(batch: dict, multiple: int) -> dict:
-    """``batch`` ([b, s] tokens, labels, loss_mask, position_ids) with ``s`` rounded up to
-    ``multiple``: zeros after the end (masked: a causal model's earlier positions never see
-    them), positions counting on."""
-    tensors = {k: torch.as_tensor(v) for k, v in batch.items()}
+    """``batch`` ([b, s] tokens, and labels and loss_mask when it has them; rows that start at
+    position 0) with ``s`` rounded up to ``multiple``: zeros after the end (masked: a causal
+    model's earlier positions never see them), and its ``position_ids`` 0, 1, ... to the end."""
+    tensors = {k: torch.as_tensor(v) for k, v in batch.items() if k != "position_ids"}
     b, s = tensors["tokens"].shape
     extra = -s % multiple
-    if not extra:
-        return tensors
-    out = {k: torch.cat([v, torch.zeros(b, extra, dtype=v.dtype)], dim=1)
-           for k, v in tensors.items() if k != "position_ids"}
+    out = {k: torch.cat([v, torch.zeros(b, extra, dtype=v.dtype)], dim=1) if extra else v
+           for k, v in tensors.items()}
     out["position_ids"] = torch.arange(s + extra, dtype=torch.int64).expand(b, -1).clone()
     return out
 
+
+def row_end_logits(logits: torch.Tensor, ends: list) -> torch.Tensor:
+    """``[b, vocab]``: the logits (``[b, s, vocab / tp]``) at each row's last token
+    (``ends[i] - 1``), gathered over the tensor-parallel group (greedy generation)."""
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    rows = logits[torch.arange(len(ends), device=logits.device),
+                  torch.tensor(ends, device=logits.device) - 1]
+    return gather_from_tensor_model_parallel_region(rows)

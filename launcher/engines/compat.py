@@ -727,10 +727,11 @@ SHIMS = (
          "and exits 1 when the first node's agent (the rendezvous store) exits first"),
     Shim("JIT-build locks of killed ranks", "torch", "2.13.0", _applied_by_caller, None,
          _probe_jit_baton, "launcher.core.jit_locks.release_jit_build_locks, after the "
-         "watchdog kills an attempt's ranks: cpp_extension._jit_compile waits forever on a FileBaton its killed owner left"),
+         "watchdog kills an attempt's ranks: cpp_extension._jit_compile waits forever on a "
+         "FileBaton its killed owner left"),
     Shim("stale JIT-build locks", "torch", "2.13.0", _applied_by_caller, None, _probe_jit_baton,
-         "launcher.core.jit_locks.take_over_stale_build_locks, at every rank's start: a lock nobody holds beside a "
-         "built op makes every later build of that op wait forever"),
+         "launcher.core.jit_locks.take_over_stale_build_locks, at every rank's start: a lock "
+         "nobody holds beside a built op makes every later build of that op wait forever"),
     Shim("no shared-memory comm op on CPU", "deepspeed", "0.19.8", _applied_by_caller, None,
          _probe_shm_build, "skip_cpu_shm_build, before deepspeed.init_distributed: TorchBackend "
          "JIT-builds deepspeed_shm_comm (inference all-reduce only) in every CPU rank"),

@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from launcher.config import EvalConfig
-from launcher.evals.rows import LENGTH_MULTIPLE, round_up
+from launcher.evals.rows import padded_length
 
 
 def count_rows(ev: EvalConfig, tokenizer: str, seq: int) -> tuple[int, int]:
-    """(rows, tokens) of one evaluation of ``ev.tasks`` (``ev.limit`` examples each): a row per
-    loglikelihood request (a multiple-choice example makes one per choice) and per window of
-    ``seq`` tokens of a rolling text (encoded with ``tokenizer``); the tokens a forward pass
-    computes for them, each row's input rounded up as its micro-batch pads it
-    (:mod:`launcher.evals.rows`)."""
-    from launcher.core.eval_tasks import load_tasks
+    """(rows, tokens) of one evaluation of ``ev.tasks`` (``ev.limit`` examples each): the rows
+    of :func:`row_lengths` (encoded with ``tokenizer``) and the tokens a forward pass computes
+    for them, each row's input padded as its micro-batch pads it (:mod:`launcher.evals.rows`)."""
     from launcher.evals.tokenizer import TextTokenizer
 
-    encode = TextTokenizer(Path(tokenizer)).encode
+    lengths = row_lengths(ev, TextTokenizer(Path(tokenizer)).encode, seq)
+    return len(lengths), sum(padded_length(n, seq) for n in lengths)
+
+
+def row_lengths(ev: EvalConfig, encode: Callable[[str], list[int]], seq: int) -> list[int]:
+    """Input tokens of each row one evaluation of ``ev.tasks`` scores: a row per loglikelihood
+    request (a multiple-choice example makes one per choice), one per window of ``seq`` tokens
+    of a rolling text; a generation request counts the tokens of its forward passes."""
+    from launcher.core.eval_tasks import load_tasks
+
     lengths: list[int] = []
     for task in load_tasks(ev.tasks, ev.include_path).values():
         task.build_all_requests(limit=ev.limit or None, rank=0, world_size=1)
@@ -30,7 +37,7 @@ def count_rows(ev: EvalConfig, tokenizer: str, seq: int) -> tuple[int, int]:
             else:
                 context, continuation = instance.args[:2]
                 lengths.append(min(seq, max(1, len(encode(context + continuation)))))
-    return len(lengths), sum(min(seq, round_up(n, LENGTH_MULTIPLE)) for n in lengths)
+    return lengths
 
 
 def _windows(tokens: int, seq: int) -> list[int]:
@@ -47,4 +54,3 @@ def _generation_tokens(prompt: int, gen_kwargs: dict, seq: int) -> int:
     budget = min(int(gen_kwargs.get("max_gen_toks") or DEFAULT_MAX_GEN_TOKS), seq - 1)
     start = min(prompt, seq - budget)
     return sum(start + k for k in range(1, budget + 1))
-

@@ -58,20 +58,21 @@ def row_arrays(context: Sequence[int], continuation: Sequence[int],
     return tokens, labels, mask
 
 
-def round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
+def padded_length(tokens: int, seq: int) -> int:
+    """The length a micro-batch whose longest row has ``tokens`` input tokens is padded to: a
+    multiple of :data:`LENGTH_MULTIPLE`, at most ``seq`` (a row holds at most ``seq``)."""
+    return min(seq, -(-tokens // LENGTH_MULTIPLE) * LENGTH_MULTIPLE)
 
 
 def score_plan(lengths: Sequence[int], *, dp: int, seq: int, micro_batch: int) -> list:
     """The :class:`ScoreBatch` es that score rows of input ``lengths`` on ``dp`` replicas:
-    longest first; a step's length is its longest row's, rounded up (at most ``seq``, or the
-    row itself when longer); its rows per replica as many as ``micro_batch x seq`` tokens
+    longest first; a step's length is its longest row's :func:`padded_length`; its rows per replica as many as ``micro_batch x seq`` tokens
     allow; the rows dealt to the replicas in turn. At least one step (every rank takes part)."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     budget, plan, start = max(1, micro_batch) * seq, [], 0
     while start < len(order) or not plan:
         longest = lengths[order[start]] if start < len(order) else 1
-        length = max(longest, min(seq, round_up(longest, LENGTH_MULTIPLE)))
+        length = padded_length(longest, seq)
         rows = max(1, budget // length)
         taken = order[start:start + rows * dp]
         plan.append(ScoreBatch(length, min(rows, -(-len(taken) // dp) or 1),

@@ -115,11 +115,7 @@ def max_(tensor: torch.Tensor, group: Group = None) -> torch.Tensor:
 def broadcast_int(value: int, src: int, group: Group = None) -> int:
     """``value`` of global rank ``src`` on every rank of ``group`` (``value`` itself without a
     process group)."""
-    if not initialized():
-        return value
-    packed = torch.tensor([int(value)], dtype=torch.int64, device=device_for(group))
-    dist.broadcast(packed, src=src, group=group)
-    return int(packed.item())
+    return broadcast_ints([value], src, group)[0]
 
 
 def broadcast_ints(values: Sequence[int], src: int, group: Group = None) -> list[int]:

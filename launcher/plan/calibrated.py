@@ -134,6 +134,11 @@ class Calibration:
     def label(self) -> str:
         return f"calibrated: {self.profile.label}"
 
+    @property
+    def measured_label(self) -> str:
+        """What a figure taken from this profile says of its source: "measured: <profile>"."""
+        return f"measured: {self.profile.label}"
+
     def _section(self, name: str) -> list:
         section = self.profile.figures.get(name)
         return section if isinstance(section, list) else []

@@ -152,11 +152,7 @@ def chat_token_shares(prefixes: Sequence[str]) -> dict:
     """{"real", "trained"}: the shares of the rows' tokens that are conversation and targets,
     over the data_prep format=chat manifests beside ``prefixes`` ({} when none says)."""
     tokens = trained = capacity = 0
-    for path in sorted({Path(p).parent / "manifest.json" for p in prefixes}):
-        try:
-            manifest = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
+    for manifest in local_manifests(prefixes).values():
         totals, chat = manifest.get("totals") or {}, manifest.get("chat") or {}
         if manifest.get("format") != "chat" or not totals.get("rows"):
             continue

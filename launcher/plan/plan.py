@@ -467,7 +467,7 @@ def _sources(cfg: TrainwrightConfig, calibration: Optional[Calibration], goodput
              choice: PrecisionChoice, unmeasurable: str = "") -> dict:
     """Where each of the plan's figures comes from (measured, catalogue or assumed);
     ``unmeasurable``: why no probe can measure this layout's step (timing.unprobed)."""
-    step = calibration.label.replace("calibrated", "measured") if calibration is not None \
+    step = calibration.measured_label if calibration is not None \
         else f"catalogue ({cfg.cluster.gpu} in launcher/plan/hardware.py), not calibrated: " \
              + (unmeasurable or "python -m launcher.probe measures this machine")
     return {"calibration": calibration.label if calibration is not None
@@ -493,7 +493,7 @@ def launch_cost(device: Device, calibration: Optional[Calibration] = None) -> La
     kind of device (launcher/plan/goodput.py)."""
     measured = calibration.launch() if calibration is not None else None
     if measured is not None:
-        return LaunchCost(*measured, calibration.label.replace("calibrated", "measured"))
+        return LaunchCost(*measured, calibration.measured_label)
     return LaunchCost(CPU_STARTUP_S if device.name == "cpu" else STARTUP_S, EXIT_S)
 
 

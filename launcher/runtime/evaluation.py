@@ -112,6 +112,6 @@ def build_downstream(engine, *, ev: EvalConfig, data: DataConfig, seq: int, micr
         score=lambda rows: score_rows(engine, rows, seq=seq, micro_batch=micro_batch),
         generate=lambda prompts, budgets, done: generate_rows(
             engine, prompts, budgets, done, seq=seq, micro_batch=micro_batch),
-        encode=tokenizer.encode, decode=tokenizer.decode, eot=data.eod_token_id, seq=seq, interval=ev.interval,
-        at_end=ev.at_end, limit=ev.limit,
+        encode=tokenizer.encode, decode=tokenizer.decode, eot=data.eod_token_id, seq=seq,
+        interval=ev.interval, at_end=ev.at_end, limit=ev.limit,
         contaminated=dict(ev.contaminated) if ev.contamination else None)

@@ -9,8 +9,8 @@ model and prints the best ``search.top_k`` (``search.format=json``: one JSON obj
 excluded ones grey with their reason, written to ``plan.output`` or search.html).
 ``search.measure=K`` then trains the best K for ``search.measure_steps`` steps each through
 launcher.train and re-ranks them by measured step time. ``plan.calibrate=true`` probes this
-machine at the composed layout first when no stored profile measured the model here. Exit codes: 0 done, 2 config error or no
-layout fits.
+machine at the composed layout first when no stored profile measured the model here.
+Exit codes: 0 done, 2 config error or no layout fits.
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def search(cfg: TrainwrightConfig, world: int | None = None,
         elif result is not None:
             excluded.append(result)
     ranked.sort(key=_rank_key)
-    source = calibration.label.replace("calibrated", "measured") if calibration else "catalogue"
+    source = calibration.measured_label if calibration else "catalogue"
     return SearchResult(searched, len(ranked), ranked, batch, tuple(excluded), budget, source)
 
 

@@ -29,7 +29,8 @@ from launcher.core.errors import CheckpointError, IncompatibleCheckpoint, NonFin
 from launcher.engines import compat
 from launcher.engines.base import StepResult
 from launcher.engines.common import (initialize_weights, label_scores, length_multiple,
-                                     masked_mean, padded, param_groups, set_lr)
+                                     masked_mean, padded, param_groups, row_end_logits,
+                                     set_lr)
 from launcher.engines.deepspeed.files import TP_SPLIT_FILE, ZERO_FORMATS, saved_layout
 from launcher.engines.deepspeed.mpu import DeepSpeedMPU
 from launcher.parallel import collectives
@@ -234,16 +235,12 @@ class DeepSpeedEngine:
     def next_tokens(self, tokens: torch.Tensor, ends: list) -> list:
         """See :meth:`launcher.engines.base.Engine.next_tokens` (no pipeline: every rank
         computes the logits, gathered over the tensor-parallel group)."""
-        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
-
         self.ds.eval()
-        batch = padded({"tokens": tokens, "position_ids": torch.arange(tokens.shape[1]).expand(
-            tokens.shape[0], -1)}, length_multiple(getattr(self.ds.module, "config", None)))
+        batch = padded({"tokens": tokens},
+                       length_multiple(getattr(self.ds.module, "config", None)))
         logits = self.ds(batch["tokens"].to(self.device), batch["position_ids"].to(self.device),
                          None)
-        rows = logits[torch.arange(len(ends), device=self.device),
-                      torch.tensor(ends, device=self.device) - 1]
-        ids = gather_from_tensor_model_parallel_region(rows)[:, :self.vocab_size].float()
+        ids = row_end_logits(logits, ends)[:, :self.vocab_size].float()
         self.ds.train()
         return ids.argmax(dim=-1).tolist()
 

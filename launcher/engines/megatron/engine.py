@@ -20,6 +20,7 @@ stages (rank 0 logs the metrics; only the last stage computes the loss).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import time
@@ -370,24 +371,27 @@ class MegatronEngine:
     def label_scores(self, batches: list) -> Optional[list]:
         """See :meth:`launcher.engines.base.Engine.label_scores` (every pipeline schedule,
         forward only; launcher/engines/megatron/scoring.py)."""
-        for chunk in self.chunks:
-            chunk.eval()
-        out = score_batches(self.chunks, batches, device=self.device,
-                            vocab_size=self.vocab_size)
-        for chunk in self.chunks:
-            chunk.train()
-        return out
+        with self._evaluating():
+            return score_batches(self.chunks, batches, device=self.device,
+                                 vocab_size=self.vocab_size)
 
     @torch.no_grad()
     def next_tokens(self, tokens: torch.Tensor, ends: list) -> list:
         """See :meth:`launcher.engines.base.Engine.next_tokens` (generation.next_tokens)."""
+        with self._evaluating():
+            return next_tokens(self.chunks, tokens, ends, vocab_size=self.vocab_size,
+                               device=self.device)
+
+    @contextlib.contextmanager
+    def _evaluating(self):
+        """The model chunks in eval mode for the block, in train mode again after it."""
         for chunk in self.chunks:
             chunk.eval()
-        out = next_tokens(self.chunks, tokens, ends, vocab_size=self.vocab_size,
-                          device=self.device)
-        for chunk in self.chunks:
-            chunk.train()
-        return out
+        try:
+            yield
+        finally:
+            for chunk in self.chunks:
+                chunk.train()
 
     data_parallel = staticmethod(data_parallel)
 
@@ -395,10 +399,7 @@ class MegatronEngine:
     def eval_loss(self, batches) -> float:
         """Mean masked loss over ``batches`` on all ranks (model in eval mode meanwhile)."""
         batches = [self._prepare(b) for b in batches]
-        for chunk in self.chunks:
-            chunk.eval()
-        losses = self._run_schedule(batches, _Clock(), forward_only=True) if batches else []
-        for chunk in self.chunks:
-            chunk.train()
+        with self._evaluating():
+            losses = self._run_schedule(batches, _Clock(), forward_only=True) if batches else []
         loss, _, _ = self._agree(losses)
         return loss

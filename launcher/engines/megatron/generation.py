@@ -114,22 +114,18 @@ def next_tokens(chunks: list, tokens: torch.Tensor, ends: list, *, vocab_size: i
     pipeline group. Collective within the replica."""
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-    from launcher.engines.common import length_multiple, padded
+    from launcher.engines.common import length_multiple, padded, row_end_logits
 
-    batch = padded({"tokens": tokens, "position_ids": torch.arange(tokens.shape[1]).expand(
-        tokens.shape[0], -1)}, length_multiple(getattr(chunks[0], "config", None)))
+    batch = padded({"tokens": tokens}, length_multiple(getattr(chunks[0], "config", None)))
     batch = {k: v.to(device) for k, v in batch.items()}
-    at = torch.tensor(ends, device=device) - 1
 
     def forward_step(data_iterator, model):
         next(data_iterator)
         output = model(batch["tokens"], batch["position_ids"], None)
 
         def keep(output_tensor, non_loss_data=False):
-            rows = output_tensor[torch.arange(len(ends), device=device), at]
-            return gather_from_tensor_model_parallel_region(rows)
+            return row_end_logits(output_tensor, ends)
         return output, keep
 
     data = [iter([None]) for _ in chunks]
