@@ -33,11 +33,18 @@ from launcher.config import EvalFormat
 from launcher.core.atomic import atomic_write_json, atomic_write_text
 from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.evals.check import eval_problems
-from launcher.launch.bootstrap import Rank, run_ranks
+from launcher.launch.agent import scheduler_exit
+from launcher.launch.bootstrap import Rank, preload_ranks, run_ranks
 from launcher.launch.eval_worker import checkpoint_scorer, score_waiting, with_run_eval
 from launcher.launch.job import prepare
 from launcher.launch.model_source import adopt_model
 from launcher.launch.remote_inputs import localized
+
+
+RANK_MODULES = ("megatron.core.models.gpt", "lm_eval.evaluator", "launcher.evaluate",
+                "launcher.launch.eval_worker", "launcher.engines.weights.fill",
+                "launcher.runtime.evaluation")
+"""What an evaluating rank imports, imported for it before it starts (:func:`preload_ranks`)."""
 
 
 def split_checkpoint(argv: Sequence[str]) -> tuple[str, list]:
@@ -133,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return CONFIG_ERROR_EXIT
     job = prepare(adopt_model(rest, "checkpoint", path=checkpoint), plan=False)
+    preload_ranks(job, RANK_MODULES)
     waiting = job.cfg.eval.asynchronous
     if waiting and not (Path(checkpoint) / "checkpoints").is_dir():
         print(f"evaluate: eval.asynchronous=true scores a run's waiting checkpoints; "
@@ -158,4 +166,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main())
+    sys.exit(scheduler_exit(main))

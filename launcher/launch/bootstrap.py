@@ -30,7 +30,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from launcher.core.atomic import atomic_write_text
 from launcher.core.errors import CheckpointError
@@ -40,6 +40,7 @@ from launcher.core.stop import StartupStop, StopRequest, this_process_stop
 from launcher.launch.agent import exit_without_collecting
 from launcher.launch.job import Job
 from launcher.launch.local import Rendezvous, launch_world
+from launcher.launch.rank_preload import preload_rank_imports
 from launcher.launch.watchdog import JobWatch
 from launcher.parallel.distributed import in_distributed_launch, launch_rank
 from launcher.plan.resilience import collective_timeout_s
@@ -142,13 +143,26 @@ RankBody = Callable[[Rank], int]
 """A command's work on one rank; returns the rank's exit code."""
 
 
+def spawns_ranks(job: Job) -> bool:
+    """Whether :func:`run_ranks` starts ``job``'s ranks as processes of this one."""
+    return not in_distributed_launch() and not (
+        job.cfg.cluster.nodes == 1 and job.local_ranks == 1 and Rendezvous.from_env() is None)
+
+
+def preload_ranks(job: Job, modules: Sequence[str]) -> None:
+    """When this process will start ``job``'s ranks: have ``modules`` imported for them now, in
+    the background, while this process goes on (:mod:`launcher.launch.rank_preload`)."""
+    if spawns_ranks(job):
+        preload_rank_imports(modules)
+
+
 def run_ranks(job: Job, body: RankBody, *, command: str, resilient: bool = False) -> int:
     """Run ``body`` on every rank of ``job`` (see the module docstring); the exit code. With
     ``resilient`` (training) the ranks this process starts are watched for hangs and restarted
     after a failure (:mod:`launcher.launch.watchdog`, the ``resilience`` group)."""
-    nodes, agent = job.cfg.cluster.nodes, Rendezvous.from_env()
+    agent = Rendezvous.from_env()
     startup_exit = REQUEUE_EXIT if resilient else None
-    if in_distributed_launch() or (nodes == 1 and job.local_ranks == 1 and agent is None):
+    if not spawns_ranks(job):
         return on_this_rank(job, body, command, startup_exit)
     problem = _launch_problem(job, agent)
     if problem:

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import sys
 import uuid
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional
 from launcher.core.stop import (LAUNCHER_PID_ENV, StartupStop, StopRequest, child_ranks,
                                 elastic_signals, start_resource_tracker_deaf_to_stops,
                                 this_process_stop)
+from launcher.launch.rank_preload import as_launched, launcher_env, start_method
 from launcher.parallel.distributed import free_port
 
 if TYPE_CHECKING:
@@ -119,7 +121,8 @@ def launch_world(entrypoint: Callable, args: tuple, nprocs: int, rendezvous: Ren
         min_nodes=r.nnodes, max_nodes=r.nnodes, nproc_per_node=nprocs, run_id=r.run_id,
         role="trainer", rdzv_backend="c10d", rdzv_endpoint=r.endpoint,
         max_restarts=watch.resilience.restarts_in_job if watch else 0,
-        monitor_interval=0.1, start_method="spawn", local_addr=r.local_addr, logs_specs=logs,
+        monitor_interval=0.1, start_method=start_method(), local_addr=r.local_addr,
+        logs_specs=logs,
         signals_to_handle=elastic_signals(stop_signal))
     with stops_forwarded(stop_signal) as stops:
         if watch is not None:
@@ -127,7 +130,9 @@ def launch_world(entrypoint: Callable, args: tuple, nprocs: int, rendezvous: Ren
         monitor = watch if watch is not None else forward_to_late_ranks(stops)
         try:
             with monitored_elastic_agent(monitor), heartbeats_for(watch):
-                elastic_launch(config, entrypoint)(*args)
+                elastic_launch(config, as_launched)(entrypoint, *launcher_env(),
+                                                     signal.pthread_sigmask(signal.SIG_BLOCK, ()),
+                                                     *args)
         except ChildFailedError as exc:
             code, message = failure_verdict(exc, watch)
             print(f"launcher: {message}; exiting with {code}", file=sys.stderr, flush=True)

@@ -1,0 +1,93 @@
+"""Ranks forked from a fork server that imported their libraries while the launcher went on
+(:mod:`launcher.launch.rank_preload`): they get the launcher's environment of the launch, not the
+server's, and the server never outlives its launcher."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+LAUNCH = textwrap.dedent("""
+    import os, sys, time
+    from launcher.launch.rank_preload import preload_rank_imports
+    os.environ["TW_BEFORE"] = "before"
+    os.environ["TW_REMOVED_AFTER"] = "still here"
+    preload_rank_imports(["tests.helpers.preloaded"])
+    os.environ["TW_SET_AFTER"] = "after"
+    del os.environ["TW_REMOVED_AFTER"]
+    if sys.argv[2] == "wait":
+        print("started", flush=True)  # the server still imports (TW_SLOW_IMPORT)
+        time.sleep(60)
+    from launcher.launch.local import Rendezvous, launch_world
+    from tests.helpers.preloaded import report
+    launch_world(report, (sys.argv[1],), 2, Rendezvous.local())
+    assert "tests.helpers.preloaded" in sys.modules
+""")
+
+
+def _run(tmp_path: Path, mode: str, **extra: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **extra}
+    return subprocess.Popen([sys.executable, "-c", LAUNCH, str(tmp_path), mode], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_ranks_are_forks_of_the_server_with_the_environment_of_the_launch(tmp_path):
+    proc = _run(tmp_path, "launch")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for rank, seen in enumerate(ranks):
+        assert seen["imported_by"] != seen["pid"], "the rank imported the module itself"
+        assert seen["imported_by"] == seen["ppid"], "the rank is not a fork of the server"
+        assert seen["env"] == {"RANK": str(rank), "WORLD_SIZE": "2", "TW_SET_AFTER": "after",
+                               "TW_REMOVED_AFTER": None, "TW_BEFORE": "before"}
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie its parent has not reaped yet is dead)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_the_server_dies_with_its_launcher_even_while_importing_and_ignores_stops(tmp_path):
+    proc = _run(tmp_path, "wait", TW_SLOW_IMPORT="60")
+    assert proc.stdout.readline().strip() == "started"
+    deadline = time.monotonic() + 30
+    while not [c for c in _children(proc.pid)
+               if b"forkserver" in Path(f"/proc/{c}/cmdline").read_bytes()]:
+        assert time.monotonic() < deadline, "no fork server started"
+        time.sleep(0.05)
+    [server] = [c for c in _children(proc.pid)
+                if b"forkserver" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    os.kill(server, signal.SIGUSR1)  # held there: a stop sent to the group never ends it
+    os.kill(server, signal.SIGTERM)
+    time.sleep(0.5)
+    assert _alive(server), "a stop signal ended the fork server"
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while _alive(server):
+        assert time.monotonic() < deadline, "the fork server outlived its launcher"
+        time.sleep(0.05)
