@@ -16,6 +16,8 @@ For each task, wall time of the whole command, as a user runs it:
 
 - **ours**: ``python -m launcher.evaluate checkpoint=<hf dir> eval.tasks=[task]`` on the
   default local cluster (2 CPU ranks), fp32, ``model.seq_length`` = 2,048 (the checkpoint's);
+  its scoring time beside it (the ``seconds`` of its JSON: rank 0 from the model's build to the
+  scores, the rest being start-up and exit);
 - **theirs**: ``python -m lm_eval --model hf --model_args pretrained=<dir>,dtype=float32
   --batch_size 8 --device cpu`` (its default batching: requests sorted by length, each batch
   padded to its longest).
@@ -132,7 +134,8 @@ def ours(hf: Path, tasks: Path, task: str, env: dict) -> dict:
     seconds, out = timed([sys.executable, "-m", "launcher.evaluate", f"checkpoint={hf}",
                           f"eval.tasks=[{task}]", f"eval.include_path=[{tasks}]",
                           "eval.format=json", "trainer.precision=fp32"], env)
-    return {"wall_s": seconds, "scores": json.loads(out.strip().splitlines()[-1])["tasks"][task]}
+    record = json.loads(out.strip().splitlines()[-1])
+    return {"wall_s": seconds, "scoring_s": record["seconds"], "scores": record["tasks"][task]}
 
 
 def theirs(hf: Path, tasks: Path, task: str, env: dict, root: Path) -> dict:
@@ -182,7 +185,8 @@ def main() -> None:
                    "tokens": token_ratio(hf, root / "tasks", task)}
             row["ours_vs_theirs"] = row["ours"]["wall_s"] / row["theirs"]["wall_s"]
             results.append(row)
-            print(f"{task:>16}: ours {row['ours']['wall_s']:6.1f} s, lm_eval "
+            print(f"{task:>16}: ours {row['ours']['wall_s']:6.1f} s (scoring "
+                  f"{row['ours']['scoring_s']:.1f} s), lm_eval "
                   f"{row['theirs']['wall_s']:6.1f} s ({row['ours_vs_theirs']:.2f}x); in-loop "
                   f"tokens {row['tokens']['computed_vs_real']:.2f}x the rows' (one row per "
                   f"sequence: {row['tokens']['padded_to_seq_vs_real']:.0f}x)\n"

@@ -134,13 +134,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
+    preload_ranks(RANK_MODULES)
     checkpoint, rest = split_checkpoint(localized(argv, ("checkpoint",)))  # s3://: local copy
     if not checkpoint:
         print("evaluate: missing checkpoint=<run, step or Hugging Face directory>",
               file=sys.stderr)
         return CONFIG_ERROR_EXIT
     job = prepare(adopt_model(rest, "checkpoint", path=checkpoint), plan=False)
-    preload_ranks(job, RANK_MODULES)
     waiting = job.cfg.eval.asynchronous
     if waiting and not (Path(checkpoint) / "checkpoints").is_dir():
         print(f"evaluate: eval.asynchronous=true scores a run's waiting checkpoints; "

@@ -203,3 +203,21 @@ def test_cpu_ranks_build_no_deepspeed_shm_op(monkeypatch):
     skip_cpu_shm_build()
     assert ds_torch.build_shm_op() is None
     assert getattr(ds_torch.build_shm_op, "_trainwright", False)
+
+
+def test_task_templates_are_compiled_once_and_render_the_same(monkeypatch):
+    from lm_eval import utils
+
+    from launcher.engines.compat import compiled_templates_kept
+
+    template, docs = "Question: {{question}}\nAnswer:", [{"question": f"q{i}"} for i in range(5)]
+    before = [utils.apply_template(template, d) for d in docs]
+    compiles = []
+    compile_ = utils.env.from_string
+    monkeypatch.setattr(utils.env, "from_string", lambda t: compiles.append(t) or compile_(t))
+    monkeypatch.setattr(utils, "apply_template", utils.apply_template)  # undone after the test
+    compiled_templates_kept()
+    compiled_templates_kept()  # a second call wraps nothing again
+    after = [utils.apply_template(template, d) for d in docs]
+    assert after == before == [f"Question: q{i}\nAnswer:" for i in range(5)]
+    assert compiles == [template]

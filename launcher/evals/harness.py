@@ -129,6 +129,10 @@ def run_tasks(tasks: dict, lm, limit: int = 0, contaminated: dict | None = None,
     os.environ.setdefault("TQDM_DISABLE", "1")  # per-request progress bars on every rank
     from lm_eval.evaluator import evaluate
 
+    from launcher.engines.compat import compiled_templates_kept
+
+    compiled_templates_kept()
+
     out = evaluate(lm=lm, task_dict=tasks, limit=limit or None, bootstrap_iters=0,
                    log_samples=contaminated is not None or samples is not None,
                    verbosity="WARNING")

@@ -149,10 +149,12 @@ def spawns_ranks(job: Job) -> bool:
         job.cfg.cluster.nodes == 1 and job.local_ranks == 1 and Rendezvous.from_env() is None)
 
 
-def preload_ranks(job: Job, modules: Sequence[str]) -> None:
-    """When this process will start ``job``'s ranks: have ``modules`` imported for them now, in
-    the background, while this process goes on (:mod:`launcher.launch.rank_preload`)."""
-    if spawns_ranks(job):
+def preload_ranks(modules: Sequence[str]) -> None:
+    """Unless this process is itself a rank (torchrun, srun): have ``modules`` imported for the
+    ranks it may start, in the background, while it composes and checks the job
+    (:mod:`launcher.launch.rank_preload`). A job of one rank runs here and leaves the fork
+    server unused."""
+    if not in_distributed_launch():
         preload_rank_imports(modules)
 
 
