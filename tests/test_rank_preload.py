@@ -13,6 +13,12 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
+from launcher.launch.rank_preload import _nvidia_device
+
+pytestmark = pytest.mark.skipif(_nvidia_device(), reason="ranks are spawned on a GPU machine")
+
 REPO = Path(__file__).resolve().parents[1]
 
 LAUNCH = textwrap.dedent("""

@@ -793,15 +793,14 @@ def install() -> list:
     return list(_STATE["applied"])
 
 
-def shape_imports(*, cpu_only: bool) -> None:
-    """What :func:`install` does before Megatron-Core is imported (Transformer Engine hidden
-    under TRAINWRIGHT_DISABLE_TE=1; on a machine without CUDA, Megatron-Core imported with its
-    fused kernels eager), for a process that imports a rank's libraries before it knows whether
-    CUDA is there (:mod:`launcher.launch.rank_preload`: asking would initialise CUDA)."""
+def shape_imports() -> None:
+    """What :func:`install` does on a machine without CUDA before Megatron-Core is imported
+    (Transformer Engine hidden under TRAINWRIGHT_DISABLE_TE=1, Megatron-Core imported with its
+    fused kernels eager), for a process that imports a CPU rank's libraries before it is one
+    (:mod:`launcher.launch.rank_preload`)."""
     if os.environ.get(DISABLE_TE_ENV) == "1":
         _hide_transformer_engine()
-    if cpu_only:
-        _eager_fusers()
+    _eager_fusers()
 
 
 def cpu_mode_active() -> bool:

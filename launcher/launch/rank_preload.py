@@ -20,9 +20,13 @@ What a spawned rank inherited from its launcher, a forked one gets here too:
   ranks with the server (:func:`launcher.launch.bootstrap.die_with_parent`).
 
 The imports are shaped as a rank's own would be (:func:`launcher.engines.compat.shape_imports`:
-Transformer Engine hidden when asked, Megatron-Core's fused kernels left eager on a machine
-without an NVIDIA device). The server never touches CUDA: a fork of a process that initialised
-CUDA could not use it.
+Transformer Engine hidden when asked, Megatron-Core's fused kernels left eager).
+
+Only on a machine without an NVIDIA device: a fork of a process that initialised CUDA cannot use
+it, and whether Transformer Engine's and Megatron-Core's imports leave CUDA untouched has not been
+checked on a GPU yet; there the ranks are spawned as before. Only ``launcher.evaluate`` uses it:
+a training rank's first line (:func:`launcher.core.stop.stop_from_first_line`, run again as
+``__mp_main__`` before the rank's entry) has not been checked against a forked start.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ def preload_rank_imports(modules: Sequence[str]) -> None:
     imports before them) in the background; :func:`start_method` then names it. Call it once,
     from the main thread, as early as the command can name its ranks' modules."""
     global _started_env
-    if _started_env is not None or not modules:
+    if _started_env is not None or not modules or _nvidia_device():
         return
     import multiprocessing
     from multiprocessing import forkserver
@@ -110,7 +114,7 @@ def _serve() -> None:
     try:
         from launcher.engines.compat import shape_imports
 
-        shape_imports(cpu_only=not _nvidia_device())
+        shape_imports()
         for module in modules:
             __import__(module)
     except Exception as exc:  # a rank imports it again and meets the error where it is reported
