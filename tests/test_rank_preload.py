@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.launch.rank_preload import _nvidia_device
+from launcher.launch.rank_preload import has_nvidia_device
 
-pytestmark = pytest.mark.skipif(_nvidia_device(), reason="ranks are spawned on a GPU machine")
+pytestmark = pytest.mark.skipif(has_nvidia_device(), reason="ranks are spawned on a GPU machine")
 
 REPO = Path(__file__).resolve().parents[1]
 

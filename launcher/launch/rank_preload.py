@@ -52,7 +52,7 @@ def preload_rank_imports(modules: Sequence[str]) -> None:
     imports before them) in the background; :func:`start_method` then names it. Call it once,
     from the main thread, as early as the command can name its ranks' modules."""
     global _started_env
-    if _started_env is not None or not modules or _nvidia_device():
+    if _started_env is not None or not modules or has_nvidia_device():
         return
     import multiprocessing
     from multiprocessing import forkserver
@@ -121,7 +121,7 @@ def _serve() -> None:
         print(f"launcher: rank preload stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
-def _nvidia_device() -> bool:
+def has_nvidia_device() -> bool:
     """Whether this machine shows a rank an NVIDIA GPU, decided without initialising CUDA."""
     import glob
 
