@@ -25,11 +25,15 @@ from typing import Optional, Sequence
 
 from launcher.config import GenerateFormat
 from launcher.core.exits import CONFIG_ERROR_EXIT
-from launcher.launch.bootstrap import Rank, run_ranks
+from launcher.launch.agent import scheduler_exit
+from launcher.launch.bootstrap import Rank, preload_ranks, run_ranks
 from launcher.launch.job import prepare
 from launcher.launch.model_source import adopt_model
 from launcher.launch.remote_inputs import localized
 
+
+RANK_MODULES = ("megatron.core.models.gpt", "launcher.generate", "launcher.engines.weights.fill")
+"""What a generating rank imports, imported for it before it starts (:func:`preload_ranks`)."""
 
 def split_checkpoint(argv: Sequence[str]) -> tuple[str, list]:
     """(checkpoint path, the other arguments)."""
@@ -171,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
+    preload_ranks(RANK_MODULES)
     checkpoint, rest = split_checkpoint(localized(argv, ("checkpoint",)))  # s3://: local copy
     if not checkpoint:
         print("generate: missing checkpoint=<run, step or Hugging Face directory>",
@@ -190,4 +195,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main())
+    sys.exit(scheduler_exit(main))

@@ -129,5 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from launcher.launch.agent import scheduler_exit
+
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main())
+    sys.exit(scheduler_exit(main))
