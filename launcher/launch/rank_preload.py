@@ -1,12 +1,12 @@
 """Ranks that start with their libraries already imported.
 
-Importing torch, Megatron-Core and lm-evaluation-harness costs a rank about 4 s of CPU, and every
-rank of a machine pays it at once, after the launcher has composed and checked the job. For a
-short command (``launcher.evaluate``) that is most of its wall time. Here the launcher starts,
-at its first line, multiprocessing's fork server (the ``forkserver`` start method, which torch's
-elastic launcher supports) with this module as its preload: the server imports the ranks'
-libraries while the launcher composes and checks the job on the other core, and each rank is
-then a fork of the server, with nothing left to import.
+Importing torch, Megatron-Core and lm-evaluation-harness costs a rank about 5 s of CPU, and
+every rank of a machine pays it at once, after the launcher has composed and checked the job.
+For a short command (``launcher.evaluate``, ``launcher.generate``) that is most of its wall
+time. Here the launcher starts, at its first line, multiprocessing's fork server (the
+``forkserver`` start method, which torch's elastic launcher supports) with this module as its
+preload: the server imports the ranks' libraries while the launcher composes and checks the job
+on another core, and each rank is then a fork of the server, with nothing left to import.
 
 What a spawned rank inherited from its launcher, a forked one gets here too:
 
@@ -24,7 +24,8 @@ Transformer Engine hidden when asked, Megatron-Core's fused kernels left eager).
 
 Only on a machine without an NVIDIA device: a fork of a process that initialised CUDA cannot use
 it, and whether Transformer Engine's and Megatron-Core's imports leave CUDA untouched has not been
-checked on a GPU yet; there the ranks are spawned as before. Only ``launcher.evaluate`` uses it:
+checked on a GPU yet; there the ranks are spawned as before. ``launcher.evaluate``,
+``launcher.generate`` and ``launcher.convert`` (reshard, from_hf) use it, not ``launcher.train``:
 a training rank's first line (:func:`launcher.core.stop.stop_from_first_line`, run again as
 ``__mp_main__`` before the rank's entry) has not been checked against a forked start.
 """
