@@ -34,17 +34,19 @@ from launcher.core.atomic import atomic_write_json, atomic_write_text
 from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.evals.check import eval_problems
 from launcher.launch.agent import scheduler_exit
-from launcher.launch.bootstrap import Rank, preload_ranks, run_ranks
+from launcher.launch.bootstrap import Rank, run_ranks
 from launcher.launch.eval_worker import checkpoint_scorer, score_waiting, with_run_eval
 from launcher.launch.job import prepare
 from launcher.launch.model_source import adopt_model
+from launcher.launch.rank_preload import preload_rank_imports
 from launcher.launch.remote_inputs import localized
 
 
 RANK_MODULES = ("megatron.core.models.gpt", "lm_eval.evaluator", "launcher.evaluate",
                 "launcher.launch.eval_worker", "launcher.engines.weights.fill",
                 "launcher.runtime.evaluation")
-"""What an evaluating rank imports, imported for it before it starts (:func:`preload_ranks`)."""
+"""What an evaluating rank imports, imported for it before it starts
+(:func:`launcher.launch.rank_preload.preload_rank_imports`)."""
 
 
 def split_checkpoint(argv: Sequence[str]) -> tuple[str, list]:
@@ -134,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
-    preload_ranks(RANK_MODULES)
+    preload_rank_imports(RANK_MODULES)
     checkpoint, rest = split_checkpoint(localized(argv, ("checkpoint",)))  # s3://: local copy
     if not checkpoint:
         print("evaluate: missing checkpoint=<run, step or Hugging Face directory>",

@@ -26,14 +26,17 @@ from typing import Optional, Sequence
 from launcher.config import GenerateFormat
 from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.launch.agent import scheduler_exit
-from launcher.launch.bootstrap import Rank, preload_ranks, run_ranks
+from launcher.launch.bootstrap import Rank, run_ranks
 from launcher.launch.job import prepare
 from launcher.launch.model_source import adopt_model
+from launcher.launch.rank_preload import preload_rank_imports
 from launcher.launch.remote_inputs import localized
 
 
 RANK_MODULES = ("megatron.core.models.gpt", "launcher.generate", "launcher.engines.weights.fill")
-"""What a generating rank imports, imported for it before it starts (:func:`preload_ranks`)."""
+"""What a generating rank imports, imported for it before it starts
+(:func:`launcher.launch.rank_preload.preload_rank_imports`)."""
+
 
 def split_checkpoint(argv: Sequence[str]) -> tuple[str, list]:
     """(checkpoint path, the other arguments)."""
@@ -175,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
-    preload_ranks(RANK_MODULES)
+    preload_rank_imports(RANK_MODULES)
     checkpoint, rest = split_checkpoint(localized(argv, ("checkpoint",)))  # s3://: local copy
     if not checkpoint:
         print("generate: missing checkpoint=<run, step or Hugging Face directory>",

@@ -21,14 +21,15 @@ from pathlib import Path
 from typing import Sequence
 
 from launcher.core.exits import CONFIG_ERROR_EXIT
-from launcher.launch.bootstrap import Rank, preload_ranks, run_ranks
+from launcher.launch.bootstrap import Rank, run_ranks
 from launcher.launch.job import prepare
+from launcher.launch.rank_preload import preload_rank_imports
 from launcher.parallel.distributed import in_distributed_launch, launch_rank
 
 
 def run_import(hf: str, out: str, overrides: Sequence[str]) -> int:
     """Compose and plan the layout, refuse a non-empty ``out``, run the import on its ranks."""
-    preload_ranks(("megatron.core.models.gpt", "launcher.convert.from_hf"))
+    preload_rank_imports(("megatron.core.models.gpt", "launcher.convert.from_hf"))
     target = Path(out).resolve()
     if target.exists() and any(target.iterdir()):
         print(f"from_hf: out={out} exists and is not empty; choose a new directory",

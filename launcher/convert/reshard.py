@@ -25,8 +25,9 @@ from typing import Optional, Sequence
 from launcher.compose import to_object
 from launcher.core.checkpoints import read_meta, resume_point
 from launcher.core.exits import CONFIG_ERROR_EXIT
-from launcher.launch.bootstrap import Rank, preload_ranks, run_ranks
+from launcher.launch.bootstrap import Rank, run_ranks
 from launcher.launch.job import Job, compose, planned_job, with_saved_training
+from launcher.launch.rank_preload import preload_rank_imports
 from launcher.parallel.distributed import in_distributed_launch, launch_rank
 from launcher.plan import PlanError, compute_plan
 
@@ -111,7 +112,7 @@ def run_reshard(checkpoint: str, out: str, argv: Sequence[str]) -> int:
     from launcher.core.errors import CheckpointError
     from launcher.engines.weights.sources import SourceError, step_dir_of
 
-    preload_ranks(("megatron.core.models.gpt", "launcher.convert.reshard"))
+    preload_rank_imports(("megatron.core.models.gpt", "launcher.convert.reshard"))
     target = Path(out).resolve()
     if target.exists() and any(target.iterdir()):
         print(f"reshard: out={out} exists and is not empty; choose a new directory",

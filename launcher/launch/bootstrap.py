@@ -30,7 +30,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 from launcher.core.atomic import atomic_write_text
 from launcher.core.errors import CheckpointError
@@ -40,7 +40,7 @@ from launcher.core.stop import StartupStop, StopRequest, this_process_stop
 from launcher.launch.agent import exit_without_collecting
 from launcher.launch.job import Job
 from launcher.launch.local import Rendezvous, launch_world
-from launcher.launch.rank_preload import preload_rank_imports
+from launcher.launch.rank_preload import die_with_parent
 from launcher.launch.watchdog import JobWatch
 from launcher.parallel.distributed import in_distributed_launch, launch_rank
 from launcher.plan.resilience import collective_timeout_s
@@ -111,18 +111,6 @@ class Rank:
         destroy_distributed()
 
 
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent (the launcher) dies
-    (``prctl(PR_SET_PDEATHSIG)``); nothing elsewhere."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def end_child_processes() -> None:
     """Kill what this rank started and still runs: DataLoader workers (which ignore stop
     signals, so the interpreter's exit, which terminates and then joins them, would wait
@@ -143,28 +131,13 @@ RankBody = Callable[[Rank], int]
 """A command's work on one rank; returns the rank's exit code."""
 
 
-def spawns_ranks(job: Job) -> bool:
-    """Whether :func:`run_ranks` starts ``job``'s ranks as processes of this one."""
-    return not in_distributed_launch() and not (
-        job.cfg.cluster.nodes == 1 and job.local_ranks == 1 and Rendezvous.from_env() is None)
-
-
-def preload_ranks(modules: Sequence[str]) -> None:
-    """Unless this process is itself a rank (torchrun, srun): have ``modules`` imported for the
-    ranks it may start, in the background, while it composes and checks the job
-    (:mod:`launcher.launch.rank_preload`). A job of one rank runs here and leaves the fork
-    server unused."""
-    if not in_distributed_launch():
-        preload_rank_imports(modules)
-
-
 def run_ranks(job: Job, body: RankBody, *, command: str, resilient: bool = False) -> int:
     """Run ``body`` on every rank of ``job`` (see the module docstring); the exit code. With
     ``resilient`` (training) the ranks this process starts are watched for hangs and restarted
     after a failure (:mod:`launcher.launch.watchdog`, the ``resilience`` group)."""
-    agent = Rendezvous.from_env()
+    nodes, agent = job.cfg.cluster.nodes, Rendezvous.from_env()
     startup_exit = REQUEUE_EXIT if resilient else None
-    if not spawns_ranks(job):
+    if in_distributed_launch() or (nodes == 1 and job.local_ranks == 1 and agent is None):
         return on_this_rank(job, body, command, startup_exit)
     problem = _launch_problem(job, agent)
     if problem:

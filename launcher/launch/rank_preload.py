@@ -17,7 +17,7 @@ What a spawned rank inherited from its launcher, a forked one gets here too:
   the process group never ends it, and its forks start with them held too); each rank takes the
   launcher's own signal mask of the moment of the launch, as a spawned rank does;
 - **death with the launcher**: the server dies with the launcher (``PR_SET_PDEATHSIG``) and the
-  ranks with the server (:func:`launcher.launch.bootstrap.die_with_parent`).
+  ranks with the server (:func:`die_with_parent`, as a spawned rank dies with its launcher).
 
 The imports are shaped as a rank's own would be (:func:`launcher.engines.compat.shape_imports`:
 Transformer Engine hidden when asked, Megatron-Core's fused kernels left eager).
@@ -37,6 +37,8 @@ import signal
 import sys
 from typing import Callable, Optional, Sequence
 
+from launcher.parallel.distributed import in_distributed_launch
+
 PRELOAD_ENV = "TRAINWRIGHT_RANK_PRELOAD"
 """Set only in the fork server's environment while it starts: the modules to import,
 comma-separated."""
@@ -51,9 +53,12 @@ _server_env: Optional[dict] = None
 def preload_rank_imports(modules: Sequence[str]) -> None:
     """Start the fork server of this machine's ranks, importing ``modules`` (and what a rank
     imports before them) in the background; :func:`start_method` then names it. Call it once,
-    from the main thread, as early as the command can name its ranks' modules."""
+    from the main thread, as early as the command can name its ranks' modules. Nothing when this
+    process is itself a rank (torchrun, srun); a job of one rank runs in this process and leaves
+    the server unused."""
     global _started_env
-    if _started_env is not None or not modules or has_nvidia_device():
+    if _started_env is not None or not modules or has_nvidia_device() \
+            or in_distributed_launch():
         return
     import multiprocessing
     from multiprocessing import forkserver
@@ -104,14 +109,9 @@ def _serve() -> None:
     """In the fork server: die with the launcher, then the imports (a failure is one line;
     the ranks then import what is missing themselves)."""
     global _server_env
-    import ctypes
-
     modules = os.environ.pop(PRELOAD_ENV).split(",")
     _server_env = dict(os.environ)
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    die_with_parent()
     try:
         from launcher.engines.compat import shape_imports
 
@@ -120,6 +120,17 @@ def _serve() -> None:
             __import__(module)
     except Exception as exc:  # a rank imports it again and meets the error where it is reported
         print(f"launcher: rank preload stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent (a rank's launcher or fork server, the
+    server's launcher) dies (``prctl(PR_SET_PDEATHSIG)``); nothing elsewhere."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def has_nvidia_device() -> bool:
