@@ -12,9 +12,9 @@ import torch
 from launcher.engines import unpickle
 from launcher.engines.compat.shim import Shim, applied_by_caller
 
-
 _STATE = {"safe_loads": False}
 """Inside :func:`checkpoint_loads_without_code` (it is re-entrant)."""
+
 
 class _MetadataPickle:
     """torch DCP's ``pickle`` module as :func:`checkpoint_loads_without_code` hands it: ``load``

@@ -1,11 +1,10 @@
 """Transformer Engine hidden on request (TRAINWRIGHT_DISABLE_TE=1), so that a GPU machine that has
-it runs the paths taken where it is not installed, and the question "is it there" asked once."""
+it runs the paths taken where it is not installed, and the one answer to "is it there"."""
 
 from __future__ import annotations
 
 import os
 import sys
-
 
 DISABLE_TE_ENV = "TRAINWRIGHT_DISABLE_TE"
 """Set to 1 to make this process behave as if Transformer Engine were not installed."""
@@ -38,4 +37,5 @@ def transformer_engine_available() -> bool:
 
 
 def without_te() -> bool:
+    """The shim applies in a process without Transformer Engine (or with it hidden)."""
     return not transformer_engine_available()
