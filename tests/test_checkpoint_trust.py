@@ -41,6 +41,35 @@ def test_rng_file_with_code_is_refused_and_numpy_era_files_still_load(tmp_path, 
     assert np.array_equal(loaded["numpy"][1], older["numpy"][1])
 
 
+LOAD_IN_A_FRESH_PROCESS = """
+import sys
+from launcher.engines import unpickle
+loaded = unpickle.load(sys.argv[1])
+print(type(loaded.get("scaler")).__name__, "deepspeed" in sys.modules)
+"""
+
+
+def test_deepspeed_is_imported_only_for_an_archive_that_names_its_classes(tmp_path):
+    import subprocess
+    import sys
+
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
+
+    torch.save({"w": torch.ones(2)}, tmp_path / "plain.pt")
+    torch.save({"w": torch.ones(2), "scaler": DynamicLossScaler(
+        init_scale=8.0, scale_window=10, min_scale=1.0, delayed_shift=1,
+        consecutive_hysteresis=False)},
+               tmp_path / "zero.pt")
+
+    def fresh(name: str) -> str:
+        return subprocess.run([sys.executable, "-c", LOAD_IN_A_FRESH_PROCESS,
+                               str(tmp_path / name)], capture_output=True, text=True,
+                              check=True).stdout.splitlines()[-1].split()
+
+    assert fresh("plain.pt") == ["NoneType", "False"]  # a Megatron-Core read imports none
+    assert fresh("zero.pt") == ["DynamicLossScaler", "True"]
+
+
 def _plant(path, marker):
     """Replace ``path`` by a pickle whose loading runs ``touch <marker>``."""
     import pickle

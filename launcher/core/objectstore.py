@@ -167,14 +167,17 @@ def _manager(pid: int):
 
 
 def _transfer_all(items: list, submit: Callable, what: Callable[[T], str],
-                  deadline: float) -> None:
-    """Submit every item to the manager, wait for all, and submit again those that failed
-    transiently (backoff with jitter) until ``deadline``; StoreFailure naming the first item
-    still failing then, or failing permanently."""
+                  deadline: float, started: Optional[dict] = None) -> None:
+    """Submit every item to the manager (an item in ``started`` is already in flight: its
+    future is its first try), wait for all, and submit again those that failed transiently
+    (backoff with jitter) until ``deadline``; StoreFailure naming the first item still failing
+    then, or failing permanently."""
     pending, wait, tries = list(items), TRANSIENT_BACKOFF_S[0], 0
+    first = dict(started or {})
     while pending:
         tries += 1
-        futures = [(item, submit(item)) for item in pending]
+        futures = [(item, first.pop(item) if item in first else submit(item))
+                   for item in pending]
         failed = []
         for item, future in futures:
             try:
@@ -191,14 +194,22 @@ def _transfer_all(items: list, submit: Callable, what: Callable[[T], str],
         pending = [item for item, _ in failed]
 
 
-def upload(files: Sequence[tuple[Path, str]], bucket: str, deadline: float) -> int:
+def start_upload(path: Path, bucket: str, key: str):
+    """Begin uploading the file ``path`` to ``key`` now, on this process's transfer manager;
+    its future (:func:`upload` waits for it, and retries it, when given it as ``started``)."""
+    return _manager(os.getpid()).upload(str(path), bucket, key)
+
+
+def upload(files: Sequence[tuple[Path, str]], bucket: str, deadline: float,
+           started: Optional[dict] = None) -> int:
     """Upload each (local file, key) to ``bucket`` (multipart, every file in flight at once);
-    the bytes sent. Raises StoreFailure naming the first key that could not be written by
-    ``deadline``."""
+    the bytes sent. ``started``: (local file, key) -> the future of its upload already begun
+    (:func:`start_upload`), waited for instead of a first submission. Raises StoreFailure
+    naming the first key that could not be written by ``deadline``."""
     files = list(files)
     manager = _manager(os.getpid())
     _transfer_all(files, lambda item: manager.upload(str(item[0]), bucket, item[1]),
-                  lambda item: f"upload of s3://{bucket}/{item[1]}", deadline)
+                  lambda item: f"upload of s3://{bucket}/{item[1]}", deadline, started)
     return sum(Path(path).stat().st_size for path, _ in files)
 
 

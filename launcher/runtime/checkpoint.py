@@ -183,7 +183,7 @@ class CheckpointManager:
         """This rank's files of ``tmp``: the engine's, its RNG states, and (rank 0) ``files``
         and the metadata. A write that fails raises CheckpointError (:meth:`_write_failures`)."""
         rank = collectives.rank()
-        with self._write_failures(tmp, step):
+        with self._write_failures(tmp, step), self._uploads_as_written(tmp, step, background):
             deferred = self.io.write(tmp, background=background)
             (tmp / "rng").mkdir(parents=True, exist_ok=True)
             torch.save(_rng_state(), tmp / "rng" / f"rank_{rank}.pt")
@@ -193,6 +193,22 @@ class CheckpointManager:
                     shutil.copyfile(source, tmp / name)
                 atomic_write_json(tmp / META, meta)
             return deferred
+
+    @contextlib.contextmanager
+    def _uploads_as_written(self, tmp: Path, step: int, background: bool) -> Iterator[None]:
+        """With a store: upload the step's files as they are closed (from before the write; a
+        background write forks its writer first, so from after the fork); a failed write ends
+        the watch."""
+        if self.store is not None and not background:
+            self.store.watch(tmp, step)
+        try:
+            yield
+        except BaseException:
+            if self.store is not None:
+                self.store.abandon()
+            raise
+        if self.store is not None and background:
+            self.store.watch(tmp, step)
 
     @contextlib.contextmanager
     def _write_failures(self, tmp: Path, step: int) -> Iterator[None]:

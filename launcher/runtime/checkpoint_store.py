@@ -7,6 +7,9 @@ Which rank uploads what: every rank lists the files it sees in the staged step d
 lists are gathered, and each file goes to the least-loaded rank (by bytes) among those that see
 it. So a node-local staging folder (each node sees its own ranks' files) and a shared one (every
 rank sees every file) both upload each file exactly once, spread over every rank that can.
+Files already sent while the step was being written (:mod:`launcher.runtime.early_uploads`,
+files closed on this node) are left out of that share-out; their uploads are waited for with
+the rest.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from launcher.core.checkpoints import COMPLETE, LATEST, step_name
 from launcher.core.objectstore import ObjectURI, StoreFailure
 from launcher.core.remote_checkpoints import Commit
 from launcher.parallel import collectives
+from launcher.runtime.early_uploads import EarlyUploads
 
 REMOTE_RECORD = "remote.json"
 """In a local step directory kept or fetched from the store: the commit record it matches."""
@@ -63,6 +67,8 @@ class Upload:
     """(local path, key)."""
     bucket: str
     deadline: float
+    started: dict = field(default_factory=dict)
+    """(local path, key) -> the future of its upload, begun as the file was closed."""
     sent: int = 0
     error: str = ""
     _thread: Optional[threading.Thread] = field(default=None, repr=False)
@@ -74,7 +80,7 @@ class Upload:
 
     def _run(self) -> None:
         try:
-            self.sent = objectstore.upload(self.files, self.bucket, self.deadline)
+            self.sent = objectstore.upload(self.files, self.bucket, self.deadline, self.started)
         except StoreFailure as exc:
             self.error = str(exc)
         except Exception as exc:  # noqa: BLE001 - reported as the save's failure, never lost
@@ -94,6 +100,7 @@ class StoreUploads:
     def __init__(self, uri: ObjectURI, *, retry_s: float):
         self.uri, self.retry_s = uri, retry_s
         self.upload: Optional[Upload] = None
+        self.early: Optional[EarlyUploads] = None
         self.files: dict = {}
         self.shared = False
         """Whether every rank saw every file of the last step (one shared staging folder):
@@ -110,17 +117,35 @@ class StoreUploads:
             except StoreFailure:
                 pass  # the upload meets the same store and says what is wrong
 
+    def watch(self, staged: Path, step: int) -> None:
+        """Upload ``staged``'s files as they are closed, while the step is still being written
+        (:mod:`launcher.runtime.early_uploads`); :meth:`begin` or :meth:`abandon` ends it."""
+        self.abandon()
+        self.early = EarlyUploads(staged, self.uri.child(step_name(step))).start()
+
+    def abandon(self) -> None:
+        """Stop watching a step whose write failed (its early uploads end; nothing commits)."""
+        if self.early is not None:
+            early, self.early = self.early, None
+            early.stop(self.deadline())
+
     def begin(self, staged: Path, step: int) -> None:
-        """Share out ``staged``'s files and start this rank's upload (collective; after every
-        rank has written its files, rank 0 its metadata last)."""
+        """Share out ``staged``'s files not uploaded early and start this rank's upload
+        (collective; after every rank has written its files, rank 0 its metadata last)."""
         collectives.barrier()
-        seen = collectives.gather_objects(local_files(staged))
-        self.files = {name: size for files in seen for name, size in files.items()}
-        self.shared = all(len(files) == len(self.files) for files in seen)
-        mine = assign(seen)[collectives.rank()]
+        early, self.early = self.early, None
+        started = early.stop(self.deadline()) if early is not None else {}
+        seen = collectives.gather_objects(
+            (local_files(staged), early.names(started) if early is not None else []))
+        sent_early = {name for _, names in seen for name in names}
+        self.files = {name: size for files, _ in seen for name, size in files.items()}
+        self.shared = all(len(files) == len(self.files) for files, _ in seen)
+        mine = assign([{name: size for name, size in files.items() if name not in sent_early}
+                       for files, _ in seen])[collectives.rank()]
         folder = self.uri.child(step_name(step))
-        self.upload = Upload([(Path(staged) / name, folder.key(name)) for name in mine],
-                             self.uri.bucket, self.deadline()).start()
+        files = [(Path(staged) / name, folder.key(name)) for name in mine]
+        self.upload = Upload(files + list(started), self.uri.bucket, self.deadline(),
+                             started).start()
 
     def finished(self, blocking: bool) -> bool:
         """Whether every rank's upload has ended (collective; ``blocking``: wait for them)."""

@@ -1,0 +1,111 @@
+"""A checkpoint's files go to the store as they are closed, against a real S3 server
+(SeaweedFS): a file closed mid-write is in the store before the write ends, a file changed
+after it was sent is left to the upload after the write, a temporary file renamed into place
+leaves no key behind, and the processes of a node split the files between them."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.core import objectstore
+from launcher.core.objectstore import ObjectURI
+from launcher.runtime.early_uploads import EarlyUploads, claims
+from tests.helpers.s3 import serve
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("s3_store")]
+
+BUCKET = "early"
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    yield from serve(tmp_path_factory, BUCKET)
+
+
+@pytest.fixture
+def store(s3, monkeypatch):
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    objectstore._client.cache_clear()
+    objectstore._manager.cache_clear()
+    yield s3
+    objectstore._client.cache_clear()
+    objectstore._manager.cache_clear()
+
+
+def _write(path: Path, data: bytes, mode: str = "wb") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, mode) as handle:
+        handle.write(data)
+
+
+def _wait_for_key(s3, key: str, size: int, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if s3.keys(BUCKET, key).get(key) == size:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _body(s3, key: str) -> bytes:
+    return s3.client().get_object(Bucket=BUCKET, Key=key)["Body"].read()
+
+
+def test_a_file_closed_during_the_write_is_in_the_store_before_the_write_ends(store, tmp_path):
+    staged, folder = tmp_path / "step_000001.tmp", ObjectURI(BUCKET, "run/step_000001")
+    early = EarlyUploads(staged, folder).start()
+    first = os.urandom(3 * 2**20)
+    _write(staged / "megatron" / "__0_0.distcp", first)
+    # the "write" goes on: nothing has told the uploads it ended, yet the file is there
+    assert _wait_for_key(store, folder.key("megatron/__0_0.distcp"), len(first))
+    _write(staged / "common.pt", b"x" * 1000)
+    time.sleep(1.0)  # the watch's events arrive (one still on its way is sent after the write)
+    kept = early.stop(time.monotonic() + 30)
+    assert sorted(early.names(kept)) == ["common.pt", "megatron/__0_0.distcp"]
+    for future in kept.values():
+        future.result()
+    assert _body(store, folder.key("megatron/__0_0.distcp")) == first
+    assert _body(store, folder.key("common.pt")) == b"x" * 1000
+
+
+def test_a_file_changed_after_it_was_sent_is_left_to_the_upload_after_the_write(store,
+                                                                                 tmp_path):
+    staged, folder = tmp_path / "s", ObjectURI(BUCKET, "run/step_000002")
+    early = EarlyUploads(staged, folder).start()
+    _write(staged / "rewritten.pt", b"a" * 4096)
+    assert _wait_for_key(store, folder.key("rewritten.pt"), 4096)
+    _write(staged / "rewritten.pt", b"b" * 100, "ab")  # closed a second time
+    _write(staged / "kept.pt", b"k" * 10)
+    time.sleep(1.0)  # the watch's events arrive
+    kept = early.stop(time.monotonic() + 30)
+    assert early.names(kept) == ["kept.pt"]
+
+
+def test_a_temporary_file_renamed_into_place_leaves_no_key(store, tmp_path):
+    staged, folder = tmp_path / "s", ObjectURI(BUCKET, "run/step_000003")
+    early = EarlyUploads(staged, folder).start()
+    _write(staged / "trainwright.json.tmp", b"{}" * 100)
+    time.sleep(1.0)  # its upload may well have begun before the rename
+    os.replace(staged / "trainwright.json.tmp", staged / "trainwright.json")
+    time.sleep(1.0)
+    kept = early.stop(time.monotonic() + 30)
+    for future in kept.values():
+        future.result()
+    assert early.names(kept) == ["trainwright.json"]
+    assert set(store.keys(BUCKET, "run/step_000003/")) == {folder.key("trainwright.json")}
+
+
+def test_the_processes_of_a_node_split_the_files_between_them():
+    names = [f"megatron/__{r}_{t}.distcp" for r in range(8) for t in range(2)] + ["common.pt"]
+    for count in (1, 2, 8):
+        owners = {n: [i for i in range(count) if claims(n, (i, count))] for n in names}
+        assert all(len(o) == 1 for o in owners.values()), owners
+        if count > 1:
+            assert len({o[0] for o in owners.values()}) > 1  # not all on one process
