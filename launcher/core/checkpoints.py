@@ -22,9 +22,9 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from launcher.core.atomic import read_pointer
 from launcher.core.errors import CheckpointError
@@ -48,6 +48,16 @@ class Resume:
     """Optimizer steps already taken."""
     consumed_samples: int
     """Training samples the run has read so far (where the data order continues)."""
+    arriving: Optional[Callable[[], Path]] = field(default=None, compare=False, repr=False)
+    """A download from object storage still landing (None: every file is local). Called,
+    collectively, before the engine reads: waits for the files and returns the step directory
+    (``path`` is, until then, where the download puts them, its metadata already there)."""
+
+    def landed(self) -> "Resume":
+        """This resume with every file local (collective while :attr:`arriving`)."""
+        if self.arriving is None:
+            return self
+        return replace(self, path=self.arriving(), arriving=None)
 
 
 def step_name(step: int) -> str:
@@ -93,6 +103,12 @@ def resume_point(step_dir: Path) -> Resume:
     if not (step_dir / COMPLETE).is_file():
         raise CheckpointError(f"checkpoint {step_dir} is incomplete or corrupt: "
                               f"{step_dir / COMPLETE} is missing")
+    return resume_from_meta(step_dir)
+
+
+def resume_from_meta(step_dir: Path) -> Resume:
+    """The :class:`Resume` that ``step_dir``'s metadata file names (whether or not the rest of
+    the step is there yet); CheckpointError when it is unreadable."""
     try:
         meta = json.loads((step_dir / META).read_text())
         return Resume(step_dir, int(meta["step"]), int(meta["consumed_samples"]))

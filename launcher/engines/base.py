@@ -69,6 +69,10 @@ class CheckpointIO(Protocol):
         """Complete scheduled writes every rank has finished (``blocking``: wait for all);
         True when none is left (collective while one is pending)."""
 
+    def prepare_read(self) -> None:
+        """Allocate what a read fills and needs no file for (e.g. the optimizer's state), while
+        the checkpoint's files are still arriving (collective; may do nothing)."""
+
     def read(self, step_dir: Path) -> None:
         """Load the engine state from ``step_dir`` into this layout (collective)."""
 

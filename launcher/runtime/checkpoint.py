@@ -327,17 +327,19 @@ class CheckpointManager:
         collectives.barrier()
         return pending.final
 
-    def load(self, resume: "Resume") -> None:
-        """Restore the engine state and this rank's RNG streams from ``resume`` (collective).
-        A file that cannot be read raises :class:`CheckpointError` naming it."""
+    def load(self, resume: "Resume") -> "Resume":
+        """Restore the engine state and this rank's RNG streams from ``resume`` (collective);
+        the resume as read (its files all local). A file that cannot be read raises
+        :class:`CheckpointError` naming it."""
         started = time.perf_counter()
-        load(self.io, resume)
+        resume = load(self.io, resume)
         collectives.barrier()
         if collectives.rank() == 0:
             seconds, nbytes = time.perf_counter() - started, directory_bytes(resume.path)
             self.report("checkpoint", f"checkpoint step {resume.step} loaded: "
                         f"{_rate(nbytes, seconds)}", step=resume.step, bytes=nbytes,
                         seconds=round(seconds, 3))
+        return resume
 
 
 def unreadable_files(step_dir: Path) -> list[Path]:
@@ -380,10 +382,15 @@ def _load_error(resume: Resume, exc: BaseException) -> CheckpointError:
                            f"{text}\n{where}{hint}")
 
 
-def load(io, resume: Resume) -> None:
+def load(io, resume: Resume) -> Resume:
     """Restore engine state (weights, optimizer, ZeRO partitions) through the engine's checkpoint
-    ``io`` and this rank's RNG streams. A shard that cannot be read raises
-    :class:`CheckpointError` naming the file."""
+    ``io`` and this rank's RNG streams; the resume as read. A download still landing
+    (``resume.arriving``) is waited for after the engine has prepared what the read fills
+    (``io.prepare_read``). A shard that cannot be read raises :class:`CheckpointError` naming
+    the file."""
+    if resume.arriving is not None:
+        io.prepare_read()
+        resume = resume.landed()
     try:
         io.read(resume.path)
     except CheckpointError:
@@ -400,3 +407,4 @@ def load(io, resume: Resume) -> None:
     except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
         raise _load_error(resume, exc) from exc
     _set_rng_state(state)
+    return resume

@@ -21,13 +21,13 @@ import shutil
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from launcher.core import objectstore, remote_checkpoints
 from launcher.core.atomic import atomic_symlink_or_pointer, atomic_write_text
-from launcher.core.checkpoints import COMPLETE, LATEST, step_name
+from launcher.core.checkpoints import COMPLETE, LATEST, META, step_name
 from launcher.core.objectstore import ObjectURI, StoreFailure
 from launcher.core.remote_checkpoints import Commit
 from launcher.parallel import collectives
@@ -60,30 +60,27 @@ def assign(seen: list) -> list:
 
 
 @dataclass
-class Upload:
-    """This rank's share of one step, sent on a thread (the training goes on meanwhile)."""
+class Transfer:
+    """One rank's transfer on a thread (training, or the engine's build, goes on meanwhile):
+    ``run()`` returns the bytes moved; a failure is kept as one line, never lost."""
 
-    files: list
-    """(local path, key)."""
-    bucket: str
-    deadline: float
-    started: dict = field(default_factory=dict)
-    """(local path, key) -> the future of its upload, begun as the file was closed."""
-    sent: int = 0
+    run: Callable[[], int]
+    name: str = "checkpoint-transfer"
+    moved: int = 0
     error: str = ""
     _thread: Optional[threading.Thread] = field(default=None, repr=False)
 
-    def start(self) -> "Upload":
-        self._thread = threading.Thread(target=self._run, name="checkpoint-upload", daemon=True)
+    def start(self) -> "Transfer":
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
         return self
 
     def _run(self) -> None:
         try:
-            self.sent = objectstore.upload(self.files, self.bucket, self.deadline, self.started)
+            self.moved = self.run()
         except StoreFailure as exc:
             self.error = str(exc)
-        except Exception as exc:  # noqa: BLE001 - reported as the save's failure, never lost
+        except Exception as exc:  # noqa: BLE001 - reported as the transfer's failure
             self.error = f"{type(exc).__name__}: {exc}"
 
     def done(self) -> bool:
@@ -99,7 +96,7 @@ class StoreUploads:
 
     def __init__(self, uri: ObjectURI, *, retry_s: float):
         self.uri, self.retry_s = uri, retry_s
-        self.upload: Optional[Upload] = None
+        self.upload: Optional[Transfer] = None
         self.early: Optional[EarlyUploads] = None
         self.files: dict = {}
         self.shared = False
@@ -144,8 +141,9 @@ class StoreUploads:
                        for files, _ in seen])[collectives.rank()]
         folder = self.uri.child(step_name(step))
         files = [(Path(staged) / name, folder.key(name)) for name in mine]
-        self.upload = Upload(files + list(started), self.uri.bucket, self.deadline(),
-                             started).start()
+        files, bucket, deadline = files + list(started), self.uri.bucket, self.deadline()
+        self.upload = Transfer(lambda: objectstore.upload(files, bucket, deadline, started),
+                               "checkpoint-upload").start()
 
     def finished(self, blocking: bool) -> bool:
         """Whether every rank's upload has ended (collective; ``blocking``: wait for them)."""
@@ -180,10 +178,47 @@ def fetch(commit: Commit, checkpoints_dir: Path, retry_s: float) -> Path:
     """Download ``commit`` into ``checkpoints_dir/step_<N>`` unless the copy there already
     matches it; the ranks that see the same folder split its files (collective). Raises
     StoreFailure (on every rank) naming a key that is missing or truncated."""
+    return start_fetch(commit, checkpoints_dir, retry_s).landed()
+
+
+@dataclass
+class Fetch:
+    """A committed step landing in ``folder`` (its metadata there already, the rest arriving
+    on this rank's :class:`Transfer`); :meth:`landed` waits for it (collective)."""
+
+    commit: Commit
+    folder: Path
+    """Where the files land: the step directory itself once landed, else its ``.fetch``."""
+    final: Path
+    group: list = field(default_factory=list)
+    """The ranks that share ``folder`` (the first renames it)."""
+    transfer: Optional[Transfer] = None
+
+    def landed(self) -> Path:
+        """Wait for every rank's share, then the local copy takes the step's name (collective);
+        the step directory. StoreFailure (on every rank) naming a key missing or truncated."""
+        if self.transfer is None:
+            return self.folder
+        self.transfer.join()
+        errors = [e for e in collectives.gather_objects(self.transfer.error) if e]
+        self.transfer = None
+        if errors:
+            raise StoreFailure(f"cannot load checkpoint {self.commit.uri}: {errors[0]}")
+        if collectives.rank() == self.group[0]:
+            keep_local(self.folder, self.final, self.commit)
+        collectives.barrier()
+        self.folder = self.final
+        return self.final
+
+
+def start_fetch(commit: Commit, checkpoints_dir: Path, retry_s: float) -> Fetch:
+    """Begin downloading ``commit`` (collective): its metadata file (``trainwright.json``)
+    before returning, the rest on a thread per rank, so the engine can be built meanwhile;
+    :meth:`Fetch.landed` before reading it. A local copy that matches the commit is used as
+    it is."""
     final = Path(checkpoints_dir) / step_name(commit.step)
-    record = commit.record()
-    if all(collectives.gather_objects(_matches(final, record))):
-        return final
+    if all(collectives.gather_objects(_matches(final, commit.record()))):
+        return Fetch(commit, final, final)
     partial = final.with_name(final.name + ".fetch")
     group = _sharing_ranks(partial)
     if collectives.rank() == group[0]:
@@ -192,21 +227,25 @@ def fetch(commit: Commit, checkpoints_dir: Path, retry_s: float) -> Path:
             if not debris.name.startswith(".ranks-"):
                 shutil.rmtree(debris) if debris.is_dir() else debris.unlink()
     collectives.barrier()
-    names = sorted(commit.files, key=lambda n: (-commit.files[n], n))
-    mine = names[group.index(collectives.rank())::len(group)]
+    deadline = time.monotonic() + retry_s
+
+    def items(names: list) -> list:
+        return [(commit.uri.key(n), partial / n, commit.files[n]) for n in names]
+
     error = ""
-    try:
-        objectstore.download([(commit.uri.key(n), partial / n, commit.files[n]) for n in mine],
-                             commit.uri.bucket, time.monotonic() + retry_s)
-    except StoreFailure as exc:
-        error = str(exc)
+    if collectives.rank() == group[0] and META in commit.files:
+        try:
+            objectstore.download(items([META]), commit.uri.bucket, deadline)
+        except StoreFailure as exc:
+            error = str(exc)
     errors = [e for e in collectives.gather_objects(error) if e]
     if errors:
         raise StoreFailure(f"cannot load checkpoint {commit.uri}: {errors[0]}")
-    if collectives.rank() == group[0]:
-        keep_local(partial, final, commit)
-    collectives.barrier()
-    return final
+    names = sorted((n for n in commit.files if n != META), key=lambda n: (-commit.files[n], n))
+    mine = items(names[group.index(collectives.rank())::len(group)])
+    transfer = Transfer(lambda: objectstore.download(mine, commit.uri.bucket, deadline),
+                        "checkpoint-download").start()
+    return Fetch(commit, partial, final, group, transfer)
 
 
 def keep_local(staged: Path, final: Path, done: Commit) -> None:
@@ -260,9 +299,10 @@ def _newest_commit(load: str, checkpoint_uri: str, retry_s: float) -> Optional[C
 def locate_resume(run_dir: Path, load: str, checkpoint_uri: str, retry_s: float):
     """The :class:`~launcher.core.checkpoints.Resume` of a run (collective): from the store when
     ``load`` names one or when the checkpoints live there and ``load`` is empty (the commit is
-    downloaded into ``<run_dir>/checkpoints`` unless the copy there matches it), else as
-    :func:`launcher.core.checkpoints.find_resume` finds it locally."""
-    from launcher.core.checkpoints import find_resume, resume_point
+    downloaded into ``<run_dir>/checkpoints`` unless the copy there matches it: its metadata
+    now, the rest while the engine is built, landed by ``Resume.landed`` before the read),
+    else as :func:`launcher.core.checkpoints.find_resume` finds it locally."""
+    from launcher.core.checkpoints import find_resume, resume_from_meta, resume_point
     from launcher.core.errors import CheckpointError
 
     remote = objectstore.is_remote(load) or (not load and objectstore.is_remote(checkpoint_uri))
@@ -279,7 +319,10 @@ def locate_resume(run_dir: Path, load: str, checkpoint_uri: str, retry_s: float)
         raise CheckpointError(error)
     if found is None:
         return None
-    return resume_point(fetch(found, Path(run_dir) / "checkpoints", retry_s))
+    fetching = start_fetch(found, Path(run_dir) / "checkpoints", retry_s)
+    if fetching.transfer is None:
+        return resume_point(fetching.folder)
+    return replace(resume_from_meta(fetching.folder), arriving=fetching.landed)
 
 
 def uploads_to(checkpoint_uri: str, retry_s: float) -> Optional[StoreUploads]:

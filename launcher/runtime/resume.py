@@ -249,7 +249,7 @@ def resume_state(checkpoints, resume: Optional[Resume], record: Mapping, metrics
         metrics.log_event("resume_unchecked", f"checkpoint {resume.path} records no "
                           "architecture (written before trainwright recorded one): loading it "
                           "without comparing the model settings")
-    checkpoints.load(resume)
+    resume = checkpoints.load(resume)
     metrics.log_event("resume", f"resumed from {resume.path} at step {resume.step}")
     report_changes(resume, record, metrics, optimizer)
     return LoopState(step=resume.step, consumed_samples=resume.consumed_samples,

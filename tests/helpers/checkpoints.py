@@ -38,6 +38,9 @@ class FakeIO:
     def warm_up(self) -> None:
         pass
 
+    def prepare_read(self) -> None:
+        pass
+
     def write(self, step_dir: Path, *, background: bool) -> bool:
         step_dir.mkdir(parents=True, exist_ok=True)
         torch.save({"w": torch.zeros(self.size // 4, dtype=torch.float32)},

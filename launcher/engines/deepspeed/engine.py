@@ -317,6 +317,9 @@ class DeepSpeedCheckpointIO:
     def warm_up(self) -> None:
         """DeepSpeed's writes start nothing ahead."""
 
+    def prepare_read(self) -> None:
+        """DeepSpeed's read allocates its state itself (nothing ahead)."""
+
     def write(self, step_dir: Path, *, background: bool) -> bool:
         self.ds.save_checkpoint(str(step_dir.parent), tag=step_dir.name, save_latest=False)
         if self.ds.mp_world_size > 1 and collectives.rank() == 0:
