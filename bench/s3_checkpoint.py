@@ -14,11 +14,15 @@ in that one run:
    ``--inflight`` parts in flight in one process; GB/s of the best of ``--reps``.
 2. **Ours.** For each model (``gpt2_124m``; ``wide``: gpt2_124m at hidden 1024, ffn 4096, 16
    heads, 3.2 GB of state), engine=megatron, 2 CPU ranks (DP2), fp32, seq 128, global batch 2:
-   a. ``launcher.train`` saving to the run directory only: the local (staging) write's seconds;
+   a. ``launcher.train`` saving to the run directory only: the local (staging) write's seconds,
+      and the engine's build (timed by a sitecustomize wrapped around the engine spec's
+      ``build``, and ``launcher.core.objectstore.upload``/``download``: timing only, nothing
+      else changes);
    b. the same run with ``trainer.checkpoint_uri=s3://...``: the ``checkpoint`` event's bytes and
-      seconds (local staging write + every rank's upload + the commit), and the upload's own
-      window (first rank's start to last rank's end, timed by a sitecustomize wrapped around
-      ``launcher.core.objectstore.upload``/``download``: timing only, nothing else changes);
+      seconds (local staging write, with the uploads of the files already closed running
+      alongside it, + the rest of every rank's upload + the commit), and the window of
+      ``objectstore.upload`` (first rank's start to last rank's end: what was left to send
+      after the write);
    c. the raw rate of the same staged files: 2 processes, each putting the share our ranks put
       (``checkpoint_store.assign``) and getting the share a resume downloads, with plain boto3:
       ``as-objectstore`` (upload_file/download_file per file on 4 threads, each with
@@ -26,7 +30,10 @@ in that one run:
       launcher.core.objectstore does, without its retries) and one TransferManager per process
       with 8 and 16 parts in flight; raw = the best;
    d. a new run directory resuming from the store (``trainer.load=s3://.../step_000001``): the
-      download's window and the engine's read (its ``checkpoint ... loaded`` event);
+      download's window, the engine's read (its ``checkpoint ... loaded`` event, which includes
+      the wait for the download's last file) and **the load**: from the download's first
+      request to that event, less (a)'s build seconds (the download runs while the engine is
+      built, so this is what the resume adds to a start-up that builds the engine anyway);
    e. (gpt2_124m) ``trainer.async_save=true`` saving every 3 steps: ``time/checkpoint`` of the
       step rows 3, 4 and 5 (the save call, then the polls, one of which starts the upload), next
       to the local staging write of (a). The run is SIGKILLed once row 5 is written: the save

@@ -1,7 +1,7 @@
 """A checkpoint's files go to the store as they are closed, against a real S3 server
 (SeaweedFS): a file closed mid-write is in the store before the write ends, a file changed
 after it was sent is left to the upload after the write, a temporary file renamed into place
-leaves no key behind, and the processes of a node split the files between them."""
+leaves no key behind, and the processes of a node split the files by bytes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from launcher.core import objectstore
 from launcher.core.objectstore import ObjectURI
-from launcher.runtime.early_uploads import EarlyUploads, claims
+from launcher.runtime.early_uploads import EarlyUploads
 from tests.helpers.s3 import serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("s3_store")]
@@ -102,10 +102,23 @@ def test_a_temporary_file_renamed_into_place_leaves_no_key(store, tmp_path):
     assert set(store.keys(BUCKET, "run/step_000003/")) == {folder.key("trainwright.json")}
 
 
-def test_the_processes_of_a_node_split_the_files_between_them():
-    names = [f"megatron/__{r}_{t}.distcp" for r in range(8) for t in range(2)] + ["common.pt"]
-    for count in (1, 2, 8):
-        owners = {n: [i for i in range(count) if claims(n, (i, count))] for n in names}
-        assert all(len(o) == 1 for o in owners.values()), owners
-        if count > 1:
-            assert len({o[0] for o in owners.values()}) > 1  # not all on one process
+def test_the_processes_of_a_node_split_the_files_by_bytes_without_talking(store, tmp_path):
+    staged, folder = tmp_path / "s", ObjectURI(BUCKET, "run/step_000004")
+    for sub in ("megatron", "rng"):  # a file in a folder made a moment before may go unseen
+        (staged / sub).mkdir(parents=True)
+    watches = [EarlyUploads(staged, folder, share=(i, 2)).start() for i in range(2)]
+    sizes = {"megatron/__0_0.distcp": 2**20, "megatron/__0_1.distcp": 2**20,
+             "megatron/__1_0.distcp": 2**20, "megatron/__1_1.distcp": 2**20,
+             "common.pt": 1000, "rng/rank_0.pt": 10}
+    for name, size in sizes.items():
+        _write(staged / name, os.urandom(size))
+    time.sleep(1.0)
+    kept = [w.stop(time.monotonic() + 30) for w in watches]
+    names = [w.names(k) for w, k in zip(watches, kept)]
+    assert sorted(names[0] + names[1]) == sorted(sizes)  # each file once
+    big = [sum(sizes[n] for n in mine if n.endswith(".distcp")) for mine in names]
+    assert big == [2 * 2**20, 2 * 2**20], names  # the large files split evenly
+    for k in kept:
+        for future in k.values():
+            future.result()
+    assert set(store.keys(BUCKET, "run/step_000004/")) == {folder.key(n) for n in sizes}

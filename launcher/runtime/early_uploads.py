@@ -4,11 +4,14 @@ upload, not their sum).
 
 The staged step folder is watched with watchdog (Linux inotify: a file closed after writing, a
 file renamed into place); each closed file this process claims starts its upload on the
-transfer manager at once. A file is claimed by one process of those on the node that see the
-event: ``crc32(name) % LOCAL_WORLD_SIZE == LOCAL_RANK``. Files written on another node of a
-shared filesystem raise no event here (inotify sees local writes only) and are uploaded after
-the write, as are files this watch missed (closed before the watch of a new subfolder was in
-place).
+transfer manager at once. Of the processes of a node that see the folder, one sends each
+file: the one with the fewest bytes given so far (ties to the lowest LOCAL_RANK). Each process
+computes that on its own, over the events it sees, and the kernel reports the same events in
+the same order to every watch of the folder, so they agree without talking; if they did not
+(an event one watch missed), a file would go twice or after the write, never be lost. Files
+written on another node of a shared filesystem raise no event here (inotify sees local writes
+only) and are uploaded after the write, as are files this watch missed (closed before the
+watch of a new subfolder was in place).
 
 What was sent early counts only if the file is still the one sent: at :meth:`EarlyUploads.stop`
 a file closed twice, or whose size or modification time changed since, is waited for and left
@@ -21,7 +24,6 @@ from __future__ import annotations
 
 import os
 import threading
-import zlib
 from pathlib import Path
 from typing import Optional
 
@@ -39,12 +41,6 @@ def _local_share() -> tuple[int, int]:
     return int(os.environ.get("LOCAL_RANK", "0") or 0) % max(size, 1), max(size, 1)
 
 
-def claims(name: str, share: tuple[int, int]) -> bool:
-    """Whether the process ``share`` = (index, count) of a node uploads the file ``name``."""
-    index, count = share
-    return zlib.crc32(name.encode()) % count == index
-
-
 def _stat(path: Path) -> Optional[tuple[int, int]]:
     """(bytes, modification ns) of ``path``; None when it is gone."""
     try:
@@ -57,13 +53,20 @@ def _stat(path: Path) -> Optional[tuple[int, int]]:
 class EarlyUploads:
     """The early uploads of one staged step folder (:meth:`start`, then :meth:`stop`)."""
 
-    def __init__(self, staged: Path, folder: ObjectURI):
+    def __init__(self, staged: Path, folder: ObjectURI,
+                 share: Optional[tuple[int, int]] = None):
         self.staged, self.folder = Path(staged), folder
-        self.share = _local_share()
+        self.share = share or _local_share()
+        """(this process's index, processes) among those of the node that see the folder."""
+        self.loads = [0] * self.share[1]
+        """Bytes each process of the node has been given so far (the same on each: see
+        :meth:`closed`)."""
         self.sent: dict = {}
         """Name inside the step -> ((bytes, mtime ns) when sent, the upload's future)."""
+        self.seen: set = set()
+        """Names closed at least once (whoever sends them)."""
         self.dirty: set = set()
-        """Names closed again after their upload began."""
+        """Names closed again after they were first seen."""
         self._lock = threading.Lock()
         self._watching = False
         self._observer = None
@@ -83,16 +86,17 @@ class EarlyUploads:
             name = Path(path).relative_to(self.staged).as_posix()
         except ValueError:
             return
-        if not claims(name, self.share):
-            return
         with self._lock:
-            if not self._watching:
-                return
-            if name in self.sent:
+            if not self._watching or name in self.seen:
                 self.dirty.add(name)
                 return
+            self.seen.add(name)
             stat = _stat(self.staged / name)
             if stat is None:
+                return
+            owner = min(range(len(self.loads)), key=lambda i: (self.loads[i], i))
+            self.loads[owner] += stat[0]
+            if owner != self.share[0]:
                 return
             future = objectstore.start_upload(self.staged / name, self.folder.bucket,
                                               self.folder.key(name))
