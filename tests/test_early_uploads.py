@@ -122,3 +122,17 @@ def test_the_processes_of_a_node_split_the_files_by_bytes_without_talking(store,
         for future in k.values():
             future.result()
     assert set(store.keys(BUCKET, "run/step_000004/")) == {folder.key(n) for n in sizes}
+
+
+def test_a_save_without_inotify_to_spare_uploads_everything_after_the_write(tmp_path,
+                                                                           monkeypatch):
+    from launcher.runtime import early_uploads
+    from launcher.runtime.checkpoint_store import StoreUploads
+
+    def no_instances(self):
+        raise OSError(24, "inotify instance limit reached")
+
+    monkeypatch.setattr(early_uploads.Observer, "start", no_instances)
+    uploads = StoreUploads(ObjectURI(BUCKET, "run"), retry_s=5)
+    uploads.watch(tmp_path / "step_000005.tmp", 5)
+    assert uploads.early is None  # the save goes on; begin() shares out every file

@@ -118,7 +118,10 @@ class StoreUploads:
         """Upload ``staged``'s files as they are closed, while the step is still being written
         (:mod:`launcher.runtime.early_uploads`); :meth:`begin` or :meth:`abandon` ends it."""
         self.abandon()
-        self.early = EarlyUploads(staged, self.uri.child(step_name(step))).start()
+        try:
+            self.early = EarlyUploads(staged, self.uri.child(step_name(step))).start()
+        except OSError:  # no inotify to spare (fs.inotify.max_user_instances): sent after
+            self.early = None
 
     def abandon(self) -> None:
         """Stop watching a step whose write failed (its early uploads end; nothing commits)."""
