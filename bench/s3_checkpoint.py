@@ -3,7 +3,8 @@ one run against the same S3 server.
 
     python bench/s3_checkpoint.py [--workdir /tmp/tw_s3ckpt] [--reps 3] [--models gpt2_124m,wide]
                                   [--skip-clients] [--skip-async] [--as-objectstore all|first|none]
-                                  [--hook FILE] [--out bench/results/s3_checkpoint.json]
+                                  [--hook FILE] [--resume-ab PAIRS]
+                                  [--out bench/results/s3_checkpoint.json]
 
 Starts its own SeaweedFS (tests/helpers/s3.py's server, with room for a few GB of volumes) and,
 in that one run:
@@ -38,6 +39,8 @@ in that one run:
       step rows 3, 4 and 5 (the save call, then the polls, one of which starts the upload), next
       to the local staging write of (a). The run is SIGKILLed once row 5 is written: the save
       at step 6 (which waits for step 3's upload) is not what is measured.
+   f. (``--resume-ab PAIRS``) resumes alternating the download during the build (as
+      launcher.train does) and the download landed first (the hook's ``TW_BENCH_SEQUENTIAL``).
 3. Prints the tables and the ratios ours / raw, and writes everything to ``--out``. A training
    run that fails (a save that never commits, the hang watchdog) is that model's result: its
    exit code and last lines; the bench goes on with the next model.
@@ -134,6 +137,16 @@ if os.environ.get("TW_BENCH_TIMES"):
                                         "start": start, "end": time.time(), "files": 1}) + "\\n")
 
     _e.spec = lambda name: _TimedSpec(_spec(name))
+
+if os.environ.get("TW_BENCH_SEQUENTIAL"):  # --resume-ab's other arm: download, then build
+    from launcher.runtime import checkpoint_store as _cs
+    _locate = _cs.locate_resume
+
+    def _landed_first(*args, **kwargs):
+        found = _locate(*args, **kwargs)
+        return found.landed() if found is not None else found
+
+    _cs.locate_resume = _landed_first
 '''
 """A sitecustomize for the runs: times each rank's ``objectstore.upload``/``download`` call."""
 EXTRA_HOOK = ""
@@ -575,6 +588,37 @@ def ours(server: BenchS3, work: Path, model: str, reps: int, raw_modes: tuple,
     return result
 
 
+def resume_ab(server: BenchS3, work: Path, model: str, pairs: int) -> list:
+    """``pairs`` resumes from one committed step, alternating: the download during the build
+    (as launcher.train does it) and the download landed before the build
+    (``TW_BENCH_SEQUENTIAL``); seconds from the first request to the ``loaded`` event of each,
+    and that less the local run's build."""
+    env, over = server.env(), MODELS[model]
+    uri = f"s3://{BUCKET}/ab/{model}"
+    local = train(work, f"{model}-ab-local", over, env, 1)
+    build_s = window(work, f"{model}-ab-local", "build")
+    shutil.rmtree(local)
+    shutil.rmtree(train(work, f"{model}-ab-store", [*over, f"trainer.checkpoint_uri={uri}"],
+                        env, 1))
+    rows = []
+    for rep in range(pairs):
+        for arm in ("overlapped", "sequential"):
+            name = f"{model}-ab-{arm}-{rep}"
+            extra = {"TW_BENCH_SEQUENTIAL": "1"} if arm == "sequential" else {}
+            run_dir = train(work, name, [*over, f"trainer.load={uri}/{STEP}"], {**env, **extra}, 2)
+            loaded = [e for e in events(run_dir, "checkpoint") if " loaded" in e["message"]][0]
+            wall = loaded["time"] - first_start(work, name, "download")
+            rows.append({"arm": arm, "rep": rep, "first_request_to_loaded_s": round(wall, 2),
+                         "beyond_build_s": round(wall - build_s, 2),
+                         "download_s": round(window(work, name, "download"), 2),
+                         "build_s": round(window(work, name, "build"), 2),
+                         "engine_read_s": loaded["seconds"]})
+            print(f"  resume {arm:10} {rows[-1]}", flush=True)
+            shutil.rmtree(run_dir)
+    clear(server, f"ab/{model}")
+    return rows
+
+
 def async_stall(server: BenchS3, work: Path, model: str, env: dict, staging_s: float) -> dict:
     """engine=megatron, async_save, saving every 3 steps: the checkpoint phase of rows 3 (the
     save call), 4 and 5 (the polls: the one that finds every rank's write done starts the
@@ -683,6 +727,9 @@ def main() -> int:
                     help="Python run at the start of every launcher.train process of the bench "
                          "(a sitecustomize), e.g. a prototype of a change to "
                          "launcher.core.objectstore measured before it is made")
+    ap.add_argument("--resume-ab", type=int, default=0, metavar="PAIRS",
+                    help="also resume each model PAIRS times each way, alternating: the "
+                         "download during the engine's build, and landed before it")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "s3_checkpoint.json")
     args = ap.parse_args()
     global EXTRA_HOOK
@@ -714,6 +761,9 @@ def main() -> int:
             try:
                 result["models"][model] = ours(server, work, model, args.reps, modes,
                                                do_async=not args.skip_async and i == 0)
+                if args.resume_ab:
+                    result["models"][model]["resume_ab"] = resume_ab(server, work, model,
+                                                                     args.resume_ab)
             except RunFailed as exc:  # a result too: which run, how it ended, its log's tail
                 print(f"  FAILED: {exc}", flush=True)
                 result["models"][model] = {"overrides": MODELS[model], "failed": str(exc)}
