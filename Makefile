@@ -21,9 +21,10 @@ $(STAMP): pyproject.toml Makefile
 demo: install
 	$(BIN)/python -m launcher.demo
 
+# --durations: the 40 slowest tests end the log (the suite's time is kept under ~30 min)
 test: install
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=40 $(PYTEST_ARGS)
 
 # The edit loop: everything but the tests marked slow (multi-process and training runs, Slurm,
 # data_prep end to end); `make test` still runs them all.
