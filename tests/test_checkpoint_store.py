@@ -92,6 +92,13 @@ def test_a_requeue_with_an_empty_run_directory_resumes_from_the_newest_commit(s3
     assert [r[0] for r in _rows(tmp_path / "run")] == [9, 10]
     folders = {k.split("/")[1] for k in s3.keys(BUCKET, "requeue/") if k.count("/") > 1}
     assert folders == {"step_000008", "step_000010"}, folders
+    # another model: refused from the step's metadata alone (its download still under way),
+    # exit 2 naming the store's step, before the engine is built; nothing lands locally
+    refused = train(tmp_path, "other", *common, "trainer.train_steps=12",
+                    f"trainer.load={uri}", "model.num_layers=3", expect=2, env=s3.env())
+    assert f"checkpoint {uri}/step_000010 does not match this run's model" in (
+        refused.stdout + refused.stderr)
+    assert not (tmp_path / "other" / "checkpoints" / "step_000010").exists()
 
 
 def test_the_secret_reaches_no_file_the_run_wrote(s3, tmp_path):

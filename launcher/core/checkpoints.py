@@ -53,6 +53,14 @@ class Resume:
     collectively, before the engine reads: waits for the files and returns the step directory
     (``path`` is, until then, where the download puts them, its metadata already there)."""
 
+    origin: str = field(default="", compare=False)
+    """The object-storage step it was downloaded from (``s3://...``); empty when local."""
+
+    @property
+    def where(self) -> str:
+        """What messages name: the store's step while its download lands, else the path."""
+        return self.origin if self.arriving is not None and self.origin else str(self.path)
+
     def landed(self) -> "Resume":
         """This resume with every file local (collective while :attr:`arriving`)."""
         if self.arriving is None:

@@ -325,7 +325,8 @@ def locate_resume(run_dir: Path, load: str, checkpoint_uri: str, retry_s: float)
     fetching = start_fetch(found, Path(run_dir) / "checkpoints", retry_s)
     if fetching.transfer is None:
         return resume_point(fetching.folder)
-    return replace(resume_from_meta(fetching.folder), arriving=fetching.landed)
+    return replace(resume_from_meta(fetching.folder), arriving=fetching.landed,
+                   origin=str(found.uri))
 
 
 def uploads_to(checkpoint_uri: str, retry_s: float) -> Optional[StoreUploads]:

@@ -127,7 +127,7 @@ def incompatibilities(resume: Resume, record: Mapping) -> Optional[str]:
     fix = _fix(saved.get("architecture", {}), record["architecture"])
     if engine and engine != now_engine:
         fix = f"{fix} engine={engine}".strip()
-    return (f"checkpoint {resume.path} does not match this run's model: " + "; ".join(problems)
+    return (f"checkpoint {resume.where} does not match this run's model: " + "; ".join(problems)
             + ". Nothing was loaded. To resume it, set the checkpoint's values (" + fix
             + "); to train this configuration instead, start a new run (another run.name, "
             "without trainer.load).")
@@ -139,7 +139,7 @@ def refuse_incompatible(resume: Optional[Resume], record: Mapping) -> None:
     problem = None if resume is None else incompatibilities(resume, record)
     if collectives.any_rank(problem is not None):
         raise IncompatibleCheckpoint(problem or f"another rank refused checkpoint "
-                                                f"{resume.path if resume else ''}")
+                                                f"{resume.where if resume else ''}")
 
 
 def already_trained(resume: Optional[Resume], train_steps: int, metrics) -> bool:
@@ -153,7 +153,7 @@ def already_trained(resume: Optional[Resume], train_steps: int, metrics) -> bool
     where = ("which reaches" if resume.step == train_steps else "past") + \
         f" the {train_steps} steps trainer.train_steps/train_tokens ask for"
     metrics.log_event("already_trained",
-                      f"nothing to train: checkpoint {resume.path} is at step {resume.step}, "
+                      f"nothing to train: checkpoint {resume.where} is at step {resume.step}, "
                       f"{where}; exiting 0 without training (a run is never rewound). To train "
                       f"on, raise trainer.train_steps (or trainer.train_tokens) above "
                       f"{resume.step}", step=resume.step, train_steps=train_steps)
@@ -246,11 +246,12 @@ def resume_state(checkpoints, resume: Optional[Resume], record: Mapping, metrics
     if resume is None:
         return LoopState()
     if "architecture" not in saved_record(read_meta(resume.path)):
-        metrics.log_event("resume_unchecked", f"checkpoint {resume.path} records no "
+        metrics.log_event("resume_unchecked", f"checkpoint {resume.where} records no "
                           "architecture (written before trainwright recorded one): loading it "
                           "without comparing the model settings")
     resume = checkpoints.load(resume)
-    metrics.log_event("resume", f"resumed from {resume.path} at step {resume.step}")
+    metrics.log_event("resume", f"resumed from {resume.path} at step {resume.step}" + (
+        f" (downloaded from {resume.origin})" if resume.origin else ""))
     report_changes(resume, record, metrics, optimizer)
     return LoopState(step=resume.step, consumed_samples=resume.consumed_samples,
                      last_saved=resume.step)

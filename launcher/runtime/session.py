@@ -96,7 +96,7 @@ def initial_weights(cfg: TrainwrightConfig, resume: Optional[Resume],
         return cfg
     if resume is not None:
         metrics.log_event("init_from", f"ignored trainer.init_from={cfg.trainer.init_from}: "
-                          f"resuming from {resume.path}")
+                          f"resuming from {resume.where}")
         return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, init_from=""))
     metrics.log_event("init_from", f"weights from {cfg.trainer.init_from} (optimizer fresh, "
                       "step 0)")
