@@ -101,6 +101,27 @@ def test_a_requeue_with_an_empty_run_directory_resumes_from_the_newest_commit(s3
     assert not (tmp_path / "other" / "checkpoints" / "step_000010").exists()
 
 
+def test_async_saves_upload_as_the_background_writer_closes_files_and_commit(s3, tmp_path):
+    """trainer.async_save with a store: Megatron-Core's forked writer stages each step while
+    training goes on, its files go up as they close, every step commits with all its files,
+    and a run with an empty directory resumes from the newest."""
+    uri = f"s3://{BUCKET}/async"
+    common = ["engine=megatron", "trainer.global_batch_size=8", "trainer.save_interval=2",
+              "trainer.eval_interval=0", "trainer.async_save=true", "trainer.keep_last=3"]
+    train(tmp_path, "run", *common, "trainer.train_steps=6", f"trainer.checkpoint_uri={uri}",
+          env=s3.env())
+    keys = s3.keys(BUCKET, "async/")
+    for step in ("step_000002", "step_000004", "step_000006"):
+        record = json.loads(s3.client().get_object(
+            Bucket=BUCKET, Key=f"async/{step}/complete")["Body"].read())
+        assert {f"async/{step}/{name}": size for name, size in record["files"].items()}.items() \
+            <= keys.items(), step  # every file the commit lists is there, at its size
+    shutil.rmtree(tmp_path / "run")
+    train(tmp_path, "run", *common, "trainer.train_steps=8", f"trainer.checkpoint_uri={uri}",
+          env=s3.env())
+    assert [r[0] for r in _rows(tmp_path / "run")] == [7, 8]
+
+
 def test_the_secret_reaches_no_file_the_run_wrote(s3, tmp_path):
     train(tmp_path, "secret", "trainer.train_steps=2", "trainer.eval_interval=0",
           f"trainer.checkpoint_uri=s3://{BUCKET}/secret", env=s3.env())
