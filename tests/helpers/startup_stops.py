@@ -84,6 +84,24 @@ def read_run(case: Case, run_dir: Path, log: Path) -> None:
     case.output = log.read_text()
 
 
+def _first_line_ran(pid: int, sig: signal.Signals, timeout_s: float = 30.0) -> None:
+    """Wait (up to ``timeout_s``) until the launcher ``pid`` catches or holds ``sig``: its
+    command's first line has run. Before it the interpreter is still starting, and no Python
+    program can catch a signal (0.05-0.08 s on an idle 2-core host; a loaded CI host once took
+    past the sweep's first point, 0.5 s)."""
+    bit, deadline = 1 << (int(sig) - 1), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            status = open(f"/proc/{pid}/status").read()
+        except OSError:
+            return
+        masks = [int(line.split()[1], 16) for line in status.splitlines()
+                 if line.startswith(("SigCgt:", "SigBlk:"))]
+        if any(mask & bit for mask in masks):
+            return
+        time.sleep(0.005)
+
+
 def stop_at(tmp: Path, delay: float, kinds: list[tuple[signal.Signals, str]]) -> list[Case]:
     """Start one run per (signal, target) of ``kinds`` at once; signal each ``delay`` s after its
     launch; wait for all; read what each logged."""
@@ -95,6 +113,7 @@ def stop_at(tmp: Path, delay: float, kinds: list[tuple[signal.Signals, str]]) ->
     sent = {}
     for case in cases:
         time.sleep(max(0.0, case.launched + delay - time.monotonic()))
+        _first_line_ran(case.proc.pid, case.sig)
         case.sent_wall, sent[case.name] = time.time(), time.monotonic()
         if case.target == "group":
             os.killpg(case.proc.pid, case.sig)
