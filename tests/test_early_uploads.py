@@ -54,6 +54,10 @@ def _wait_for_key(s3, key: str, size: int, timeout_s: float = 20.0) -> bool:
     return False
 
 
+def _names(early: EarlyUploads, kept: dict) -> list:
+    return sorted(path.relative_to(early.staged).as_posix() for path, _ in kept)
+
+
 def _body(s3, key: str) -> bytes:
     return s3.client().get_object(Bucket=BUCKET, Key=key)["Body"].read()
 
@@ -68,7 +72,7 @@ def test_a_file_closed_during_the_write_is_in_the_store_before_the_write_ends(st
     _write(staged / "common.pt", b"x" * 1000)
     time.sleep(1.0)  # the watch's events arrive (one still on its way is sent after the write)
     kept = early.stop(time.monotonic() + 30)
-    assert sorted(early.names(kept)) == ["common.pt", "megatron/__0_0.distcp"]
+    assert _names(early, kept) == ["common.pt", "megatron/__0_0.distcp"]
     for future in kept.values():
         future.result()
     assert _body(store, folder.key("megatron/__0_0.distcp")) == first
@@ -85,7 +89,7 @@ def test_a_file_changed_after_it_was_sent_is_left_to_the_upload_after_the_write(
     _write(staged / "kept.pt", b"k" * 10)
     time.sleep(1.0)  # the watch's events arrive
     kept = early.stop(time.monotonic() + 30)
-    assert early.names(kept) == ["kept.pt"]
+    assert _names(early, kept) == ["kept.pt"]
 
 
 def test_a_temporary_file_renamed_into_place_leaves_no_key(store, tmp_path):
@@ -98,7 +102,7 @@ def test_a_temporary_file_renamed_into_place_leaves_no_key(store, tmp_path):
     kept = early.stop(time.monotonic() + 30)
     for future in kept.values():
         future.result()
-    assert early.names(kept) == ["trainwright.json"]
+    assert _names(early, kept) == ["trainwright.json"]
     assert set(store.keys(BUCKET, "run/step_000003/")) == {folder.key("trainwright.json")}
 
 
@@ -114,7 +118,7 @@ def test_the_processes_of_a_node_split_the_files_by_bytes_without_talking(store,
         _write(staged / name, os.urandom(size))
     time.sleep(1.0)
     kept = [w.stop(time.monotonic() + 30) for w in watches]
-    names = [w.names(k) for w, k in zip(watches, kept)]
+    names = [_names(w, k) for w, k in zip(watches, kept)]
     assert sorted(names[0] + names[1]) == sorted(sizes)  # each file once
     big = [sum(sizes[n] for n in mine if n.endswith(".distcp")) for mine in names]
     assert big == [2 * 2**20, 2 * 2**20], names  # the large files split evenly

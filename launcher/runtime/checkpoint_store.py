@@ -61,12 +61,11 @@ def assign(seen: list) -> list:
 
 @dataclass
 class Transfer:
-    """One rank's transfer on a thread (training, or the engine's build, goes on meanwhile):
-    ``run()`` returns the bytes moved; a failure is kept as one line, never lost."""
+    """One rank's transfer on a thread (training, or the engine's build, goes on meanwhile);
+    a failure of ``run()`` is kept as one line, never lost."""
 
-    run: Callable[[], int]
+    run: Callable[[], object]
     name: str = "checkpoint-transfer"
-    moved: int = 0
     error: str = ""
     _thread: Optional[threading.Thread] = field(default=None, repr=False)
 
@@ -77,7 +76,7 @@ class Transfer:
 
     def _run(self) -> None:
         try:
-            self.moved = self.run()
+            self.run()
         except StoreFailure as exc:
             self.error = str(exc)
         except Exception as exc:  # noqa: BLE001 - reported as the transfer's failure
@@ -136,7 +135,7 @@ class StoreUploads:
         early, self.early = self.early, None
         started = early.stop(self.deadline()) if early is not None else {}
         seen = collectives.gather_objects(
-            (local_files(staged), early.names(started) if early is not None else []))
+            (local_files(staged), [path.relative_to(staged).as_posix() for path, _ in started]))
         sent_early = {name for _, names in seen for name in names}
         self.files = {name: size for files, _ in seen for name, size in files.items()}
         self.shared = all(len(files) == len(self.files) for files, _ in seen)
@@ -203,15 +202,20 @@ class Fetch:
         if self.transfer is None:
             return self.folder
         self.transfer.join()
-        errors = [e for e in collectives.gather_objects(self.transfer.error) if e]
-        self.transfer = None
-        if errors:
-            raise StoreFailure(f"cannot load checkpoint {self.commit.uri}: {errors[0]}")
+        error, self.transfer = self.transfer.error, None
+        _raise_any(error, self.commit)
         if collectives.rank() == self.group[0]:
             keep_local(self.folder, self.final, self.commit)
         collectives.barrier()
         self.folder = self.final
         return self.final
+
+
+def _raise_any(error: str, commit: Commit) -> None:
+    """StoreFailure on every rank when any rank's download of ``commit`` failed (collective)."""
+    errors = [e for e in collectives.gather_objects(error) if e]
+    if errors:
+        raise StoreFailure(f"cannot load checkpoint {commit.uri}: {errors[0]}")
 
 
 def start_fetch(commit: Commit, checkpoints_dir: Path, retry_s: float) -> Fetch:
@@ -241,9 +245,7 @@ def start_fetch(commit: Commit, checkpoints_dir: Path, retry_s: float) -> Fetch:
             objectstore.download(items([META]), commit.uri.bucket, deadline)
         except StoreFailure as exc:
             error = str(exc)
-    errors = [e for e in collectives.gather_objects(error) if e]
-    if errors:
-        raise StoreFailure(f"cannot load checkpoint {commit.uri}: {errors[0]}")
+    _raise_any(error, commit)
     names = sorted((n for n in commit.files if n != META), key=lambda n: (-commit.files[n], n))
     mine = items(names[group.index(collectives.rank())::len(group)])
     transfer = Transfer(lambda: objectstore.download(mine, commit.uri.bucket, deadline),

@@ -132,10 +132,6 @@ class EarlyUploads:
                 pass  # debris outside the commit record: keep-k removes its folder
         return kept
 
-    def names(self, kept: dict) -> list:
-        """The names inside the step of ``kept`` (:meth:`stop`'s result)."""
-        return sorted(path.relative_to(self.staged).as_posix() for path, _ in kept)
-
 
 class _Closed(FileSystemEventHandler):
     """watchdog's handler of one :class:`EarlyUploads`' folder: a file closed after writing,
