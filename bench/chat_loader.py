@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from launcher.engines.megatron.packed_rows import attention_cut  # noqa: E402
+from launcher.engines.packed_rows import attention_cut  # noqa: E402
 from launcher.runtime.chat_data import ChatRows, PackedChatDataset  # noqa: E402
 
 

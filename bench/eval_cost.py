@@ -25,7 +25,9 @@ For each task, wall time of the whole command, as a user runs it:
 The scores are printed beside the times (they must agree: acc exactly, the log-likelihood
 metrics to float tolerance). Then the tokens an in-loop evaluation computes for the same rows
 (:func:`launcher.evals.rows.score_plan` at 2 replicas, micro-batch 1, seq 2,048) against the
-rows' real tokens, and against the one-row-per-sequence padding this replaced (rows x 2,048).
+rows' real tokens: packed as here, packed as under Transformer Engine, one row per sequence
+sorted by length, and one full sequence per row (rows x 2,048). ``ours`` runs twice side by
+side: packed (the default) and unpacked (``eval.pack_length=1``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ WORDS = ("river stone cloud apple window garden silver morning paper candle fore
          "yellow winter bridge letter orange summer pocket mirror valley hammer island "
          "button ladder rocket violet thunder pillow marble jacket basket lemon anchor").split()
 SEQ = 2048
+HIDDEN = 256
 
 
 def tokenizer_dir(root: Path) -> Path:
@@ -75,7 +78,7 @@ def model_dir(hf: Path) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688,
+    config = LlamaConfig(vocab_size=2048, hidden_size=HIDDEN, intermediate_size=688,
                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
                          max_position_embeddings=SEQ, tie_word_embeddings=False,
                          bos_token_id=0, eos_token_id=0)
@@ -130,10 +133,10 @@ def timed(command: list, env: dict) -> tuple[float, str]:
     return seconds, proc.stdout
 
 
-def ours(hf: Path, tasks: Path, task: str, env: dict) -> dict:
+def ours(hf: Path, tasks: Path, task: str, env: dict, *extra: str) -> dict:
     seconds, out = timed([sys.executable, "-m", "launcher.evaluate", f"checkpoint={hf}",
                           f"eval.tasks=[{task}]", f"eval.include_path=[{tasks}]",
-                          "eval.format=json", "trainer.precision=fp32"], env)
+                          "eval.format=json", "trainer.precision=fp32", *extra], env)
     record = json.loads(out.strip().splitlines()[-1])
     return {"wall_s": seconds, "scoring_s": record["seconds"], "scores": record["tasks"][task]}
 
@@ -152,18 +155,26 @@ def theirs(hf: Path, tasks: Path, task: str, env: dict, root: Path) -> dict:
 
 def token_ratio(hf: Path, tasks: Path, task: str) -> dict:
     """Real and computed tokens of one in-loop evaluation of ``task`` (2 replicas, micro-batch
-    1, seq 2,048), and what one row per sequence computed."""
+    1, seq 2,048): packed as on this CPU (an explicit mask: packs of 0.6 x hidden), packed as
+    under Transformer Engine (THD: packs of seq), sorted but one row per sequence (the
+    previous scheme), and one full sequence per row (the first)."""
     from launcher.config import EvalConfig
     from launcher.evals.count import row_lengths
-    from launcher.evals.rows import computed_tokens, score_plan
+    from launcher.evals.rows import Packing, computed_tokens, packing_for, score_plan
     from launcher.evals.tokenizer import TextTokenizer
 
     lengths = row_lengths(EvalConfig(tasks=[task], include_path=[str(tasks)]),
                           TextTokenizer(hf / "tokenizer.json").encode, SEQ)
-    computed = computed_tokens(score_plan(lengths, dp=2, seq=SEQ, micro_batch=1), 2)
-    return {"rows": len(lengths), "real_tokens": sum(lengths), "computed_tokens": computed,
-            "computed_vs_real": computed / sum(lengths),
-            "padded_to_seq_vs_real": len(lengths) * SEQ / sum(lengths)}
+    real = sum(lengths)
+
+    def computed(packing: Packing) -> int:
+        return computed_tokens(score_plan(lengths, dp=2, seq=SEQ, micro_batch=1,
+                                          packing=packing), 2)
+    return {"rows": len(lengths), "real_tokens": real,
+            "computed_vs_real": computed(packing_for(0, seq=SEQ, hidden=HIDDEN, thd=False)) / real,
+            "thd_vs_real": computed(packing_for(0, seq=SEQ, hidden=HIDDEN, thd=True)) / real,
+            "unpacked_vs_real": computed(Packing()) / real,
+            "padded_to_seq_vs_real": len(lengths) * SEQ / real}
 
 
 def main() -> None:
@@ -181,16 +192,22 @@ def main() -> None:
         (root / "tasks").mkdir()
         for task in write_tasks(root / "tasks", args.questions, args.paragraphs):
             row = {"task": task, "ours": ours(hf, root / "tasks", task, env),
+                   "ours_unpacked": ours(hf, root / "tasks", task, env, "eval.pack_length=1"),
                    "theirs": theirs(hf, root / "tasks", task, env, root),
                    "tokens": token_ratio(hf, root / "tasks", task)}
             row["ours_vs_theirs"] = row["ours"]["wall_s"] / row["theirs"]["wall_s"]
             results.append(row)
+            tokens = row["tokens"]
             print(f"{task:>16}: ours {row['ours']['wall_s']:6.1f} s (scoring "
-                  f"{row['ours']['scoring_s']:.1f} s), lm_eval "
-                  f"{row['theirs']['wall_s']:6.1f} s ({row['ours_vs_theirs']:.2f}x); in-loop "
-                  f"tokens {row['tokens']['computed_vs_real']:.2f}x the rows' (one row per "
-                  f"sequence: {row['tokens']['padded_to_seq_vs_real']:.0f}x)\n"
-                  f"{'':>18}ours {row['ours']['scores']}\n{'':>18}lm_eval "
+                  f"{row['ours']['scoring_s']:.1f} s; unpacked {row['ours_unpacked']['wall_s']:.1f}"
+                  f" s, scoring {row['ours_unpacked']['scoring_s']:.1f} s), lm_eval "
+                  f"{row['theirs']['wall_s']:6.1f} s ({row['ours_vs_theirs']:.2f}x)\n"
+                  f"{'':>18}in-loop tokens vs the rows': packed {tokens['computed_vs_real']:.2f}x "
+                  f"(THD packs: {tokens['thd_vs_real']:.2f}x), unpacked "
+                  f"{tokens['unpacked_vs_real']:.2f}x, a sequence a row "
+                  f"{tokens['padded_to_seq_vs_real']:.0f}x\n"
+                  f"{'':>18}ours {row['ours']['scores']}\n{'':>18}unpacked "
+                  f"{row['ours_unpacked']['scores']}\n{'':>18}lm_eval "
                   f"{row['theirs']['scores']}", flush=True)
     if args.json:
         from launcher.plan.machine import cpu_info

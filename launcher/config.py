@@ -996,6 +996,13 @@ class EvalConfig:
     """Steps between in-loop evaluations of eval.tasks; 0 = only after the last step."""
     limit: int = 0
     """Examples per task; 0 = all."""
+    pack_length: int = 0
+    """Tokens of one sequence that scored rows are packed into, several to it, each attending
+    to itself only (launcher/evals/rows.py); at most model.seq_length. 0 = chosen for the
+    attention: model.seq_length under Transformer Engine (THD sequences), and on the local
+    attention (an explicit mask, quadratic in the pack) the length where attending over the
+    pack adds at most 10% to a token's FLOPs (0.6 x hidden_size). A length below every row's
+    (e.g. 1) packs nothing: one row per sequence."""
     at_end: bool = True
     """Also score the tasks after the last step (when eval.tasks is set)."""
     tokenizer: str = ""
@@ -1035,9 +1042,9 @@ class EvalConfig:
     windows); 0 means the launcher counts them from the tasks before it plans (python -m
     launcher.plan alone does not count them and leaves them unpriced)."""
     tokens: int = 0
-    """Tokens the forward passes of one evaluation compute (each row's input, rounded up as its
-    micro-batch pads it: launcher/evals/rows.py), what the plan prices; counted with eval.rows
-    (0 with rows set: priced as rows of model.seq_length tokens)."""
+    """Tokens the forward passes of one evaluation compute (the rows packed into sequences and
+    padded as their micro-batches pad them: launcher/evals/rows.py), what the plan prices;
+    counted with eval.rows (0 with rows set: priced as rows of model.seq_length tokens)."""
 
 
 @dataclass

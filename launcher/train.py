@@ -152,7 +152,7 @@ def resume_build_train(rank: Rank, metrics: Metrics) -> int:
     from launcher.runtime.data import build_data
     from launcher.launch.eval_jobs import dispatcher
     from launcher.runtime.eval_jobs import make_eval_jobs
-    from launcher.runtime.evaluation import build_downstream
+    from launcher.runtime.evaluation import build_downstream, rank_packing
     from launcher.runtime.loop import TrainLoop
     from launcher.runtime.rundir import redact
     from launcher.runtime.session import initial_weights
@@ -186,7 +186,7 @@ def resume_build_train(rank: Rank, metrics: Metrics) -> int:
     next_batch, eval_batches = build_data(cfg, plan, job.run_dir, state.consumed_samples)
     downstream = None if cfg.eval.asynchronous else build_downstream(
         engine, ev=cfg.eval, data=cfg.data, seq=cfg.model.seq_length,
-        micro_batch=plan.batch.micro_batch_size)
+        micro_batch=plan.batch.micro_batch_size, packing=rank_packing(cfg))
     eval_jobs.catch_up()
     rank.clock.mark("data")
     metrics.log_event("startup", rank.clock.text(),

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from launcher.config import Arch, ParallelismConfig
-from launcher.engines.megatron.packed_rows import attention_cut
+from launcher.engines.packed_rows import attention_cut
 from launcher.runtime.chat_data import PackedChatDataset, packed_sample
 from tests.helpers.chat import split_rows, write_chat_shards
 from tests.helpers.dist import gloo_group
@@ -57,7 +57,7 @@ def test_a_micro_batch_of_rows_becomes_one_thd_sequence_that_attends_where_the_m
     flattened loss mask keeps every target."""
     import torch
 
-    from launcher.engines.megatron.packed_rows import to_thd
+    from launcher.engines.packed_rows import to_thd
 
     rng = np.random.default_rng(4)
     rows = []
@@ -89,7 +89,7 @@ def test_rows_packed_at_a_multiple_are_padded_for_context_parallelism():
     the data_prep setting that makes room."""
     import torch
 
-    from launcher.engines.megatron.packed_rows import UnpaddableRow, to_thd
+    from launcher.engines.packed_rows import UnpaddableRow, to_thd
 
     def row(lengths, s=16):
         seg = np.concatenate([np.full(n, k) for k, n in enumerate(lengths)])

@@ -359,7 +359,7 @@ def test_packed_at_a_multiple_every_row_has_room_to_pad_its_conversations(tmp_pa
     """chat.pack_multiple=4 (for CP=2): each row holds its conversations rounded up to 4 within
     seq_length tokens, so the THD layout pads every row the shards hold; seq_length must be a
     multiple."""
-    from launcher.engines.megatron.packed_rows import to_thd
+    from launcher.engines.packed_rows import to_thd
     from launcher.runtime.chat_data import ChatRows, packed_sample
 
     write_inputs(tmp_path, conversations(200, seed=5))

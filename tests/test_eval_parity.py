@@ -51,7 +51,7 @@ def test_our_scores_equal_lm_evaluation_harness_on_the_export(tmp_path):
     ours = cli("launcher.evaluate", f"checkpoint={tmp_path / 'run'}", f"eval.tasks=[{','.join(TASKS)}]",
                f"eval.limit={LIMIT}", f"eval.tokenizer={tokenizer}", "eval.format=json",
                "parallelism.tensor_parallel_size=2", "trainer.precision=fp32",
-               f"eval.samples={tmp_path / 'tp2.jsonl'}")
+               f"eval.samples={tmp_path / 'tp2.jsonl'}", "eval.pack_length=64")
     assert ours.returncode == 0, ours.stderr[-3000:]
     result = json.loads(ours.stdout.strip().splitlines()[-1])
     assert result["step"] == 3 and set(result["tasks"]) == set(TASKS)
@@ -59,7 +59,8 @@ def test_our_scores_equal_lm_evaluation_harness_on_the_export(tmp_path):
     theirs = harness_scores(tmp_path / "hf", tokenizer, their_samples)
     pp2 = cli("launcher.evaluate", f"checkpoint={tmp_path / 'run'}", f"eval.tasks=[{','.join(TASKS)}]",
               f"eval.limit={LIMIT}", f"eval.tokenizer={tokenizer}", "trainer.precision=fp32",
-              "parallelism.pipeline_parallel_size=2", f"eval.samples={tmp_path / 'pp2.jsonl'}")
+              "parallelism.pipeline_parallel_size=2", f"eval.samples={tmp_path / 'pp2.jsonl'}",
+              "eval.pack_length=64")
     assert pp2.returncode == 0, pp2.stderr[-3000:]
     for layout in ("tp2", "pp2"):  # every request's log-likelihood, not only the aggregates
         assert_same_samples(read_samples(tmp_path / f"{layout}.jsonl"),

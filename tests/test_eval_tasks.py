@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from launcher.evals.harness import metric_table, rolling
-from launcher.evals.rows import (computed_tokens, replica_batches, row_arrays, row_length,
+from launcher.evals.rows import (Packing, computed_tokens, packing_for, replica_batches,
+                                 row_arrays, row_length, scored_rows,
                                  score_plan)
 from launcher.core.eval_tasks import SHIPPED, data_files, task_problems
 from tests.helpers.data_prep import train_hf_tokenizer
@@ -149,21 +150,79 @@ def test_micro_batches_are_sized_to_the_rows_and_every_replica_gets_the_same_sha
     assert [s.length for s in plan] == sorted((s.length for s in plan), reverse=True)
     for step in plan:
         assert step.length % 8 == 0 and step.rows * step.length <= 128
-        mine = [i for r in step.replicas for i in r]
+        assert all(len(sequence) == 1 for r in step.replicas for sequence in r)  # not packed
+        mine = [i for r in step.replicas for sequence in r for i in sequence]
         assert max(lengths[i] for i in mine) <= step.length < max(lengths[i] for i in mine) + 8
-    assert sorted(i for s in plan for r in s.replicas for i in r) == list(range(20))
+    assert sorted(i for s in plan for r in range(2) for i in scored_rows(s, r)) == list(range(20))
     assert computed_tokens(plan, 2) <= 1.5 * sum(lengths) and computed_tokens(plan, 2) < 640
     for replica in (0, 1):
         batches = replica_batches(rows, plan, replica)
         assert [b["tokens"].shape for b in batches] == [(s.rows, s.length) for s in plan]
         for step, batch in zip(plan, batches):  # each row as row_arrays makes it, then fillers
-            for j, i in enumerate(step.replicas[replica]):
+            assert "segment_ids" not in batch  # nothing to cut: causal attention as it is
+            assert (batch["row_ids"][:, 0] == np.arange(step.rows) * (np.arange(step.rows) < len(
+                step.replicas[replica]))).all()
+            for j, i in enumerate(scored_rows(step, replica)):
                 tokens, labels, mask = row_arrays(*rows[i], step.length)
                 assert (batch["tokens"][j] == tokens).all() and (batch["loss_mask"][j] == mask).all()
             assert batch["loss_mask"][len(step.replicas[replica]):].sum() == 0
     empty = score_plan([], dp=4, seq=64, micro_batch=2)  # every rank still takes part
     assert len(empty) == 1 and replica_batches([], empty, 3)[0]["loss_mask"].sum() == 0
     assert score_plan([64], dp=1, seq=64, micro_batch=1)[0].length == 64
+
+
+def test_rows_are_packed_best_fit_each_in_its_own_segment_with_positions_from_zero():
+    """Packed (eval.pack_length 64): the same rows, several to a sequence, best-fit decreasing;
+    each row's tokens, labels and mask as row_arrays makes it, at an offset, its positions
+    restarting at 0, its own segment and row id; fewer tokens computed than one row a
+    sequence (592 above)."""
+    from launcher.evals.rows import packed_sequences
+
+    assert packed_sequences([7, 5, 4, 3, 1], 8) == [(0, 4), (1, 3), (2,)]  # the best fit
+    assert packed_sequences([12, 3], 8) == [(0,), (1,)]  # longer than a pack: its own
+    rng = np.random.default_rng(1)
+    rows = [(list(rng.integers(1, 99, int(n) - 2)), [5, 6]) for n in rng.integers(4, 42, 20)]
+    lengths = [row_length(c, x, 64) for c, x in rows]
+    plan = score_plan(lengths, dp=2, seq=64, micro_batch=2, packing=Packing(64))
+    assert sorted(i for s in plan for r in range(2) for i in scored_rows(s, r)) == list(range(20))
+    assert max(len(q) for s in plan for r in s.replicas for q in r) >= 3
+    assert computed_tokens(plan, 2) < 592 and computed_tokens(plan, 2) <= 1.25 * sum(lengths)
+    for replica in (0, 1):
+        for step, batch in zip(plan, replica_batches(rows, plan, replica)):
+            assert batch["tokens"].shape == (step.rows, step.length) and "segment_ids" in batch
+            ids = scored_rows(step, replica)
+            for j, sequence in enumerate(step.replicas[replica]):
+                at = 0
+                assert sum(lengths[i] for i in sequence) <= step.length
+                for k, i in enumerate(sequence):
+                    n = lengths[i]
+                    tokens, labels, mask = row_arrays(*rows[i], n)
+                    part = slice(at, at + n)
+                    assert (batch["tokens"][j, part] == tokens).all()
+                    assert (batch["labels"][j, part] == labels).all()
+                    assert (batch["loss_mask"][j, part] == mask).all()
+                    assert (batch["position_ids"][j, part] == np.arange(n)).all()
+                    assert (batch["segment_ids"][j, part] == k).all()
+                    assert (batch["row_ids"][j, part] == ids.index(i)).all()
+                    at += n
+                assert batch["loss_mask"][j, at:].sum() == 0  # the padding counts nothing
+            assert batch["loss_mask"][len(step.replicas[replica]):].sum() == 0  # fillers
+
+
+def test_the_pack_length_follows_the_attention():
+    """THD sequences (Transformer Engine): the whole sequence; an explicit mask: 0.6 x hidden,
+    a multiple of 8; nothing packed where it is unchecked (a window under THD) or impossible
+    (context parallelism without THD); under CP each row's room a multiple of 2 x CP."""
+    assert packing_for(0, seq=2048, hidden=256, thd=True) == Packing(2048)
+    assert packing_for(0, seq=2048, hidden=256, thd=False) == Packing(152)
+    assert packing_for(0, seq=64, hidden=4096, thd=False) == Packing(64)
+    assert packing_for(96, seq=2048, hidden=256, thd=False) == Packing(96)
+    assert packing_for(4096, seq=2048, hidden=256, thd=True) == Packing(2048)
+    assert packing_for(0, seq=2048, hidden=256, thd=True, window=128) == Packing()
+    assert packing_for(0, seq=2048, hidden=256, thd=False, cp=2) == Packing()
+    assert packing_for(0, seq=2048, hidden=256, thd=True, cp=2) == Packing(2048, 4)
+    plan = score_plan([5, 5, 5], dp=1, seq=16, micro_batch=1, packing=Packing(16, 4))
+    assert [q for s in plan for q in s.replicas[0]] == [(0, 1), (2,)]  # rooms of 8, not 5
 
 
 def test_rolling_windows_cover_every_token_once():

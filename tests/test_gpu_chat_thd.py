@@ -2,7 +2,7 @@
 
 On CPU, chat rows keep their conversations apart with an explicit attention mask in
 Megatron-Core's local attention (tests/test_chat_training.py). Under TE the engine sends them as
-one packed THD sequence per micro-batch (launcher/engines/megatron/packed_rows.py). This module
+one packed THD sequence per micro-batch (launcher/engines/packed_rows.py). This module
 needs a CUDA GPU and ``transformer_engine`` and skips at import time without them.
 
 Checks, in bf16 (TE's fused and flash attention take no fp32; its unfused attention takes no
@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 def test_a_conversation_packed_after_another_gives_its_logits_alone_in_thd():
     from launcher.config import ParallelismConfig, Precision, TrainerConfig
-    from launcher.engines.megatron.packed_rows import params_on, to_thd
+    from launcher.engines.packed_rows import params_on, to_thd
     from launcher.engines.model import init_parallel_state
     from launcher.runtime.chat_data import packed_sample
     from tests.helpers.dist import gloo_group

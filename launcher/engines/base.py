@@ -91,7 +91,8 @@ class Engine(Protocol):
 
     def label_scores(self, batches: list[dict]) -> Optional[list[tuple]]:
         """Forward only, model in eval mode: per micro-batch of ``batches`` (tokens, labels,
-        loss_mask, position_ids; this replica's), per row (summed log-probability of the masked
+        loss_mask, position_ids, row_ids, and segment_ids where rows share a sequence: this
+        replica's, launcher/evals/rows.py), per scored row (summed log-probability of its masked
         labels, masked labels that are not the argmax), float64 tensors on the host; on the
         ranks whose sums count (the last pipeline stage's tensor-parallel rank 0, each
         context-parallel rank a part of the sequence), None on the others. Collective."""

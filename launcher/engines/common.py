@@ -55,13 +55,16 @@ def initialize_weights(chunks: list, *, init_from: str, seed: int, layout_invari
 
 
 def label_scores(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor,
+                 row_ids: torch.Tensor, rows: int,
                  vocab_size: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row of a micro-batch: (summed log-probability of the masked labels, how many masked
-    labels are not the model's argmax), both float64 ``[b]``, from this tensor-parallel rank's
-    vocabulary shard of the logits ``[b, s, v / tp]`` (collective over the tensor-parallel
-    group: Megatron-Core's vocabulary-parallel cross entropy, and the maximum logit and the
-    label's logit agreed over the shards). Ids from ``vocab_size`` on (the padding of the
-    vocabulary; 0: none) get no probability, as in the model exported to Hugging Face."""
+    """Per scored row of a micro-batch (``row_ids`` ``[b, s]`` numbers the row each token
+    belongs to, ``0 .. rows - 1``; rows may share a sequence, launcher/evals/rows.py): (summed
+    log-probability of its masked labels, how many of them are not the model's argmax), both
+    float64 ``[rows]``, from this tensor-parallel rank's vocabulary shard of the logits
+    ``[b, s, v / tp]`` (collective over the tensor-parallel group: Megatron-Core's
+    vocabulary-parallel cross entropy, and the maximum logit and the label's logit agreed over
+    the shards). Ids from ``vocab_size`` on (the padding of the vocabulary; 0: none) get no
+    probability, as in the model exported to Hugging Face."""
     from megatron.core import parallel_state, tensor_parallel
 
     from launcher.parallel import collectives
@@ -79,10 +82,18 @@ def label_scores(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Te
                                    group)
     nll = tensor_parallel.vocab_parallel_cross_entropy(logits.transpose(0, 1).contiguous(),
                                                        labels.transpose(0, 1).contiguous())
-    mask = loss_mask.float()
-    logprob = -(nll.transpose(0, 1) * mask).sum(dim=-1).double()
-    misses = ((label_logit < best).float() * mask).sum(dim=-1).double()
-    return logprob, misses
+    mask = loss_mask.double()
+    per_row = row_ids.reshape(-1)
+
+    def summed(values: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(rows, dtype=torch.float64, device=values.device).index_add_(
+            0, per_row, (values.double() * mask).reshape(-1))
+    return summed(-nll.transpose(0, 1)), summed((label_logit < best).double())
+
+
+def scored_row_count(batch: dict) -> int:
+    """How many rows ``batch``'s ``row_ids`` number (read on the host, before the batch moves)."""
+    return int(batch["row_ids"].max()) + 1
 
 
 def length_multiple(config) -> int:
@@ -98,16 +109,24 @@ def length_multiple(config) -> int:
 
 
 def padded(batch: dict, multiple: int) -> dict:
-    """``batch`` ([b, s] tokens, and labels and loss_mask when it has them; rows that start at
-    position 0) with ``s`` rounded up to ``multiple``: zeros after the end (masked: a causal
-    model's earlier positions never see them), and its ``position_ids`` 0, 1, ... to the end."""
-    tensors = {k: torch.as_tensor(v) for k, v in batch.items() if k != "position_ids"}
+    """``batch`` ([b, s] tokens, and labels, loss_mask, position_ids, segment_ids and row_ids
+    when it has them) with ``s`` rounded up to ``multiple``: zeros after the end (masked: a
+    causal model's earlier positions never see them), the positions counting on from the last
+    (0, 1, ... when it has none), the segment and row ids of the last token repeated."""
+    tensors = {k: torch.as_tensor(v) for k, v in batch.items()}
     b, s = tensors["tokens"].shape
     extra = -s % multiple
-    out = {k: torch.cat([v, torch.zeros(b, extra, dtype=v.dtype)], dim=1) if extra else v
-           for k, v in tensors.items()}
-    out["position_ids"] = torch.arange(s + extra, dtype=torch.int64).expand(b, -1).clone()
-    return out
+    if "position_ids" not in tensors:
+        tensors["position_ids"] = torch.arange(s, dtype=torch.int64).expand(b, -1).clone()
+    if not extra:
+        return tensors
+    counting = tensors["position_ids"][:, -1:] + torch.arange(1, extra + 1)
+    tails = {"position_ids": counting}
+    for key in ("segment_ids", "row_ids"):
+        if key in tensors:
+            tails[key] = tensors[key][:, -1:].expand(b, extra)
+    return {k: torch.cat([v, tails.get(k, torch.zeros(b, extra, dtype=v.dtype))], dim=1)
+            for k, v in tensors.items()}
 
 
 def row_end_logits(logits: torch.Tensor, ends: list) -> torch.Tensor:

@@ -6,17 +6,20 @@ from pathlib import Path
 from typing import Callable
 
 from launcher.config import EvalConfig
-from launcher.evals.rows import padded_length
+from launcher.evals.rows import Packing, computed_tokens, score_plan
 
 
-def count_rows(ev: EvalConfig, tokenizer: str, seq: int) -> tuple[int, int]:
+def count_rows(ev: EvalConfig, tokenizer: str, seq: int, *, micro_batch: int,
+               packing: Packing) -> tuple[int, int]:
     """(rows, tokens) of one evaluation of ``ev.tasks`` (``ev.limit`` examples each): the rows
-    of :func:`row_lengths` (encoded with ``tokenizer``) and the tokens a forward pass computes
-    for them, each row's input padded as its micro-batch pads it (:mod:`launcher.evals.rows`)."""
+    of :func:`row_lengths` (encoded with ``tokenizer``) and the tokens the forward passes
+    compute for them, packed and padded as their micro-batches take them on one replica
+    (:mod:`launcher.evals.rows`)."""
     from launcher.evals.tokenizer import TextTokenizer
 
     lengths = row_lengths(ev, TextTokenizer(Path(tokenizer)).encode, seq)
-    return len(lengths), sum(padded_length(n, seq) for n in lengths)
+    plan = score_plan(lengths, dp=1, seq=seq, micro_batch=micro_batch, packing=packing)
+    return len(lengths), computed_tokens(plan, 1)
 
 
 def row_lengths(ev: EvalConfig, encode: Callable[[str], list[int]], seq: int) -> list[int]:

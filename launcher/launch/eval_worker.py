@@ -59,13 +59,14 @@ def checkpoint_scorer(cfg, tokenizer: str):
     """(the model chunks at this rank's layout, the downstream evaluation over them)."""
     from launcher.engines.megatron.engine import build_model_chunks
     from launcher.engines.megatron.scoring import ChunkScorer
-    from launcher.runtime.evaluation import build_downstream
+    from launcher.runtime.evaluation import build_downstream, rank_packing
 
     chunks = build_model_chunks(cfg.model, cfg.parallelism, cfg.trainer)
     scorer = ChunkScorer(chunks, vocab_size=cfg.model.vocab_size)
     return chunks, build_downstream(scorer, ev=cfg.eval, data=cfg.data,
                                     seq=cfg.model.seq_length,
-                                    micro_batch=cfg.trainer.micro_batch_size, tokenizer=tokenizer)
+                                    micro_batch=cfg.trainer.micro_batch_size,
+                                    packing=rank_packing(cfg), tokenizer=tokenizer)
 
 
 def local_copy(checkpoint: str) -> tuple[str, str]:

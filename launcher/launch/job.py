@@ -159,10 +159,14 @@ def with_eval_rows(cfg: TrainwrightConfig) -> TrainwrightConfig:
     if cfg.eval.rows:
         return cfg
     from launcher.evals.count import count_rows
+    from launcher.evals.rows import packing_of
     from launcher.evals.tokenizer import eval_tokenizer_path
 
+    packing = packing_of(cfg.eval, cfg.model, cp=cfg.parallelism.context_parallel_size,
+                         te=str(cfg.cluster.gpu).lower() != "cpu")
     rows, tokens = count_rows(cfg.eval, eval_tokenizer_path(cfg.eval, cfg.data),
-                              cfg.model.seq_length)
+                              cfg.model.seq_length, micro_batch=cfg.trainer.micro_batch_size,
+                              packing=packing)
     return dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, rows=rows, tokens=tokens))
 
 

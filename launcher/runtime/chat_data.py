@@ -13,12 +13,12 @@ row, padded to ``seq_length + 1`` tokens:
 - ``segment_ids``: which conversation each input token belongs to (0, 1, ...; the padding is
   one more): the model attends within a segment only, so a conversation packed after another
   gives the logits it gives alone. The engine turns them into what its attention takes, per
-  micro-batch on the device (:mod:`launcher.engines.megatron.packed_rows`): an explicit mask
+  micro-batch on the device (:mod:`launcher.engines.packed_rows`): an explicit mask
   for Megatron-Core's local attention, ``cu_seqlens`` for Transformer Engine's. A sample is
   linear in ``s`` (about 40 bytes a token), never an ``[s, s]`` mask;
 - ``real_tokens``: how many of the ``s`` input tokens are conversations (the rest is padding),
   which the THD layout under Transformer Engine needs to pad conversations for context
-  parallelism (:mod:`launcher.engines.megatron.packed_rows`).
+  parallelism (:mod:`launcher.engines.packed_rows`).
 
 Rows are split train/validation/test by ``data.split`` within each shard, and the training rows
 are visited in a fresh permutation per epoch drawn from (seed, epoch): the row of global sample

@@ -23,7 +23,8 @@ LAYOUT_GROUP = pytest.mark.xdist_group("layout_runs")
 ONE_STEP = ["engine=megatron", "model.num_layers=4", "trainer.train_steps=1",
             "trainer.global_batch_size=8", "trainer.eval_interval=0", "optimizer.lr=1e-12",
             "optimizer.min_lr=0", "optimizer.warmup_steps=0", "optimizer.weight_decay=0",
-            "eval.tasks=[tw_facts,tw_paragraphs]", "eval.limit=8"]
+            "eval.tasks=[tw_facts,tw_paragraphs]", "eval.limit=8",
+            "eval.pack_length=64"]  # the rows packed several to a sequence (evals/rows.py)
 MOE = ["model.num_experts=4", "model.moe_router_topk=2"]
 LAYOUTS = {
     "pp1": [],

@@ -30,9 +30,10 @@ from launcher.engines import compat
 from launcher.engines.base import StepResult
 from launcher.engines.common import (initialize_weights, label_scores, length_multiple,
                                      masked_mean, padded, param_groups, row_end_logits,
-                                     set_lr)
+                                     scored_row_count, set_lr)
 from launcher.engines.deepspeed.files import TP_SPLIT_FILE, ZERO_FORMATS, saved_layout
 from launcher.engines.deepspeed.mpu import DeepSpeedMPU
+from launcher.engines.packed_rows import on_the_device
 from launcher.parallel import collectives
 from launcher.shape import Batch
 
@@ -218,16 +219,25 @@ class DeepSpeedEngine:
     @torch.no_grad()
     def label_scores(self, batches: list) -> Optional[list]:
         """See :meth:`launcher.engines.base.Engine.label_scores` (no pipeline: every rank
-        computes the logits; tensor-parallel rank 0's sums count)."""
+        computes the logits; tensor-parallel rank 0's sums count). Packed rows go to the
+        attention as THD sequences under Transformer Engine, else with an explicit mask
+        (launcher/engines/packed_rows.py)."""
         from megatron.core import parallel_state
+
+        from launcher.engines.model import use_transformer_engine
 
         self.ds.eval()
         out, multiple = [], length_multiple(getattr(self.ds.module, "config", None))
+        thd = use_transformer_engine()
         for batch in batches:  # of any shapes (launcher.evals.rows)
-            batch = {k: v.to(self.device) for k, v in padded(batch, multiple).items()}
-            logits = self.ds(batch["tokens"], batch["position_ids"], None)
-            out.append(tuple(x.cpu() for x in label_scores(logits, batch["labels"],
-                                                           batch["loss_mask"], self.vocab_size)))
+            batch = padded(batch, multiple)
+            rows = scored_row_count(batch)
+            batch = on_the_device(batch, self.device, thd=thd, cp=1)
+            logits = self.ds(batch["tokens"], batch["position_ids"], batch.get("attention_mask"),
+                             packed_seq_params=batch.get("packed_seq_params"))
+            out.append(tuple(x.cpu() for x in label_scores(
+                logits, batch["labels"], batch["loss_mask"], batch["row_ids"], rows,
+                self.vocab_size)))
         self.ds.train()
         return out if parallel_state.get_tensor_model_parallel_rank() == 0 else None
 

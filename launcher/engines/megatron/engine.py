@@ -35,8 +35,7 @@ from launcher.core.phases import PHASES
 from launcher.engines.base import StepResult
 from launcher.engines.common import masked_mean, set_lr
 from launcher.engines.megatron.generation import next_tokens
-from launcher.engines.megatron.packed_rows import (attention_cut, on_this_cp_rank, params_on,
-                                                  to_thd)
+from launcher.engines.packed_rows import on_the_device
 from launcher.engines.megatron.scoring import data_parallel, score_batches
 from launcher.engines.model import use_transformer_engine
 from launcher.parallel import collectives
@@ -216,24 +215,7 @@ class MegatronEngine:
         """Move to the device and keep this context-parallel rank's part of the sequence; chat
         rows (they carry segment ids) become one THD sequence under TE, or get their attention
         mask built on the device for the local attention (packed_rows)."""
-        packed = None
-        batch = dict(batch)
-        segments = batch.pop("segment_ids", None)
-        if self.packed_thd and segments is not None:
-            batch, packed = to_thd(batch, multiple=2 * self.cp if self.cp > 1 else 1)
-        batch = {k: v.to(self.device) for k, v in batch.items()}
-        if segments is not None and packed is None:
-            batch["attention_mask"] = attention_cut(segments.to(self.device))
-        if packed is not None:
-            packed = params_on(packed, self.device)
-            if self.cp > 1:
-                batch, packed = on_this_cp_rank(batch, packed)
-            batch["packed_seq_params"] = packed
-        elif self.cp > 1:
-            from megatron.core.utils import get_batch_on_this_cp_rank
-
-            batch = get_batch_on_this_cp_rank(batch)
-        return batch
+        return on_the_device(batch, self.device, thd=self.packed_thd, cp=self.cp)
 
     def _loss_func(self, loss_mask: torch.Tensor, clock: _Clock, token_losses: torch.Tensor):
         """Masked mean over the whole (context-parallel) sequence; the schedule multiplies by CP

@@ -3,11 +3,14 @@
 training and, through :class:`ChunkScorer`, by ``launcher.evaluate`` on a checkpoint's weights
 (model chunks filled by :func:`launcher.engines.weights.fill.fill_chunks`).
 
-The micro-batches come sized to their rows (:mod:`launcher.evals.rows`): shapes differ from one
-to the next. Here each is padded to a length the layout can split (a multiple of TP under
-sequence parallelism, of 2 x CP under context parallelism), and each run of equal shapes goes
-through one schedule call (a schedule sends one activation shape between stages), padded with
-empty micro-batches to a multiple of PP under the interleaved schedule, which refuses fewer."""
+The micro-batches come sized to their rows (:mod:`launcher.evals.rows`), several rows to a
+sequence where they are packed: shapes differ from one to the next. A packed micro-batch goes to
+the attention as THD sequences under Transformer Engine, else with an explicit mask that keeps
+each row to itself (:mod:`launcher.engines.packed_rows`). Here each is padded to a length the
+layout can split (a multiple of TP under sequence parallelism, of 2 x CP under context
+parallelism), and each run of equal shapes goes through one schedule call (a schedule sends one
+activation shape between stages), padded with empty micro-batches to a multiple of PP under the
+interleaved schedule, which refuses fewer."""
 
 from __future__ import annotations
 
@@ -15,25 +18,23 @@ from typing import Optional
 
 import torch
 
-from launcher.engines.common import label_scores, length_multiple, padded
+from launcher.engines.common import label_scores, length_multiple, padded, scored_row_count
+from launcher.engines.packed_rows import on_the_device
 from launcher.parallel import collectives
-
-
-def on_this_rank(batch: dict, device: torch.device) -> dict:
-    """``batch`` (tensors or arrays) on ``device``, cut to this context-parallel rank's part of
-    the sequence."""
-    from megatron.core import parallel_state
-    from megatron.core.utils import get_batch_on_this_cp_rank
-
-    batch = {k: torch.as_tensor(v).to(device) for k, v in batch.items()}
-    if parallel_state.get_context_parallel_world_size() > 1:
-        batch = get_batch_on_this_cp_rank(batch)
-    return batch
 
 
 def _filler(batch: dict) -> dict:
     """A micro-batch of ``batch``'s shape that counts nothing (mask all zero)."""
     return {**batch, "loss_mask": torch.zeros_like(batch["loss_mask"])}
+
+
+def _layout() -> tuple[int, bool]:
+    """(context-parallel size, whether packed rows go to the attention as THD sequences)."""
+    from megatron.core import parallel_state
+
+    from launcher.engines.model import use_transformer_engine
+
+    return parallel_state.get_context_parallel_world_size(), use_transformer_engine()
 
 
 def score_batches(chunks: list, batches: list, *, device: torch.device,
@@ -43,17 +44,24 @@ def score_batches(chunks: list, batches: list, *, device: torch.device,
     from megatron.core import parallel_state
 
     multiple = length_multiple(getattr(chunks[0], "config", None))
-    ready = [on_this_rank(padded(b, multiple), device) for b in batches]
+    cp, thd = _layout()
+    batches = [padded(b, multiple) for b in batches]
     group = parallel_state.get_pipeline_model_parallel_world_size() if len(chunks) > 1 else 1
     out, start, counted = [], 0, False
-    while start < len(ready):
-        shape = ready[start]["tokens"].shape
+    while start < len(batches):
+        shape, kind = batches[start]["tokens"].shape, "segment_ids" in batches[start]
         end = start
-        while end < len(ready) and ready[end]["tokens"].shape == shape:
+        while end < len(batches) and batches[end]["tokens"].shape == shape \
+                and ("segment_ids" in batches[end]) == kind:
             end += 1
-        run = ready[start:end] + [_filler(ready[start])] * (-(end - start) % group)
-        scores = chunk_label_scores(chunks, run, seq_length=shape[1], micro_batch_size=shape[0],
-                                    vocab_size=vocab_size)
+        run = batches[start:end] + [_filler(batches[start])] * (-(end - start) % group)
+        counts = [scored_row_count(b) for b in run]
+        ready = [on_the_device(b, device, thd=thd, cp=cp) for b in run]
+        length, rows = shape[1], shape[0]
+        if "packed_seq_params" in ready[0]:  # [1, b * s]: the stages' shapes
+            length, rows = length * rows, 1
+        scores = chunk_label_scores(chunks, ready, counts, seq_length=length // cp,
+                                    micro_batch_size=rows, vocab_size=vocab_size)
         if scores is not None:
             counted = True
             out += scores[:end - start]
@@ -61,26 +69,28 @@ def score_batches(chunks: list, batches: list, *, device: torch.device,
     return out if counted else None
 
 
-def chunk_label_scores(chunks: list, batches: list, *, seq_length: int, micro_batch_size: int,
-                       vocab_size: int) -> Optional[list]:
+def chunk_label_scores(chunks: list, batches: list, counts: list, *, seq_length: int,
+                       micro_batch_size: int, vocab_size: int) -> Optional[list]:
     """See :meth:`launcher.engines.base.Engine.label_scores`; ``batches`` already on this rank
-    (:func:`on_this_rank`), the chunks in eval mode; vocabulary padding (ids from
-    ``vocab_size`` on) gets no probability."""
+    (:func:`launcher.engines.packed_rows.on_the_device`), ``counts`` the rows each
+    numbers, the chunks in eval mode; vocabulary padding (ids from ``vocab_size`` on) gets no
+    probability."""
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     def forward_step(data_iterator, model):
-        batch = next(data_iterator)
-        output = model(batch["tokens"], batch["position_ids"], None)
+        batch, count = next(data_iterator)
+        output = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"),
+                       packed_seq_params=batch.get("packed_seq_params"))
 
         def score(logits):
             logprob, misses = label_scores(logits, batch["labels"], batch["loss_mask"],
-                                           vocab_size)
+                                           batch["row_ids"], count, vocab_size)
             return logits.float().sum() * 0.0, {"logprob": logprob.cpu(), "misses": misses.cpu()}
         return output, score
 
     many = len(chunks) > 1
-    data = [iter(batches) for _ in chunks]
+    data = [iter(list(zip(batches, counts))) for _ in chunks]
     with torch.no_grad():
         out = get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=data if many else data[0],

@@ -34,6 +34,9 @@ import torch
 
 FLATTENED = ("tokens", "labels", "loss_mask", "position_ids")
 """The ``[b, s]`` tensors of a chat micro-batch that become ``[1, b * s]``."""
+CARRIED = ("row_ids",)
+"""``[b, s]`` tensors that become ``[1, b * s]`` too where a micro-batch has them (scored rows:
+launcher/evals/rows.py)."""
 
 
 def attention_cut(segment_ids: torch.Tensor) -> torch.Tensor:
@@ -80,13 +83,13 @@ def _padded_row(row: dict, lengths: list, room: list) -> dict:
     """One row's tensors with each sequence at the offset of its room, zeros after it
     (positions counting on)."""
     s = len(row["tokens"])
-    out = {key: torch.zeros(s, dtype=row[key].dtype) for key in FLATTENED}
+    out = {key: torch.zeros(s, dtype=row[key].dtype) for key in row}
     out["position_ids"] = torch.cat([torch.arange(n, dtype=row["position_ids"].dtype)
                                      for n in room])
     source = target = 0
     for n, space in zip(lengths, room):
         kept = min(n, space)  # the row's padding may shrink (its loss mask is 0)
-        for key in ("tokens", "labels", "loss_mask"):
+        for key in row.keys() - {"position_ids"}:
             out[key][target:target + kept] = row[key][source:source + kept]
         source, target = source + n, target + space
     return out
@@ -102,15 +105,16 @@ def to_thd(batch: dict, multiple: int = 1):
     rows, lengths, room = [], [], []
     b, s = batch["tokens"].shape
     real = batch.get("real_tokens", torch.full((b,), s)).tolist()
+    keys = FLATTENED + tuple(key for key in CARRIED if key in batch)
     for r in range(b):
-        row = {key: batch[key][r] for key in FLATTENED}
+        row = {key: batch[key][r] for key in keys}
         mine = sequence_lengths(row["position_ids"])
         space = mine if multiple == 1 else padded_lengths(mine, multiple, s, real[r] < s)
         rows.append(row if multiple == 1 else _padded_row(row, mine, space))
         kept = [(min(n, m), m) for n, m in zip(mine, space) if m]  # a padding shrunk to nothing
         lengths += [n for n, _ in kept]
         room += [m for _, m in kept]
-    flat = {key: torch.cat([row[key] for row in rows])[None] for key in FLATTENED}
+    flat = {key: torch.cat([row[key] for row in rows])[None] for key in keys}
     cu_seqlens, longest = _cumulative(lengths), max(room)
     padded = None if multiple == 1 else _cumulative(room)
     return flat, PackedSeqParams(
@@ -138,3 +142,27 @@ def on_this_cp_rank(batch: dict, params) -> tuple:
                            device=params.cu_seqlens_q.device)
     return get_thd_batch_on_this_cp_rank(batch, params.cu_seqlens_q, params.cu_seqlens_q_padded,
                                          longest)
+
+
+def on_the_device(batch: dict, device: torch.device, *, thd: bool, cp: int) -> dict:
+    """``batch`` (``[b, s]`` tensors on the host; ``segment_ids`` where its rows hold several
+    sequences) as the model takes it, on ``device``, cut to this context-parallel rank's part:
+    with segments, one THD sequence and its ``packed_seq_params`` when ``thd`` (Transformer
+    Engine), else an ``attention_mask`` built on the device (:func:`attention_cut`)."""
+    packed, batch = None, dict(batch)
+    segments = batch.pop("segment_ids", None)
+    if thd and segments is not None:
+        batch, packed = to_thd(batch, multiple=2 * cp if cp > 1 else 1)
+    batch = {k: v.to(device) for k, v in batch.items()}
+    if segments is not None and packed is None:
+        batch["attention_mask"] = attention_cut(segments.to(device))
+    if packed is not None:
+        packed = params_on(packed, device)
+        if cp > 1:
+            batch, packed = on_this_cp_rank(batch, packed)
+        batch["packed_seq_params"] = packed
+    elif cp > 1:
+        from megatron.core.utils import get_batch_on_this_cp_rank
+
+        batch = get_batch_on_this_cp_rank(batch)
+    return batch
