@@ -155,7 +155,7 @@ def theirs(hf: Path, tasks: Path, task: str, env: dict, root: Path) -> dict:
 
 def token_ratio(hf: Path, tasks: Path, task: str) -> dict:
     """Real and computed tokens of one in-loop evaluation of ``task`` (2 replicas, micro-batch
-    1, seq 2,048): packed as on this CPU (an explicit mask: packs of 0.6 x hidden), packed as
+    1, seq 2,048): packed as on this CPU (an explicit mask: packs of 0.3 x hidden), packed as
     under Transformer Engine (THD: packs of seq), sorted but one row per sequence (the
     previous scheme), and one full sequence per row (the first)."""
     from launcher.config import EvalConfig

@@ -1001,7 +1001,7 @@ class EvalConfig:
     to itself only (launcher/evals/rows.py); at most model.seq_length. 0 = chosen for the
     attention: model.seq_length under Transformer Engine (THD sequences), and on the local
     attention (an explicit mask, quadratic in the pack) the length where attending over the
-    pack adds at most 10% to a token's FLOPs (0.6 x hidden_size). A length below every row's
+    pack adds at most 5% to a token's FLOPs (0.3 x hidden_size). A length below every row's
     (e.g. 1) packs nothing: one row per sequence."""
     at_end: bool = True
     """Also score the tasks after the last step (when eval.tasks is set)."""

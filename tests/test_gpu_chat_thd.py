@@ -8,6 +8,7 @@ needs a CUDA GPU and ``transformer_engine`` and skips at import time without the
 Checks, in bf16 (TE's fused and flash attention take no fp32; its unfused attention takes no
 THD):
 - a conversation packed after another gives its logits alone (to bf16 rounding);
+- evaluation's scored rows packed several to a sequence score as they do alone;
 - one training step at DP2, TP2 with sequence parallelism, PP2 and CP2 (conversations padded to
   multiples of 4 and split into 4 chunks) gives the loss and
   gradient norm of Megatron-Core's local attention on the rows' explicit mask
@@ -59,6 +60,26 @@ def test_a_conversation_packed_after_another_gives_its_logits_alone_in_thd():
                               .float().cpu()[0])
         np.testing.assert_allclose(logits[0][17:40].numpy(), logits[1][:23].numpy(),
                                    rtol=2e-2, atol=2e-2)
+
+
+def test_scored_rows_packed_in_thd_score_as_they_do_alone():
+    """Evaluation's packed rows (launcher/evals/rows.py) through the Megatron scoring path under
+    TE: THD sequences, each row's summed log-probability as alone in its sequence (bf16)."""
+    from launcher.config import ParallelismConfig, Precision, TrainerConfig
+    from launcher.engines.model import init_parallel_state
+    from tests.helpers.dist import gloo_group
+    from tests.helpers.models import build, small
+    from tests.helpers.scoring import score_packed_and_alone
+
+    with gloo_group():
+        init_parallel_state(ParallelismConfig(), seed=1234)
+        bf16 = TrainerConfig(precision=Precision.bf16)
+        gpt = build(small(seq_length=48, vocab_size=512), trainer=bf16).cuda().bfloat16().eval()
+        packed, alone, plan = score_packed_and_alone(gpt, torch.device("cuda"), seq=48,
+                                                     vocab=512, pack=48)
+    assert max(len(q) for step in plan for q in step.replicas[0]) >= 3
+    for row, (logprob, _) in alone.items():
+        assert packed[row][0] == pytest.approx(logprob, rel=2e-2, abs=5e-2), row
 
 
 def _first_step(tmp_path, name: str, *overrides: str, te: bool) -> dict:

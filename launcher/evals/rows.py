@@ -41,9 +41,11 @@ LENGTH_MULTIPLE = 8
 """Micro-batch lengths are multiples of this (an engine rounds further where its layout needs
 it: sequence parallelism, context parallelism)."""
 
-MASKED_ATTENTION_SHARE = 0.1
+MASKED_ATTENTION_SHARE = 0.05
 """Packs under an explicit attention mask are kept short enough that attending over the whole
-pack adds at most this share to a token's linear-layer FLOPs (:func:`packing_for`)."""
+pack adds at most this share to a token's linear-layer FLOPs (:func:`packing_for`). Its
+softmax and mask are memory-bound, so their cost exceeds the FLOP count: bench/eval_packing.py
+measured packs of 0.25-0.6 x hidden alike on a CPU, all faster than one row a sequence."""
 
 
 @dataclass(frozen=True)
