@@ -110,9 +110,10 @@ def length_multiple(config) -> int:
 
 def padded(batch: dict, multiple: int) -> dict:
     """``batch`` ([b, s] tokens, and labels, loss_mask, position_ids, segment_ids and row_ids
-    when it has them) with ``s`` rounded up to ``multiple``: zeros after the end (masked: a
-    causal model's earlier positions never see them), the positions counting on from the last
-    (0, 1, ... when it has none), the segment and row ids of the last token repeated."""
+    when it has them; [b] tensors such as real_tokens unchanged) with ``s`` rounded up to
+    ``multiple``: zeros after the end (masked: a causal model's earlier positions never see
+    them), the positions counting on from the last (0, 1, ... when it has none), the segment
+    and row ids of the last token repeated."""
     tensors = {k: torch.as_tensor(v) for k, v in batch.items()}
     b, s = tensors["tokens"].shape
     extra = -s % multiple
@@ -126,7 +127,7 @@ def padded(batch: dict, multiple: int) -> dict:
         if key in tensors:
             tails[key] = tensors[key][:, -1:].expand(b, extra)
     return {k: torch.cat([v, tails.get(k, torch.zeros(b, extra, dtype=v.dtype))], dim=1)
-            for k, v in tensors.items()}
+            if v.dim() == 2 else v for k, v in tensors.items()}
 
 
 def row_end_logits(logits: torch.Tensor, ends: list) -> torch.Tensor:

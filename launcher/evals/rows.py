@@ -212,7 +212,9 @@ def replica_batches(rows: Sequence[tuple[Sequence[int], Sequence[int]]], plan: S
                     dp_rank: int) -> list[dict]:
     """Replica ``dp_rank``'s micro-batches of ``plan``: {tokens, labels, loss_mask,
     position_ids, row_ids, and segment_ids where a sequence holds several rows} arrays of
-    shape [step.rows, step.length] (filler sequences: all-zero mask)."""
+    shape [step.rows, step.length] (filler sequences: all-zero mask), and with segment_ids
+    ``real_tokens`` [step.rows], the tokens of each sequence's rows (the chat rows' own
+    field: launcher/engines/packed_rows.py)."""
     out = []
     for step in plan:
         mine, first, parts = step.replicas[dp_rank], 0, []
@@ -222,5 +224,9 @@ def replica_batches(rows: Sequence[tuple[Sequence[int], Sequence[int]]], plan: S
         batch = {key: np.stack([p[key] for p in parts]) for key in parts[0]}
         if all(len(members) <= 1 for members in mine):
             del batch["segment_ids"]  # causal attention as it is: no mask to build
+        else:  # where the rows end: the rest is padding, which THD under CP may shrink
+            batch["real_tokens"] = np.array(
+                [sum(row_length(*rows[i], step.length) for i in members)
+                 for members in list(mine) + [()] * (step.rows - len(mine))], dtype=np.int64)
         out.append(batch)
     return out
