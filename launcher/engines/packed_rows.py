@@ -1,10 +1,13 @@
-"""Packed conversation rows as the attention takes them (``data.format=chat``).
+"""Packed rows as the attention takes them: conversations of ``data.format=chat``, and the scored
+rows of an evaluation (:mod:`launcher.evals.rows`), both engines (:func:`on_the_device`).
 
 A chat micro-batch (:mod:`launcher.runtime.chat_data`) is ``b`` rows of ``s`` tokens, each row
 several conversations back to back and then padding, with ``position_ids`` that restart at 0
-where a conversation (or the padding) starts and ``segment_ids`` that number them. The data
-path carries nothing quadratic in ``s``; what the attention needs is built here, per
-micro-batch, on the device:
+where a conversation (or the padding) starts and ``segment_ids`` that number them. (An
+evaluation's packed micro-batch is the same, its padding continuing the last row's positions,
+and it carries ``row_ids``, which follow the tokens wherever they go.) The data path carries
+nothing quadratic in ``s``; what the attention needs is built here, per micro-batch, on the
+device:
 
 - Megatron-Core's local attention (the CPU path) takes an explicit mask:
   :func:`attention_cut` builds the ``[b, 1, s, s]`` one from the segment ids (causal, and never
