@@ -191,10 +191,10 @@ def main() -> None:
         hf = model_dir(tokenizer_dir(root))
         (root / "tasks").mkdir()
         for task in write_tasks(root / "tasks", args.questions, args.paragraphs):
+            tokens = token_ratio(hf, root / "tasks", task)  # also fills the datasets cache
             row = {"task": task, "ours": ours(hf, root / "tasks", task, env),
                    "ours_unpacked": ours(hf, root / "tasks", task, env, "eval.pack_length=1"),
-                   "theirs": theirs(hf, root / "tasks", task, env, root),
-                   "tokens": token_ratio(hf, root / "tasks", task)}
+                   "theirs": theirs(hf, root / "tasks", task, env, root), "tokens": tokens}
             row["ours_vs_theirs"] = row["ours"]["wall_s"] / row["theirs"]["wall_s"]
             results.append(row)
             tokens = row["tokens"]
