@@ -186,7 +186,8 @@ def scored_rows(step: ScoreBatch, dp_rank: int) -> list[int]:
 
 def _sequence_arrays(rows: Sequence, members: Sequence[int], length: int, first_id: int) -> dict:
     """One sequence of ``length`` tokens: the ``members`` rows back to back (positions
-    restarting, a segment each, ``row_ids`` from ``first_id``), zeros after them."""
+    restarting, a segment each, ``row_ids`` from ``first_id``), zeros after them, and
+    ``real_tokens``, how many tokens the rows take."""
     out = {"tokens": np.zeros(length, np.int64), "labels": np.zeros(length, np.int64),
            "loss_mask": np.zeros(length, np.float32), "position_ids": np.zeros(length, np.int64),
            "segment_ids": np.zeros(length, np.int64), "row_ids": np.zeros(length, np.int64)}
@@ -200,6 +201,7 @@ def _sequence_arrays(rows: Sequence, members: Sequence[int], length: int, first_
         out["segment_ids"][at:at + n] = k
         out["row_ids"][at:at + n] = first_id + k
         at += n
+    out["real_tokens"] = np.int64(at)  # where the rows end: THD under CP may shrink the rest
     if members:  # the padding continues the last row (a causal row never sees it)
         out["position_ids"][at:] = np.arange(n, n + length - at)
         out["segment_ids"][at:], out["row_ids"][at:] = len(members) - 1, first_id + k
@@ -222,11 +224,7 @@ def replica_batches(rows: Sequence[tuple[Sequence[int], Sequence[int]]], plan: S
             parts.append(_sequence_arrays(rows, members, step.length, first))
             first += len(members)
         batch = {key: np.stack([p[key] for p in parts]) for key in parts[0]}
-        if all(len(members) <= 1 for members in mine):
-            del batch["segment_ids"]  # causal attention as it is: no mask to build
-        else:  # where the rows end: the rest is padding, which THD under CP may shrink
-            batch["real_tokens"] = np.array(
-                [sum(row_length(*rows[i], step.length) for i in members)
-                 for members in list(mine) + [()] * (step.rows - len(mine))], dtype=np.int64)
+        if all(len(members) <= 1 for members in mine):  # causal attention as it is: no mask
+            del batch["segment_ids"], batch["real_tokens"]
         out.append(batch)
     return out
