@@ -81,6 +81,10 @@ def test_in_a_spawned_child_it_installs_only_for_a_rank_of_the_launcher():
 def test_a_forwarding_launcher_records_the_stop_and_sends_it_to_late_ranks_once(tmp_path):
     """After forward_to, a stop no longer ends the launcher: it is recorded and sent to the
     ranks that exist; forward_late sends it to ranks started after it, each once."""
+    # The ranks write their stderr to files (not this script's pipes, which a rank left alive
+    # would hold open past the script's end), and a rank still alive when the script ends is
+    # killed: a failure reports what the launcher had received instead of a bare timeout. The
+    # waits are generous: a CI host at the end of the suite has stalled a process for seconds.
     proc = run_script(f"""
         import os, signal, subprocess, sys, time
         from launcher.core.stop import stop_from_first_line, this_process_stop
@@ -90,21 +94,29 @@ def test_a_forwarding_launcher_records_the_stop_and_sends_it_to_late_ranks_once(
         stops.forward_to(lambda: [p.pid for p in ranks])
         child = ("import signal, sys, time; "
                  "signal.signal(signal.SIGTERM, lambda *a: sys.exit(42)); "
-                 "open(sys.argv[1], 'w').close(); time.sleep(30)")
+                 "open(sys.argv[1], 'w').close(); time.sleep(120)")
         def start(name):
-            ranks.append(subprocess.Popen([sys.executable, "-c", child, r"{tmp_path}/" + name]))
+            err = open(r"{tmp_path}/" + name + ".err", "w")
+            ranks.append(subprocess.Popen([sys.executable, "-c", child, r"{tmp_path}/" + name],
+                                          stdout=subprocess.DEVNULL, stderr=err))
             while not os.path.exists(r"{tmp_path}/" + name):
                 time.sleep(0.01)
-        start("early")
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.5)
-        print("received", stops.received, "early", ranks[0].wait(timeout=10), flush=True)
-        start("late")
-        stops.forward_late()
-        stops.forward_late()  # once only: the late rank gets one signal
-        print("late", ranks[1].wait(timeout=10))
-    """)
-    assert proc.returncode == 0, proc.stderr
+        try:
+            start("early")
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)
+            print("received", stops.received, flush=True)
+            print("early", ranks[0].wait(timeout=60), flush=True)
+            start("late")
+            stops.forward_late()
+            stops.forward_late()  # once only: the late rank gets one signal
+            print("late", ranks[1].wait(timeout=60), flush=True)
+        finally:
+            for rank in ranks:
+                if rank.poll() is None:
+                    rank.kill()
+    """, timeout=180)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
     assert proc.stdout.split() == ["received", str(int(signal.SIGTERM)), "early", "42",
                                    "late", "42"]
 
