@@ -146,7 +146,9 @@ def out_of_sample(args, base: dict, root: Path) -> dict:
     """One probe per model and precision (its first config), every config of it planned from
     that profile alone and trained; the probed config trained twice (the run-to-run spread)."""
     rows = {}
-    for probed, names in model_groups().items():
+    groups = {p: names for p, names in model_groups().items()
+              if not args.only or any(o in p for o in args.only)}
+    for probed, names in groups.items():
         env = {**base, "TRAINWRIGHT_PROFILE_DIR": str(root / "profiles" / probed)}
         _run(["-m", "launcher.probe", *MATRIX[probed], *COMMON,
               f"run.output_root={root / 'probe'}", f"run.name={probed.replace(' ', '_')}"], env)
@@ -161,7 +163,7 @@ def out_of_sample(args, base: dict, root: Path) -> dict:
                   f"error {r['error']:+.1%}  (probe: {probed})", flush=True)
     others = [abs(r["error"]) for k, r in rows.items() if k != r["probe"] and "again" not in k]
     spread = [abs(rows[f"{p} again"]["measured"] / rows[p]["measured"] - 1)
-              for p in model_groups()]
+              for p in groups]
     print(f"planned from another layout's probe: median |error| {statistics.median(others):.1%}"
           f", largest {max(others):.1%} over {len(others)} configs; the probed config run "
           f"twice differs by {', '.join(f'{x:.1%}' for x in spread)}")

@@ -85,7 +85,7 @@ def probe_rank(rank: Rank) -> int:
     b = plan.batch.micro_batch_size
     reset_parallel_state(ParallelismConfig(zero_stage=0), seed=cfg.trainer.seed)  # TP = 1
     figures = {"passes": probe.pass_records(cfg, local_ranks=job.local_ranks,
-                                            micro_batches=sorted({b, 2 * b}))}
+                                            micro_batches=probe.pass_micro_batches(b))}
     figures["optimizer"] = probe.optimizer_records(*optimizer_size(plan))
     figures["collectives"] = probe.collective_records(
         collective_sizes(plan), 2 if cfg.trainer.precision in ("bf16", "fp16") else 4,

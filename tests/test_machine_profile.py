@@ -122,9 +122,11 @@ def test_a_groups_collective_is_looked_up_by_its_size():
 TINY_FP32 = ["model=tiny", "engine=megatron", "cluster=local_cpu", "trainer.precision=fp32"]
 
 
-def _tiny_profile(directory, engine_seconds: float) -> None:
+def _tiny_profile(directory, engine_seconds: float, per_micro_batch: float = 0.0) -> None:
     """This machine's profile of the tiny model: passes at TP 1 and 2, every collective, AdamW,
-    and the engine at DP2 (one and two layers) taking ``engine_seconds`` a step at full depth."""
+    and the engine at DP2 (one and two layers) taking ``engine_seconds`` a step at full depth;
+    with ``per_micro_batch``, also at one layer with twice the micro-batches, taking its composed
+    parts' extra micro-batch and ``per_micro_batch`` seconds more."""
     from launcher.parallel.collectives import COLLECTIVE_OPS
     from launcher.plan.calibrated import engine_key_of, model_key
     from launcher.plan.machine import cpu_info, library_versions
@@ -140,6 +142,11 @@ def _tiny_profile(directory, engine_seconds: float) -> None:
     layout = engine_key_of(cfg, plan.dims, plan.batch.grad_accum_steps)
     engine = [{"key": layout, "layers": n, "seconds": engine_seconds * n / cfg.model.num_layers}
               for n in (1, 2)]  # the line through them: engine_seconds at the model's depth
+    if per_micro_batch:
+        # one more micro-batch of one layer: the layer, both ends (passes above), the engine
+        one_more = (0.02 + 0.001 + 0.01) * cfg.trainer.micro_batch_size
+        engine.append({"key": {**layout, "grad_accum": 2 * layout["grad_accum"]}, "layers": 1,
+                       "seconds": engine[0]["seconds"] + one_more + per_micro_batch})
     me = MachineProfile(device="cpu", model=cpu_info().model, ranks=2, threads_per_rank=1,
                         versions=library_versions())
     save_figures(directory, me, {"passes": passes, "collectives": collectives, "engine": engine,
@@ -167,6 +174,31 @@ def test_a_layout_planned_from_another_layouts_engine_run_takes_positive_time(
         assert tp2.parts["framework"] == pytest.approx(share * _composed(tp2.parts), rel=0.05)
     else:
         assert tp2.parts["framework"] > 0
+
+
+def test_a_layout_with_more_micro_batches_pays_the_frameworks_cost_of_each(tmp_path):
+    """The probe's engine also runs with twice the micro-batches: what the extra one cost beyond
+    its composed passes is the framework's per micro-batch (the schedule, the loader's
+    hand-over). A layout planned from that probe with 4 micro-batches a step pays it 3 times
+    more than the probed one; the plan had priced every accumulation count alike (micro-batch
+    1 x 4 planned as 4 x 1: 37% under its run on the EPYC here)."""
+    from launcher.plan.calibrated import engine_key_of
+
+    def planned(directory, *extra):
+        return compute_plan(to_object(compose_config(
+            [*TINY_FP32, f"plan.profile_dir={directory}", *extra]))).compute
+
+    without, with_cost = tmp_path / "without", tmp_path / "with"
+    _tiny_profile(without, 0.2)
+    _tiny_profile(with_cost, 0.2, per_micro_batch=0.03)
+    cfg = to_object(compose_config(TINY_FP32))
+    accum = compute_plan(cfg).batch.grad_accum_steps
+    more = [f"trainer.global_batch_size={4 * cfg.trainer.micro_batch_size * 2}"]  # 4 a replica
+    assert engine_key_of(cfg, compute_plan(cfg).dims, accum)["grad_accum"] == accum == 1
+    base, extra = planned(with_cost, *more), planned(without, *more)
+    assert planned(with_cost).step_time_s == pytest.approx(0.2)  # the probed layout: as measured
+    assert base.parts["framework"] - extra.parts["framework"] == pytest.approx(3 * 0.03)
+    assert base.parts["compute"] == pytest.approx(extra.parts["compute"])
 
 
 def _composed(parts: dict) -> float:

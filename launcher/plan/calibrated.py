@@ -187,12 +187,17 @@ class Calibration:
                 by_depth[r.get("layers")] = r
         return list(by_depth.values())
 
-    def nearest_engine(self, key: dict) -> Optional[dict]:
-        """An engine record of the same model, engine and ZeRO stage (another layout), if any:
-        its framework residual stands in for an unmeasured layout's."""
+    def nearest_engine(self, key: dict) -> list[dict]:
+        """The engine records of one other layout of the same model, engine and ZeRO stage (the
+        latest measured), every depth and accumulation count of it: their framework residual
+        stands in for an unmeasured layout's. Empty when there are none."""
         same = {k: key[k] for k in key if k not in LAYOUT_ONLY}
-        return next((r for r in reversed(self._section("engine"))
-                     if _same(r.get("key", {}), same)), None)
+        similar = [r for r in self._section("engine") if _same(r.get("key", {}), same)]
+        if not similar:
+            return []
+        layout = {k: v for k, v in similar[-1]["key"].items() if k != "grad_accum"}
+        return [r for r in similar
+                if {k: v for k, v in r["key"].items() if k != "grad_accum"} == layout]
 
 
 LAYOUT_ONLY = ("tp", "pp", "vpp", "cp", "ep", "dp", "sp", "micro_batch", "grad_accum")

@@ -136,17 +136,46 @@ def calibrated_step(cal, cfg: TrainwrightConfig, dims: ParallelDims, grad_accum:
         small = _calibrated_parts(cal, cost, cfg, dims, grad_accum, layers,
                                   (stage_dense + stage_expert) * layers / cfg.model.num_layers)
         framework = records[0]["seconds"] - sum(small.values())
-    elif cal.nearest_engine(layout) is not None:
-        residual, composed = _measured_residual(cal, cfg, dims, cal.nearest_engine(layout),
-                                                stage_dense + stage_expert)
-        # a fixed cost carries over as it is; parts that overestimated that layout (a negative
-        # residual: overlap, or a probe's passes taken under load) overestimate this one in
-        # proportion, so that the step never comes out at zero or below
-        framework = residual if residual >= 0 or composed <= 0 \
-            else residual * sum(parts.values()) / composed
+    else:
+        framework = _carried_framework(cal, cfg, dims, grad_accum, cal.nearest_engine(layout),
+                                       sum(parts.values()), stage_dense + stage_expert)
     compute = parts["compute"]
     return StepTime(**parts, framework=framework, measured=True,
                     compute_only_mfu=model_flops_per_gpu / (compute * peak) if compute else 0.0)
+
+
+def _carried_framework(cal, cfg: TrainwrightConfig, dims: ParallelDims, grad_accum: int,
+                       records: list, composed_here: float, stage_params: float) -> float:
+    """The framework cost of a layout the probe did not run, from ``records`` (another layout's
+    engine runs: :meth:`Calibration.nearest_engine`): what its deepest run left beyond its
+    composed parts, plus, where it was also run with more micro-batches per step, the cost of
+    each micro-batch this layout has more (or fewer) than it. Parts that overestimated that
+    layout (a negative residual: overlap, or a probe's passes taken under load) overestimate
+    this one in proportion, so that the step never comes out at zero or below."""
+    if not records:
+        return 0.0
+    accum = min(int(r["key"]["grad_accum"]) for r in records)
+    base = max((r for r in records if int(r["key"]["grad_accum"]) == accum),
+               key=lambda r: int(r["layers"]))
+    residual, composed = _measured_residual(cal, cfg, dims, base, stage_params)
+    if residual < 0 and composed > 0:
+        residual *= composed_here / composed
+    return residual + _per_micro_batch(cal, cfg, dims, records, stage_params) \
+        * (grad_accum - accum)
+
+
+def _per_micro_batch(cal, cfg: TrainwrightConfig, dims: ParallelDims, records: list,
+                     stage_params: float) -> float:
+    """Seconds the framework adds per micro-batch (never below 0), from two runs of one depth
+    at two accumulation counts (0 when the records have no such pair)."""
+    depth = min(int(r["layers"]) for r in records)
+    runs = sorted((int(r["key"]["grad_accum"]), r) for r in records if int(r["layers"]) == depth)
+    if len(runs) < 2 or runs[0][0] == runs[-1][0]:
+        return 0.0
+    (m0, r0), (m1, r1) = runs[0], runs[-1]
+    residual0 = _measured_residual(cal, cfg, dims, r0, stage_params)[0]
+    residual1 = _measured_residual(cal, cfg, dims, r1, stage_params)[0]
+    return max(0.0, (residual1 - residual0) / (m1 - m0))
 
 
 def unprobed(cfg: TrainwrightConfig, dims: ParallelDims) -> str:

@@ -5,16 +5,18 @@ too), each figure is the slowest rank's median after a warm-up, and rank 0 merge
 machine profile (:mod:`launcher.plan.profile`):
 
 * ``passes``: forward + loss + backward of Megatron-Core's GPTModel at one rank's shapes, for
-  every tensor-parallel size the node allows and two micro-batch sizes (:mod:`launcher.engines.
-  probe.passes`), with 1 and 3 layers (one layer's cost is their difference), and the model's
-  two ends timed on their own: the embedding, and the output layer with the loss, each per
-  micro-batch;
+  every tensor-parallel size the node allows and three micro-batch sizes (1, the job's, twice
+  it: :func:`pass_micro_batches`; :mod:`launcher.engines.probe.passes`), with 1 and 3 layers
+  (one layer's cost is their difference), and the model's two ends timed on their own: the
+  embedding, and the output layer with the loss, each per micro-batch;
 * ``optimizer``: torch's AdamW over the rank's share of the fp32 weights, at two sizes;
 * ``collectives``: all-reduce, reduce-scatter, all-gather, all-to-all and send/recv among the
   node's ranks at a small and the job's sizes (gloo on CPU, NCCL on GPU);
 * ``engine``: the job's engine at its layout with the fewest layers the layout allows (one per
-  model chunk), stepped as training steps it: what the parts above leave out (the framework's
-  fixed cost per step and micro-batch) is the plan's residual for that engine and layout.
+  model chunk) and deeper, stepped as training steps it, and once more with twice the
+  micro-batches per step: what the parts above leave out (the framework's fixed cost per step,
+  and per micro-batch) is the plan's residual for that engine and layout, and for the layouts
+  planned from it.
 
 Figures carry their shapes and sizes as ``key``; a later probe replaces the records with the
 same key and keeps the others, so one profile serves several models and layouts.
@@ -40,6 +42,14 @@ def tp_choices(model, local_ranks: int) -> list[int]:
     r = ResolvedModel.of(model, 1)
     return [t for t in range(1, local_ranks + 1)
             if local_ranks % t == 0 and r.heads % t == 0 and r.groups % t == 0]
+
+
+def pass_micro_batches(micro_batch: int) -> list[int]:
+    """The micro-batch sizes the passes are timed at: the job's, twice it (the search's larger
+    ones) and 1 (its smaller ones: a pass of one sample is not a quarter of one of four; on this
+    project's 2-core EPYC the tiny model's step of 4 x 1 samples took 1.3x that of 1 x 4, which
+    the plan, scaling micro-batch 4 down in proportion, priced the same)."""
+    return sorted({1, micro_batch, 2 * micro_batch})
 
 
 def pass_records(cfg, *, local_ranks: int, micro_batches: list[int]) -> list[dict]:
@@ -111,7 +121,10 @@ def engine_records(cfg, plan, config: Mapping, build: Callable) -> list[dict]:
     :data:`ENGINE_DEPTHS` layers per model chunk, :data:`ENGINE_REPS` steps timed after
     :data:`ENGINE_WARM_STEPS` (``config``: the job's resolved config, plain). Two depths give
     the layer's cost inside the engine at this layout (its collectives, hooks and Python
-    included) as well as the fixed part."""
+    included) as well as the fixed part; one more run at the smaller depth with twice the
+    micro-batches per step gives the framework's cost per micro-batch (the schedule, the
+    loader's hand-over, gradient accumulation), which a layout with another accumulation
+    count pays a different number of times."""
     from launcher.engines.probe.passes import synthetic_batch
 
     dims, b = plan.dims, plan.batch
@@ -120,10 +133,15 @@ def engine_records(cfg, plan, config: Mapping, build: Callable) -> list[dict]:
     chunks = dims.pp * dims.vpp
     depths = sorted({chunks * min(d, max(1, cfg.model.num_layers // chunks))
                      for d in ENGINE_DEPTHS})
+    key = engine_key(plan.to_dict(), config)
     for layers in depths:
         step = _step_seconds(build(dataclasses.replace(cfg.model, num_layers=layers), b), batch)
-        out.append({"key": engine_key(plan.to_dict(), config), "layers": layers,
-                    "seconds": collectives.max_floats([step])[0]})
+        out.append({"key": key, "layers": layers, "seconds": collectives.max_floats([step])[0]})
+    more = dataclasses.replace(b, grad_accum_steps=2 * b.grad_accum_steps,
+                               global_batch_size=2 * b.global_batch_size)
+    step = _step_seconds(build(dataclasses.replace(cfg.model, num_layers=depths[0]), more), batch)
+    out.append({"key": {**key, "grad_accum": more.grad_accum_steps}, "layers": depths[0],
+                "seconds": collectives.max_floats([step])[0]})
     return out
 
 
