@@ -16,6 +16,8 @@ Exit codes: 0 written, 2 config error.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import sys
 import time
@@ -35,7 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "--from-run":
         return from_run(Path(argv[1]) if len(argv) > 1 else None, argv[2:])
     job = prepare(argv)
-    code = run_ranks(job, probe_rank, command="probe")
+    other = other_engine_config(argv, job.cfg)
+    code = run_ranks(job, functools.partial(probe_rank, other=other), command="probe")
     if code == 0 and job.cfg.cluster.nodes == 1:
         short_launch(argv, job)
     return code
@@ -73,8 +76,34 @@ def short_launch(argv: Sequence[str], job) -> None:
               f"{launch['exit_s']:.1f} s: a two-step launch of this job)", file=sys.stderr)
 
 
-def probe_rank(rank: Rank) -> int:
-    """Every rank measures (launcher.runtime.probe); rank 0 stores the profile."""
+def other_engine_config(argv: Sequence[str], cfg):
+    """The job (``cfg``, resolved) with the engine group and ZeRO stage of the other engine
+    (``engine=deepspeed`` for a Megatron-Core job, and the reverse, at ZeRO stage 1 for
+    Megatron-Core when the job's is 2 or 3) composed from ``argv``, when that engine
+    can run the job's layout (DeepSpeed: no pipeline, context or expert parallelism); else None.
+    The probe times its framework too, so that one probe plans either engine."""
+    from launcher.compose import compose_config, to_object
+    from launcher.plan import PlanError, compute_plan
+
+    p = cfg.parallelism
+    if max(p.pipeline_parallel_size, p.context_parallel_size, p.expert_parallel_size) > 1 \
+            or cfg.model.num_experts:
+        return None
+    megatron = cfg.engine.name.value == "megatron"
+    extra = ["engine=deepspeed"] if megatron else \
+        ["engine=megatron", *(["parallelism.zero_stage=1"] if p.zero_stage > 1 else [])]
+    composed = to_object(compose_config([*argv, *extra]))
+    other = dataclasses.replace(cfg, engine=composed.engine, parallelism=composed.parallelism)
+    try:
+        compute_plan(other)
+    except PlanError:
+        return None
+    return other
+
+
+def probe_rank(rank: Rank, other=None) -> int:
+    """Every rank measures (launcher.runtime.probe); rank 0 stores the profile. ``other``: the
+    job's config with the other engine (:func:`other_engine_config`), also timed."""
     from launcher.engines import engine_inputs, spec
     from launcher.engines.model import reset_parallel_state
     from launcher.config import ParallelismConfig
@@ -95,6 +124,13 @@ def probe_rank(rank: Rank) -> int:
     figures["engine"] = probe.engine_records(
         cfg, plan, job.config,
         lambda model, batch: engine_spec.build(batch=batch, model=model, **subs))
+    if other is not None:
+        reset_parallel_state(other.parallelism, seed=cfg.trainer.seed)
+        other_spec, other_subs = spec(other.engine.name), engine_inputs(other)
+        figures["engine"] += probe.other_engine_records(
+            cfg, plan, job.config,
+            lambda model, batch: other_spec.build(batch=batch, model=model, **other_subs),
+            other.engine.name.value, other.parallelism.zero_stage)
     if rank.rank == 0:
         path = store(job, figures, "probe")
         rank.console.error(f"probe: {path} ({time.perf_counter() - started:.1f} s of "

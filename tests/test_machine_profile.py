@@ -201,6 +201,18 @@ def test_a_layout_with_more_micro_batches_pays_the_frameworks_cost_of_each(tmp_p
     assert base.parts["compute"] == pytest.approx(extra.parts["compute"])
 
 
+def test_another_zero_stage_of_the_engine_carries_its_framework_cost(tmp_path):
+    """A probe of ZeRO-1 planned ZeRO-0 (and DeepSpeed's ZeRO-2/3 from its ZeRO-1 run) with no
+    framework cost at all: only a record of the same stage was looked for. The same engine's
+    records of another stage stand in now; a record of the same stage still comes first."""
+    _tiny_profile(tmp_path, 1.0)
+    cfg = to_object(compose_config(TINY_FP32))
+    assert cfg.parallelism.zero_stage == 1
+    zero0 = compute_plan(to_object(compose_config(
+        [*TINY_FP32, f"plan.profile_dir={tmp_path}", "parallelism.zero_stage=0"]))).compute
+    assert zero0.parts["framework"] > 0.1, zero0.parts  # 0 before
+
+
 def _composed(parts: dict) -> float:
     """The step's parts without the framework residual."""
     return sum(v for k, v in parts.items() if k != "framework")

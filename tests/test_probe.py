@@ -66,10 +66,13 @@ def test_the_probe_measures_every_part_on_the_jobs_ranks(probed):
     assert launch["startup_s"] > 1.0 and launch["exit_s"] >= 0.0
     assert "start-up" in proc.stderr and "a two-step launch of this job" in proc.stderr
     engine = p["figures"]["engine"]  # the engine at the job's layout, one and two layers deep,
-    # then one layer with twice the micro-batches a step
-    assert [(r["layers"], r["key"]["grad_accum"]) for r in engine] == [(1, 1), (2, 1), (1, 2)]
-    assert all(r["key"]["engine"] == "megatron" and r["key"]["dp"] == 2 for r in engine)
-    assert all(r["seconds"] > 0 for r in engine)
+    # then one layer in micro-batches of one sample (the job's 2 x 1 as 1 x 2); the other
+    # engine at one layer, both ways
+    runs = [(r["key"]["engine"], r["key"]["zero_stage"], r["layers"], r["key"]["micro_batch"],
+             r["key"]["grad_accum"]) for r in engine]
+    assert runs == [("megatron", 1, 1, 2, 1), ("megatron", 1, 2, 2, 1), ("megatron", 1, 1, 1, 2),
+                    ("deepspeed", 1, 1, 2, 1), ("deepspeed", 1, 1, 1, 2)]
+    assert all(r["key"]["dp"] == 2 and r["seconds"] > 0 for r in engine)
     # (nor that two layers cost more than one: a step of this tiny model takes 25-35 ms, and
     # with the other xdist worker sweeping stop signals over two runs at once CI measured the
     # 1-layer engine at 33 ms and the 2-layer one at 25 ms)
@@ -84,6 +87,11 @@ def test_the_plan_composes_the_step_from_the_profile_and_says_so(probed, tmp_pat
     parts = plan["step_time_parts"]
     assert parts["framework"] != 0 and parts["compute"] > 0
     assert plan["step_time_s"] == pytest.approx(sum(parts.values()))
+    # the other engine, planned from the same probe: its own framework cost (a Megatron-Core
+    # probe planned DeepSpeed with none: 25-37% under its runs on the EPYC here)
+    deepspeed = _plan(profiles, "engine=deepspeed")
+    assert deepspeed["sources"]["step time"].startswith("measured: ")
+    assert deepspeed["step_time_parts"]["framework"] != 0, deepspeed["step_time_parts"]
     other = _plan(profiles, "engine=megatron", "model.hidden_size=128")  # not measured
     assert other["sources"]["step time"].startswith("catalogue (cpu")
     assert _plan(tmp_path, "engine=megatron")["sources"]["step time"].startswith("catalogue")

@@ -188,16 +188,23 @@ class Calibration:
         return list(by_depth.values())
 
     def nearest_engine(self, key: dict) -> list[dict]:
-        """The engine records of one other layout of the same model, engine and ZeRO stage (the
-        latest measured), every depth and accumulation count of it: their framework residual
-        stands in for an unmeasured layout's. Empty when there are none."""
-        same = {k: key[k] for k in key if k not in LAYOUT_ONLY}
+        """The engine records of one other layout of the same model and engine (the latest
+        measured; of the same ZeRO stage when there is one), every depth and batch split of
+        it: their framework residual stands in for an unmeasured layout's. Empty when there
+        are none."""
+        same = {k: key[k] for k in key if k not in LAYOUT_ONLY and k != "zero_stage"}
         similar = [r for r in self._section("engine") if _same(r.get("key", {}), same)]
+        similar = [r for r in similar if r["key"].get("zero_stage") == key["zero_stage"]] \
+            or similar
         if not similar:
             return []
-        layout = {k: v for k, v in similar[-1]["key"].items() if k != "grad_accum"}
-        return [r for r in similar
-                if {k: v for k, v in r["key"].items() if k != "grad_accum"} == layout]
+        layout = _without_split(similar[-1]["key"])
+        return [r for r in similar if _without_split(r["key"]) == layout]
+
+
+def _without_split(key: dict) -> dict:
+    """An engine record's key less its batch split (micro-batch and accumulation)."""
+    return {k: v for k, v in key.items() if k not in ("micro_batch", "grad_accum")}
 
 
 LAYOUT_ONLY = ("tp", "pp", "vpp", "cp", "ep", "dp", "sp", "micro_batch", "grad_accum")

@@ -147,11 +147,12 @@ def calibrated_step(cal, cfg: TrainwrightConfig, dims: ParallelDims, grad_accum:
 def _carried_framework(cal, cfg: TrainwrightConfig, dims: ParallelDims, grad_accum: int,
                        records: list, composed_here: float, stage_params: float) -> float:
     """The framework cost of a layout the probe did not run, from ``records`` (another layout's
-    engine runs: :meth:`Calibration.nearest_engine`): what its deepest run left beyond its
-    composed parts, plus, where it was also run with more micro-batches per step, the cost of
-    each micro-batch this layout has more (or fewer) than it. Parts that overestimated that
-    layout (a negative residual: overlap, or a probe's passes taken under load) overestimate
-    this one in proportion, so that the step never comes out at zero or below."""
+    engine runs: :meth:`Calibration.nearest_engine`): what its deepest run at its own batch
+    split left beyond its composed parts, plus, where it was also run in smaller micro-batches
+    (more of them a step), the cost of each micro-batch this layout has more (or fewer) than
+    it. Parts that overestimated that layout (a negative residual: overlap, or a probe's
+    passes taken under load) overestimate this one in proportion, so that the step never comes
+    out at zero or below."""
     if not records:
         return 0.0
     accum = min(int(r["key"]["grad_accum"]) for r in records)
@@ -169,7 +170,8 @@ def _per_micro_batch(cal, cfg: TrainwrightConfig, dims: ParallelDims, records: l
     """Seconds the framework adds per micro-batch (never below 0), from two runs of one depth
     at two accumulation counts (0 when the records have no such pair)."""
     depth = min(int(r["layers"]) for r in records)
-    runs = sorted((int(r["key"]["grad_accum"]), r) for r in records if int(r["layers"]) == depth)
+    runs = sorted(((int(r["key"]["grad_accum"]), r) for r in records
+                   if int(r["layers"]) == depth), key=lambda run: run[0])
     if len(runs) < 2 or runs[0][0] == runs[-1][0]:
         return 0.0
     (m0, r0), (m1, r1) = runs[0], runs[-1]

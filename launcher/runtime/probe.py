@@ -13,8 +13,8 @@ machine profile (:mod:`launcher.plan.profile`):
 * ``collectives``: all-reduce, reduce-scatter, all-gather, all-to-all and send/recv among the
   node's ranks at a small and the job's sizes (gloo on CPU, NCCL on GPU);
 * ``engine``: the job's engine at its layout with the fewest layers the layout allows (one per
-  model chunk) and deeper, stepped as training steps it, and once more with twice the
-  micro-batches per step: what the parts above leave out (the framework's fixed cost per step,
+  model chunk) and deeper, stepped as training steps it, and once more in micro-batches of one
+  sample; the other engine too, where it runs the layout (``launcher.probe``): what the parts above leave out (the framework's fixed cost per step,
   and per micro-batch) is the plan's residual for that engine and layout, and for the layouts
   planned from it.
 
@@ -121,28 +121,55 @@ def engine_records(cfg, plan, config: Mapping, build: Callable) -> list[dict]:
     :data:`ENGINE_DEPTHS` layers per model chunk, :data:`ENGINE_REPS` steps timed after
     :data:`ENGINE_WARM_STEPS` (``config``: the job's resolved config, plain). Two depths give
     the layer's cost inside the engine at this layout (its collectives, hooks and Python
-    included) as well as the fixed part; one more run at the smaller depth with twice the
-    micro-batches per step gives the framework's cost per micro-batch (the schedule, the
-    loader's hand-over, gradient accumulation), which a layout with another accumulation
-    count pays a different number of times."""
+    included) as well as the fixed part; one more run at the smaller depth in micro-batches of
+    one sample (:func:`_split_batch`) gives the framework's cost per micro-batch (the
+    schedule, the loader's hand-over, gradient accumulation), which a layout with another
+    accumulation count pays a different number of times."""
+    depths = engine_depths(cfg.model.num_layers, plan.dims)
+    key = engine_key(plan.to_dict(), config)
+    out = [_engine_record(cfg, plan.batch, key, build, layers) for layers in depths]
+    return out + [_engine_record(cfg, _split_batch(plan.batch), key, build, depths[0])]
+
+
+def other_engine_records(cfg, plan, config: Mapping, build: Callable, engine: str,
+                         zero_stage: int) -> list[dict]:
+    """The records of ``engine`` (the other engine, built by ``build``) at the job's layout and
+    ``zero_stage``, at the smallest depth, with the job's micro-batches and in micro-batches of
+    one sample: its framework cost per step and per micro-batch, which a layout of that engine
+    planned from this probe carries (without them a Megatron-Core probe planned DeepSpeed with
+    none: up to 37% under its runs on the EPYC here)."""
+    depth = engine_depths(cfg.model.num_layers, plan.dims)[0]
+    key = {**engine_key(plan.to_dict(), config), "engine": engine, "zero_stage": zero_stage}
+    return [_engine_record(cfg, b, key, build, depth)
+            for b in (plan.batch, _split_batch(plan.batch))]
+
+
+def engine_depths(num_layers: int, dims) -> list[int]:
+    """Layers the engine runs are built with: :data:`ENGINE_DEPTHS` per model chunk, capped by
+    the model's depth."""
+    chunks = dims.pp * dims.vpp
+    return sorted({chunks * min(d, max(1, num_layers // chunks)) for d in ENGINE_DEPTHS})
+
+
+def _split_batch(b):
+    """The batch ``b`` in micro-batches of one sample (the same samples a step; twice the
+    micro-batches when they already hold one): the framework's cost per micro-batch is the
+    difference from ``b`` beyond the composed passes, measured where it weighs most (the
+    search's small micro-batches)."""
+    accum = b.grad_accum_steps * (b.micro_batch_size if b.micro_batch_size > 1 else 2)
+    return dataclasses.replace(b, micro_batch_size=1, grad_accum_steps=accum,
+                               global_batch_size=accum * b.data_parallel_size)
+
+
+def _engine_record(cfg, b, key: dict, build: Callable, layers: int) -> dict:
+    """One engine run: ``build`` at ``layers`` layers and batch ``b``, its median step (the
+    slowest rank's)."""
     from launcher.engines.probe.passes import synthetic_batch
 
-    dims, b = plan.dims, plan.batch
     batch = synthetic_batch(b.micro_batch_size, cfg.model.seq_length, cfg.model.vocab_size)
-    out = []
-    chunks = dims.pp * dims.vpp
-    depths = sorted({chunks * min(d, max(1, cfg.model.num_layers // chunks))
-                     for d in ENGINE_DEPTHS})
-    key = engine_key(plan.to_dict(), config)
-    for layers in depths:
-        step = _step_seconds(build(dataclasses.replace(cfg.model, num_layers=layers), b), batch)
-        out.append({"key": key, "layers": layers, "seconds": collectives.max_floats([step])[0]})
-    more = dataclasses.replace(b, grad_accum_steps=2 * b.grad_accum_steps,
-                               global_batch_size=2 * b.global_batch_size)
-    step = _step_seconds(build(dataclasses.replace(cfg.model, num_layers=depths[0]), more), batch)
-    out.append({"key": {**key, "grad_accum": more.grad_accum_steps}, "layers": depths[0],
-                "seconds": collectives.max_floats([step])[0]})
-    return out
+    step = _step_seconds(build(dataclasses.replace(cfg.model, num_layers=layers), b), batch)
+    return {"key": {**key, "micro_batch": b.micro_batch_size, "grad_accum": b.grad_accum_steps},
+            "layers": layers, "seconds": collectives.max_floats([step])[0]}
 
 
 def _step_seconds(engine, batch: dict) -> float:
