@@ -13,8 +13,9 @@ machine profile (:mod:`launcher.plan.profile`):
 * ``collectives``: all-reduce, reduce-scatter, all-gather, all-to-all and send/recv among the
   node's ranks at a small and the job's sizes (gloo on CPU, NCCL on GPU);
 * ``engine``: the job's engine at its layout with the fewest layers the layout allows (one per
-  model chunk) and deeper, stepped as training steps it, and once more in micro-batches of one
-  sample; the other engine too, where it runs the layout (``launcher.probe``): what the parts above leave out (the framework's fixed cost per step,
+  model chunk) and at the model's depth, stepped as training steps it, and once more in
+  micro-batches of one sample; the other engine too, where it runs the layout
+  (``launcher.probe``): what the parts above leave out (the framework's fixed cost per step,
   and per micro-batch) is the plan's residual for that engine and layout, and for the layouts
   planned from it.
 
