@@ -37,8 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "--from-run":
         return from_run(Path(argv[1]) if len(argv) > 1 else None, argv[2:])
     job = prepare(argv)
-    other = other_engine_config(argv, job.cfg)
-    code = run_ranks(job, functools.partial(probe_rank, other=other), command="probe")
+    others = other_engine_configs(argv, job.cfg)
+    code = run_ranks(job, functools.partial(probe_rank, others=others), command="probe")
     if code == 0 and job.cfg.cluster.nodes == 1:
         short_launch(argv, job)
     return code
@@ -76,34 +76,34 @@ def short_launch(argv: Sequence[str], job) -> None:
               f"{launch['exit_s']:.1f} s: a two-step launch of this job)", file=sys.stderr)
 
 
-def other_engine_config(argv: Sequence[str], cfg):
-    """The job (``cfg``, resolved) with the engine group and ZeRO stage of the other engine
-    (``engine=deepspeed`` for a Megatron-Core job, and the reverse, at ZeRO stage 1 for
-    Megatron-Core when the job's is 2 or 3) composed from ``argv``, when that engine
-    can run the job's layout (DeepSpeed: no pipeline, context or expert parallelism); else None.
-    The probe times its framework too, so that one probe plans either engine."""
+def other_engine_configs(argv: Sequence[str], cfg) -> list:
+    """The job (``cfg``, resolved) with each other registered engine's group (composed from
+    ``argv`` with ``engine=<name>``), at the job's ZeRO stage or else at 1, the first that
+    engine's plan accepts (Megatron-Core has no ZeRO-2/3); an engine whose rules refuse the
+    job's layout at both (DeepSpeed with pipeline, context or expert parallelism) is left out.
+    The probe times their framework too, so that one probe plans every engine."""
     from launcher.compose import compose_config, to_object
+    from launcher.engines import REGISTRY
     from launcher.plan import PlanError, compute_plan
 
-    p = cfg.parallelism
-    if max(p.pipeline_parallel_size, p.context_parallel_size, p.expert_parallel_size) > 1 \
-            or cfg.model.num_experts:
-        return None
-    megatron = cfg.engine.name.value == "megatron"
-    extra = ["engine=deepspeed"] if megatron else \
-        ["engine=megatron", *(["parallelism.zero_stage=1"] if p.zero_stage > 1 else [])]
-    composed = to_object(compose_config([*argv, *extra]))
-    other = dataclasses.replace(cfg, engine=composed.engine, parallelism=composed.parallelism)
-    try:
-        compute_plan(other)
-    except PlanError:
-        return None
-    return other
+    out = []
+    for name in (n for n in REGISTRY if n != cfg.engine.name):
+        engine = to_object(compose_config([*argv, f"engine={name}"])).engine
+        for stage in dict.fromkeys((cfg.parallelism.zero_stage, 1)):
+            other = dataclasses.replace(cfg, engine=engine, parallelism=dataclasses.replace(
+                cfg.parallelism, zero_stage=stage))
+            try:
+                compute_plan(other)
+            except PlanError:
+                continue
+            out.append(other)
+            break
+    return out
 
 
-def probe_rank(rank: Rank, other=None) -> int:
-    """Every rank measures (launcher.runtime.probe); rank 0 stores the profile. ``other``: the
-    job's config with the other engine (:func:`other_engine_config`), also timed."""
+def probe_rank(rank: Rank, others: Sequence = ()) -> int:
+    """Every rank measures (launcher.runtime.probe); rank 0 stores the profile. ``others``: the
+    job's config with each other engine (:func:`other_engine_configs`), also timed."""
     from launcher.engines import engine_inputs, spec
     from launcher.engines.model import reset_parallel_state
     from launcher.config import ParallelismConfig
@@ -124,7 +124,7 @@ def probe_rank(rank: Rank, other=None) -> int:
     figures["engine"] = probe.engine_records(
         cfg, plan, job.config,
         lambda model, batch: engine_spec.build(batch=batch, model=model, **subs))
-    if other is not None:
+    for other in others:
         reset_parallel_state(other.parallelism, seed=cfg.trainer.seed)
         other_spec, other_subs = spec(other.engine.name), engine_inputs(other)
         figures["engine"] += probe.other_engine_records(
