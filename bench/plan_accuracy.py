@@ -114,22 +114,71 @@ def measured(config: list, env: dict, root: Path, name: str, steps: int, warm: i
     return statistics.median(r["step_time"] for r in rows if r["step"] > warm)
 
 
+CALIBRATION = "tiny fp32 megatron"
+"""The one config whose run sets the CPU matmul efficiency (launcher/plan/cpu_rates.py) in
+``--uncalibrated``; the :data:`UNSEEN` configs are then planned out of sample."""
+OLD_CATALOGUE = ["cluster.peak_tflops=0.2"]
+"""The catalogue's placeholder cpu entry, as planned before the CPU check set the rates."""
+
+
 def uncalibrated(args, base: dict, root: Path) -> dict:
-    """Plans without a probe (the catalogue's cpu entry) against real runs of the
-    :data:`UNSEEN` configs in fp32."""
+    """Plans without a probe against real runs of the :data:`UNSEEN` configs in fp32: with the
+    CPU check's rates at the shipped efficiency, at the efficiency that makes
+    :data:`CALIBRATION`'s plan match its run, and with the old catalogue placeholder."""
+    env = {**base, "TRAINWRIGHT_PROFILE_DIR": str(root / "profiles" / "uncalibrated")}
+    configs = {CALIBRATION: MATRIX[CALIBRATION], **UNSEEN}
     rows = {}
-    for name, config in UNSEEN.items():
+    for name, config in configs.items():
         config = config + COMMON + ["trainer.precision=fp32"]
-        env = {**base, "TRAINWRIGHT_PROFILE_DIR": str(root / "profiles" / "uncalibrated")}
         plan = json.loads(_run(["-m", "launcher.plan", *config, "plan.format=json"],
-                               env).stdout)["step_time_s"]
+                               env).stdout)
+        old = json.loads(_run(["-m", "launcher.plan", *config, *OLD_CATALOGUE,
+                               "plan.format=json"], env).stdout)["step_time_s"]
         got = measured(config, env, root, name, args.steps, args.warm)
-        rows[name] = {"catalogue": plan, "measured": got}
-        print(f"{name:28s} measured {got:.3f} s  planned {plan:.3f} s ({plan / got:.2f}x)",
-              flush=True)
-    errors = [abs(r["catalogue"] / r["measured"] - 1) for r in rows.values()]
-    print(f"median |error| {statistics.median(errors):.1%}, largest {max(errors):.1%}")
-    return rows
+        rows[name] = {"check": plan["step_time_s"], "catalogue": old, "measured": got,
+                      "config": config}
+        print(f"{name:28s} measured {got:.3f} s  planned {plan['step_time_s']:.3f} s "
+              f"({plan['step_time_s'] / got:.2f}x; old catalogue {old / got:.2f}x)", flush=True)
+    os.environ["TRAINWRIGHT_PROFILE_DIR"] = env["TRAINWRIGHT_PROFILE_DIR"]
+    efficiency = fitted_efficiency(rows[CALIBRATION])
+    for name, row in rows.items():
+        row["fitted"] = planned_at(row.pop("config"), efficiency)
+    print(f"CPU_GEMM_EFFICIENCY fitted on {CALIBRATION!r}: {efficiency:.3f}")
+    for key in ("catalogue", "check", "fitted"):
+        ratios = [r[key] / r["measured"] for n, r in rows.items() if n in UNSEEN]
+        errors = [abs(x - 1) for x in ratios]
+        print(f"  {key:9s}: median |error| {statistics.median(errors):.1%}, largest "
+              f"{max(errors):.1%} over the {len(errors)} unseen configs "
+              f"({', '.join(f'{x:.2f}x' for x in ratios)})")
+    return {"rows": rows, "fitted_efficiency": efficiency}
+
+
+def planned_at(config: list, efficiency: float) -> float:
+    """The uncalibrated plan's step time of ``config`` at CPU_GEMM_EFFICIENCY=``efficiency``
+    (in this process, the profile directory of the environment)."""
+    from launcher.compose import compose_config, to_object
+    from launcher.plan import compute_plan
+    from launcher.plan import cpu_rates
+
+    shipped = cpu_rates.CPU_GEMM_EFFICIENCY
+    cpu_rates.CPU_GEMM_EFFICIENCY = efficiency
+    try:
+        return compute_plan(to_object(compose_config(config))).compute.step_time_s
+    finally:
+        cpu_rates.CPU_GEMM_EFFICIENCY = shipped
+
+
+def fitted_efficiency(row: dict) -> float:
+    """The efficiency at which ``row``'s config is planned at its measured step time
+    (bisection: the planned time falls as the efficiency rises)."""
+    low, high = 0.01, 2.0
+    for _ in range(40):
+        mid = (low * high) ** 0.5
+        if planned_at(row["config"], mid) > row["measured"]:
+            low = mid
+        else:
+            high = mid
+    return (low * high) ** 0.5
 
 
 def model_groups() -> dict:
@@ -184,7 +233,8 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=6, help="steps left out as warm-up")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--uncalibrated", action="store_true",
-                        help="plan the unseen configs without a probe (the catalogue)")
+                        help="plan the unseen configs without a probe (the CPU check's "
+                             "rates, fitted on one config, and the old catalogue)")
     parser.add_argument("--out-of-sample", action="store_true",
                         help="one probe per model; every other config planned from it")
     args = parser.parse_args()

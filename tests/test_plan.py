@@ -265,11 +265,13 @@ def test_unfused_swiglu_keeps_one_more_ffn_per_token():
     unfused = replace(fused, fused_glu=False)
     extra = layer_activation_bytes(d, unfused) - layer_activation_bytes(d, fused)
     assert extra == 2 * 128 * model.ffn_hidden_size * 2
+    # bf16 on both: auto would train fp32 on a CPU without bf16 instructions (AVX2 hosts)
     gpu = plan_of("model=llama3_1b", "cluster=local_gpu", "trainer.attention_backend=flash",
-                  "trainer.micro_batch_size=1", "trainer.cross_entropy_fusion=off")
+                  "trainer.micro_batch_size=1", "trainer.cross_entropy_fusion=off",
+                  "trainer.precision=bf16")
     cpu = plan_of("model=llama3_1b", "cluster=local_gpu", "cluster.gpu=cpu",
                   "trainer.attention_backend=flash", "trainer.micro_batch_size=1",
-                  "trainer.cross_entropy_fusion=off")
+                  "trainer.cross_entropy_fusion=off", "trainer.precision=bf16")
     per_layer = extra * model.seq_length * cpu.batch.micro_batch_size / (2 * 128)
     assert cpu.memory.per_gpu.activations - gpu.memory.per_gpu.activations == \
         pytest.approx(per_layer * model.num_layers)

@@ -21,8 +21,8 @@ CPU = resolve_device("cpu")
 EPYC = CpuInfo("AMD EPYC 7B13 64-Core Processor", frozenset({"avx2", "fma"}), 2)
 SAPPHIRE = CpuInfo("Intel(R) Xeon(R) Platinum 8480+",
                    frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}), 2)
-SLOW = PrecisionTiming(256, fp32_s=0.001, bf16_s=0.078)  # emulated bf16: 78x
-FAST = PrecisionTiming(256, fp32_s=0.0002, bf16_s=0.00005)
+SLOW = PrecisionTiming(256, fp32_s=0.001, bf16_s=0.078, stream_bytes_per_s=8e9)  # emulated: 78x
+FAST = PrecisionTiming(256, fp32_s=0.0002, bf16_s=0.00005, stream_bytes_per_s=12e9)
 
 
 def test_a_gpu_trains_bf16():
@@ -61,8 +61,9 @@ def _cfg(*overrides):
 def _store(tmp_path, timing: PrecisionTiming) -> None:
     me = MachineProfile(device="cpu", model=cpu_info().model, ranks=2, threads_per_rank=1,
                         versions=library_versions())
-    save_figures(tmp_path, me, {"precision": {"n": timing.n, "fp32_s": timing.fp32_s,
-                                              "bf16_s": timing.bf16_s, "threads": 1}}, "test")
+    save_figures(tmp_path, me, {"precision": {
+        "n": timing.n, "fp32_s": timing.fp32_s, "bf16_s": timing.bf16_s,
+        "stream_bytes_per_s": timing.stream_bytes_per_s, "threads": 1}}, "test")
 
 
 def test_the_check_is_timed_once_then_read_from_the_profile(tmp_path, monkeypatch):
@@ -72,12 +73,13 @@ def test_the_check_is_timed_once_then_read_from_the_profile(tmp_path, monkeypatc
 
     def timer(n):
         calls.append(n)
-        return SLOW.fp32_s, SLOW.bf16_s
+        return SLOW.fp32_s, SLOW.bf16_s, SLOW.stream_bytes_per_s
 
     first = precision_choice(cfg, CPU, ranks=2, measure=True, timer=timer)
     assert calls == [CHECK_SIZE] and first.precision == Precision.fp32
     stored = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert stored["figures"]["precision"]["bf16_s"] == SLOW.bf16_s
+    assert stored["figures"]["precision"]["stream_bytes_per_s"] == SLOW.stream_bytes_per_s
     assert stored["model"] == SAPPHIRE.model and stored["source"] == "precision check"
 
     def no_timer(n):
@@ -87,15 +89,28 @@ def test_the_check_is_timed_once_then_read_from_the_profile(tmp_path, monkeypatc
     assert again == first
 
 
-def test_without_bf16_flags_auto_needs_no_timing(tmp_path, monkeypatch):
+def test_without_bf16_flags_auto_is_fp32_without_a_timing(tmp_path, monkeypatch):
     monkeypatch.setattr("launcher.plan.precision.cpu_info", lambda: EPYC)
-
-    def no_timer(n):
-        raise AssertionError("an emulated bf16 needs no timing to be ruled out")
-
     cfg = _cfg(f"plan.profile_dir={tmp_path}")
-    assert precision_choice(cfg, CPU, ranks=2, measure=True, timer=no_timer).precision == \
-        Precision.fp32
+    choice = precision_choice(cfg, CPU, ranks=2, measure=False)
+    assert choice.precision == Precision.fp32 and choice.timing is None
+    assert "neither AMX nor AVX512-BF16" in choice.reason
+
+
+def test_a_profile_stored_before_the_streaming_add_is_timed_again(tmp_path):
+    """A check stored without ``stream_bytes_per_s`` (before the plan's CPU rates needed it)
+    is completed once, then read."""
+    _store(tmp_path, PrecisionTiming(256, fp32_s=0.001, bf16_s=0.078))
+    cfg = _cfg(f"plan.profile_dir={tmp_path}", "trainer.precision=fp32")
+    calls = []
+
+    def timer(n):
+        calls.append(n)
+        return SLOW.fp32_s, SLOW.bf16_s, SLOW.stream_bytes_per_s
+
+    assert precision_choice(cfg, CPU, ranks=2, measure=True, timer=timer).timing == SLOW
+    assert precision_choice(cfg, CPU, ranks=2, measure=True, timer=timer).timing == SLOW
+    assert calls == [CHECK_SIZE]
 
 
 @pytest.mark.parametrize("timing,expected", [(SLOW, "fp32"), (FAST, "bf16")])

@@ -40,6 +40,9 @@ class Device:
     mxfp8: bool = False
     """The tensor cores scale FP8 blocks of 32 values in hardware (Blackwell), which
     trainer.fp8.recipe=mxfp8 needs."""
+    rates: str = ""
+    """Where the rates were measured when not taken from this catalogue (a CPU's own check,
+    launcher/plan/cpu_rates.py); "" = the catalogue's figures."""
 
 
 GB = 1e9
@@ -92,8 +95,13 @@ DEVICES: dict[str, Device] = {
     # DGX B200: eight ConnectX-7 400 Gb/s NICs. FP8/FP6: 9 PFLOP/s sparse = 4.5 dense (HGX B200);
     # fifth-generation tensor cores scale MXFP8 blocks in hardware.
     "B200": _gpu("B200", 191_514_411_008, 2250.0, 1100.0, 8.0, 900, 50, fp8=4500.0, mxfp8=True),
-    # A few CPU cores (development): ~20 GB/s of DRAM bandwidth, gloo over loopback ~2 GB/s.
-    "cpu": Device("cpu", 0, 0.2, 0.2, 0.5, 0.5, 20 * GB, 2 * GB, 1 * GB, 50e-6),
+    # A few CPU cores (development). The peaks and the DRAM rate are placeholders that the
+    # plan's CPU check replaces with this machine's (launcher/plan/cpu_rates.py). The links are
+    # gloo over loopback between 2 ranks of one thread each, as the probe measured them on a
+    # 2-core AMD EPYC (2026-11-29): 10 MB all-reduce 14 ms (0.72 GB/s of bus bandwidth),
+    # reduce-scatter 20 ms (0.25 GB/s), all-gather 33 ms (0.15 GB/s); an 8-byte all-reduce
+    # 0.55 ms, all-gather 1.2 ms. ZeRO and sequence parallelism move their bytes by the last two.
+    "cpu": Device("cpu", 0, 0.2, 0.2, 0.5, 0.5, 20 * GB, 0.25 * GB, 0.25 * GB, 0.5e-3),
 }
 
 

@@ -24,12 +24,13 @@ from launcher.core.objectstore import is_remote
 from launcher.plan.goodput import (CPU_STARTUP_S, EXIT_S, STARTUP_S, GoodputPlan,
                                    LaunchCost, plan_goodput)
 from launcher.plan.kubernetes import kubernetes_warnings
-from launcher.plan.hardware import Device, resolve_device
+from launcher.plan.cpu_rates import plan_device
+from launcher.plan.hardware import Device
 from launcher.plan.memory import (ActivationSettings, in_flight_microbatches,
                                   stage_activation_bytes, state_bytes_per_param)
 from launcher.plan.params import (ParamCounts, StageParams, count_parameters, stage_params,
                                   stage_views)
-from launcher.plan.precision import PrecisionChoice, precision_choice, with_precision
+from launcher.plan.precision import PrecisionChoice, with_precision
 from launcher.plan.calibrated import Calibration, find_calibration
 from launcher.plan.data_check import chat_token_shares
 from launcher.plan.resilience import (evaluations, planned_eval_s, planned_first_phase_s,
@@ -323,18 +324,17 @@ def _state_totals(cfg: TrainwrightConfig, counts: ParamCounts, mem: MemoryPerGPU
 def compute_plan(cfg: TrainwrightConfig, world_size: int | None = None,
                  measure_precision: bool = False) -> Plan:
     """Check ``cfg`` and derive the plan; raise PlanError listing every problem. With
-    ``measure_precision`` a cpu run's ``trainer.precision=auto`` (or a slow explicit bf16) may
-    time a short matmul when no stored profile says how fast bf16 is (launcher/plan/
-    precision.py); without, the CPU's flags decide."""
+    ``measure_precision`` a cpu run times the plan's CPU check (a short matmul in both
+    precisions and a streaming add: launcher/plan/precision.py) when no stored profile holds
+    it; without, an unstored check leaves the CPU's flags to choose the precision and the
+    catalogue's rates to price it (launcher/plan/cpu_rates.py)."""
     c = cfg.cluster
     device, choice, gpu_problems = None, None, []
     try:
-        device = resolve_device(c.gpu, c.device_memory_gb, c.peak_tflops)
+        device, choice = plan_device(cfg, measure=measure_precision)
     except KeyError as exc:
         gpu_problems.append(Problem(("cluster.gpu",), str(exc.args[0])))
     if device is not None:
-        choice = precision_choice(cfg, device, ranks=c.gpus_per_node * c.ranks_per_gpu,
-                                  measure=measure_precision)
         cfg = with_precision(cfg, choice.precision)
     dims, problems = _layout(cfg, world_size or cluster_world_size(c))
     problems += gpu_problems
@@ -416,7 +416,7 @@ def _derive(cfg: TrainwrightConfig, dims: ParallelDims, device: Device, batch: B
             cfg.resilience, startup_s=goodput.startup_s, load_s=goodput.load_s,
             step_s=compute.step_time_s, save_s=goodput.save_s, eval_s=eval_s),
         sources=_sources(cfg, calibration if measured else None, goodput, choice,
-                         unprobed(cfg, dims)),
+                         unprobed(cfg, dims), device.rates),
         downstream=_downstream(cfg, batch, tasks_s),
         chat_tokens=(chat_token_shares(cfg.data.prefixes) if cfg.data.format == DataFormat.chat
                      else {}))
@@ -464,11 +464,14 @@ def _downstream(cfg: TrainwrightConfig, batch: Batch, tasks_s: float) -> dict:
 
 
 def _sources(cfg: TrainwrightConfig, calibration: Optional[Calibration], goodput: GoodputPlan,
-             choice: PrecisionChoice, unmeasurable: str = "") -> dict:
+             choice: PrecisionChoice, unmeasurable: str = "", rates: str = "") -> dict:
     """Where each of the plan's figures comes from (measured, catalogue or assumed);
-    ``unmeasurable``: why no probe can measure this layout's step (timing.unprobed)."""
+    ``unmeasurable``: why no probe can measure this layout's step (timing.unprobed);
+    ``rates``: where the device's rates were timed when not the catalogue's (Device.rates)."""
+    model = f"rates of {rates}" if rates \
+        else f"catalogue ({cfg.cluster.gpu} in launcher/plan/hardware.py)"
     step = calibration.measured_label if calibration is not None \
-        else f"catalogue ({cfg.cluster.gpu} in launcher/plan/hardware.py), not calibrated: " \
+        else f"{model}, not calibrated: " \
              + (unmeasurable or "python -m launcher.probe measures this machine")
     return {"calibration": calibration.label if calibration is not None
             else "catalogue, not calibrated",

@@ -8,6 +8,9 @@
   bf16 only when it is at least as fast as fp32. The timing is stored in the machine profile
   (:mod:`launcher.plan.profile`, section ``precision``), so one check serves later plans.
 
+The same check times a streaming add; with the matmuls it gives the plan this CPU's own rates
+(:mod:`launcher.plan.cpu_rates`), so it runs on every CPU, whatever the precision asked.
+
 An explicit ``bf16`` (or ``fp16``) where it is slow is honoured, with a plan warning that gives
 the measured slowdown. :func:`choose_precision` is pure; :func:`precision_choice` reads the CPU,
 the stored profile and (``measure``) times the check.
@@ -26,7 +29,8 @@ from launcher.plan.profile import MachineProfile, matching_profile, profile_dir,
 CHECK_SIZE = 256
 """Side of the square matmul the precision check times in both dtypes."""
 SECTION = "precision"
-"""The profile section of the check: {"n", "fp32_s", "bf16_s", "threads"}."""
+"""The profile section of the check: {"n", "fp32_s", "bf16_s", "stream_bytes_per_s",
+"threads"}."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,14 @@ class PrecisionTiming:
     n: int
     fp32_s: float
     bf16_s: float
+    stream_bytes_per_s: float = 0.0
+    """Bytes per second a streaming add moves on one thread; 0 = not timed (a profile stored
+    before the check timed it)."""
+
+    def matmul_flops_per_s(self, precision: Precision) -> float:
+        """FLOP/s of the check's matmul in ``precision`` (fp32, else bf16)."""
+        seconds = self.fp32_s if precision == Precision.fp32 else self.bf16_s
+        return 2.0 * self.n ** 3 / seconds if seconds > 0 else 0.0
 
     @property
     def bf16_slowdown(self) -> float:
@@ -55,6 +67,8 @@ class PrecisionChoice:
     reason: str
     warning: str = ""
     """Set when an explicit bf16/fp16 is slow on this device."""
+    timing: Optional[PrecisionTiming] = None
+    """This CPU's check (a cpu run's, stored or timed now); None on a GPU or when not timed."""
 
 
 def choose_precision(asked: Precision, device: Device, *, cpu: Optional[CpuInfo] = None,
@@ -69,14 +83,15 @@ def choose_precision(asked: Precision, device: Device, *, cpu: Optional[CpuInfo]
                                "TFLOP/s in fp32)")
     fast, why = _cpu_bf16_fast(cpu, timing)
     if asked == Precision.auto:
-        return PrecisionChoice(Precision.bf16 if fast else Precision.fp32, f"auto: {why}")
+        return PrecisionChoice(Precision.bf16 if fast else Precision.fp32, f"auto: {why}",
+                               timing=timing)
     warning = ""
     if asked in (Precision.bf16, Precision.fp16) and not fast:
         slower = (f"{timing.bf16_slowdown:.0f}x slower than fp32 here ({timing.text()})"
                   if timing is not None else "emulated here, typically 10-80x slower than fp32")
         warning = (f"trainer.precision={asked.value} on this CPU: {why}; bf16 matmuls are "
                    f"{slower}; trainer.precision=auto or fp32 trains at full speed")
-    return PrecisionChoice(asked, "trainer.precision as set", warning)
+    return PrecisionChoice(asked, "trainer.precision as set", warning, timing)
 
 
 def _cpu_bf16_fast(cpu: Optional[CpuInfo], timing: Optional[PrecisionTiming]) -> tuple[bool, str]:
@@ -94,23 +109,24 @@ def _cpu_bf16_fast(cpu: Optional[CpuInfo], timing: Optional[PrecisionTiming]) ->
 
 
 Timer = Callable[[int], tuple]
-"""(fp32 seconds, bf16 seconds) of the check at side n (the engines'
-:func:`launcher.engines.probe.precision_timing`)."""
+"""(fp32 seconds, bf16 seconds of the matmul at side n, streamed bytes per second): the
+engines' :func:`launcher.engines.probe.cpu_check`."""
 
 
 def precision_choice(cfg: TrainwrightConfig, device: Device, *, ranks: int, measure: bool,
                      timer: Optional[Timer] = None) -> PrecisionChoice:
     """The choice for ``cfg`` on ``device``: a cpu run's CPU is this machine's; its timing is
-    the stored profile's, else (``measure``, and only when the answer depends on it) timed now
-    and stored."""
+    the stored profile's, else (``measure``) timed now and stored (the plan's CPU rates need
+    it whatever the precision)."""
     asked = Precision(cfg.trainer.precision)
-    if device.name != "cpu" or asked not in (Precision.auto, Precision.bf16, Precision.fp16):
+    if device.name != "cpu":
         return choose_precision(asked, device)
     cpu = cpu_info()
     timing = stored_timing(cfg, cpu, ranks)
-    needed = asked == Precision.auto and bool(cpu.bf16_flags) or asked != Precision.auto
-    if timing is None and measure and needed:
+    if (timing is None or not timing.stream_bytes_per_s) and measure:
         timing = _timed_and_stored(cfg, cpu, ranks, timer)
+    if asked not in (Precision.auto, Precision.bf16, Precision.fp16):
+        return PrecisionChoice(asked, "trainer.precision as set", timing=timing)
     return choose_precision(asked, device, cpu=cpu, timing=timing)
 
 
@@ -129,20 +145,23 @@ def stored_timing(cfg: TrainwrightConfig, cpu: CpuInfo, ranks: int) -> Optional[
                                 ranks=ranks, versions=me.versions)
     record = found.figures.get(SECTION) if found is not None else None
     try:
-        return PrecisionTiming(int(record["n"]), float(record["fp32_s"]), float(record["bf16_s"]))
-    except (TypeError, KeyError, ValueError):
+        return PrecisionTiming(int(record["n"]), float(record["fp32_s"]), float(record["bf16_s"]),
+                               float(record.get("stream_bytes_per_s", 0.0)))
+    except (TypeError, KeyError, ValueError, AttributeError):
         return None
 
 
 def _timed_and_stored(cfg: TrainwrightConfig, cpu: CpuInfo, ranks: int,
                       timer: Optional[Timer]) -> Optional[PrecisionTiming]:
     if timer is None:
-        from launcher.engines.probe import precision_timing as timer
+        from launcher.engines.probe import cpu_check as timer
     timing = PrecisionTiming(CHECK_SIZE, *timer(CHECK_SIZE))
     try:
         save_figures(profile_dir(cfg.plan.profile_dir), _identity(cpu, ranks),
                      {SECTION: {"n": timing.n, "fp32_s": timing.fp32_s,
-                                "bf16_s": timing.bf16_s, "threads": 1}}, "precision check")
+                                "bf16_s": timing.bf16_s,
+                                "stream_bytes_per_s": timing.stream_bytes_per_s,
+                                "threads": 1}}, "precision check")
     except OSError:
         pass  # an unwritable cache only costs the next plan another check
     return timing

@@ -133,7 +133,7 @@ def _time_rows(p: Plan) -> list[tuple[str, str, str]]:
         ("MFU", f"{c.mfu:.1%}", f"{c.mfu_causal:.1%} causal (attention counted half, as "
                                 "Megatron-LM and NeMo log it); the first: full attention"),
         ("step time", f"{c.step_time_s:,.3f} s",
-         f"{how}; peak {p.machines.peak_tflops_per_gpu:,.0f} TFLOP/s per GPU"),
+         f"{how}; peak {p.machines.peak_tflops_per_gpu:,.4g} TFLOP/s per GPU"),
     ]
     if c.fp8_layers:
         rows.append(("FP8", "on", c.fp8_layers + "; MFU against the bf16 peak"))

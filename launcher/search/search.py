@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from launcher.config import TrainwrightConfig
 from launcher.plan.calibrated import find_calibration
-from launcher.plan.hardware import resolve_device
+from launcher.plan.cpu_rates import plan_device
 from launcher.plan.plan import PlanError, uses_flash
-from launcher.plan.precision import precision_choice, with_precision
+from launcher.plan.precision import with_precision
 from launcher.plan.validate import Problem, check_positive, check_values
 from launcher.search.evaluate import Scored, assess, engine_presets
 from launcher.search.space import candidates, engine_names
@@ -64,16 +64,13 @@ def search(cfg: TrainwrightConfig, world: int | None = None,
     """Every layout, ranked by predicted step time; PlanError when the config itself is wrong.
     ``explain``: also keep every dropped layout with its reason (the HTML report's)."""
     problems = _base_problems(cfg)
-    try:
-        device = resolve_device(cfg.cluster.gpu, cfg.cluster.device_memory_gb,
-                                cfg.cluster.peak_tflops)
+    try:  # trainer.precision=auto and a CPU's rates resolved once for every candidate
+        device, choice = plan_device(cfg, measure=True)
     except KeyError as exc:
         problems.append(Problem(("cluster.gpu",), str(exc.args[0])))
     if problems:
         raise PlanError(problems)
-    c = cfg.cluster  # trainer.precision=auto resolved once for every candidate
-    cfg = with_precision(cfg, precision_choice(cfg, device, ranks=c.gpus_per_node * c.ranks_per_gpu,
-                                               measure=True).precision)
+    cfg = with_precision(cfg, choice.precision)
     world = world or cluster_world_size(cfg.cluster)
     batch = global_batch_of(cfg, world)
     flash = uses_flash(cfg, device)

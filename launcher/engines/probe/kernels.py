@@ -1,5 +1,5 @@
-"""Timed kernels: :func:`precision_timing` of a square matmul in fp32 and bf16 (timed by
-:func:`launcher.parallel.timing.median_seconds`, re-exported here)."""
+"""Timed kernels: :func:`cpu_check`, the plan's CPU check (a square matmul in fp32 and bf16, and
+a streaming add), timed by :func:`launcher.parallel.timing.median_seconds` (re-exported here)."""
 
 from __future__ import annotations
 
@@ -7,19 +7,47 @@ import torch
 
 from launcher.parallel.timing import median_seconds
 
-__all__ = ["median_seconds", "precision_timing"]
+__all__ = ["cpu_check", "median_seconds", "precision_timing", "stream_bytes_per_s"]
+
+STREAM_VALUES = 1 << 22
+"""fp32 values of each vector the streaming add reads (16 MiB: past the caches of a core)."""
 
 
-def precision_timing(n: int, reps: int = 5) -> tuple[float, float]:
+def precision_timing(n: int, reps: int = 5, fp32_reps: int = 0) -> tuple[float, float]:
     """(fp32 seconds, bf16 seconds) of an n x n x n matmul on this CPU, on one thread (as each
-    rank of a CPU run computes)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    rank of a CPU run computes); the median of ``reps`` calls, ``fp32_reps`` in fp32 (0: as
+    many)."""
+    with _one_thread():
         out = []
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype, count in ((torch.float32, fp32_reps or reps), (torch.bfloat16, reps)):
             a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-            out.append(median_seconds(lambda: a @ b, reps=reps))
+            out.append(median_seconds(lambda: a @ b, reps=count))
         return out[0], out[1]
-    finally:
-        torch.set_num_threads(threads)
+
+
+def stream_bytes_per_s(values: int = STREAM_VALUES, reps: int = 5) -> float:
+    """Bytes per second an out-of-place add of two fp32 vectors moves on one thread (two read,
+    one written): the rate of the memory-bound kernels (norms, activations, optimizer) of a
+    CPU rank."""
+    with _one_thread():
+        a, b = torch.randn(values), torch.randn(values)
+        out = torch.empty(values)
+        return 3 * 4 * values / median_seconds(lambda: torch.add(a, b, out=out), reps=reps)
+
+
+def cpu_check(n: int) -> tuple[float, float, float]:
+    """(fp32 seconds, bf16 seconds of an n^3 matmul, streamed bytes per second), one thread.
+    The fp32 matmul, a fraction of a millisecond at n=256, is timed 41 times, since the plan
+    takes its rate; bf16, up to 80x slower where it is emulated, 9 times."""
+    return (*precision_timing(n, reps=9, fp32_reps=41), stream_bytes_per_s())
+
+
+class _one_thread:
+    """Intra-op threads set to one inside the block (each rank of a CPU run computes on one)."""
+
+    def __enter__(self):
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.threads)
