@@ -9,20 +9,11 @@ import pytest
 from launcher.compose import compose_config, to_object
 from launcher.plan import compute_plan
 from launcher.plan.cpu_rates import CPU_GEMM_EFFICIENCY
-from launcher.plan.machine import cpu_info, library_versions
 from launcher.plan.precision import PrecisionTiming
-from launcher.plan.profile import MachineProfile, save_figures
+from tests.helpers.cpu_check import store_check
 
 CHECK = PrecisionTiming(256, fp32_s=0.0005, bf16_s=0.0004, stream_bytes_per_s=10e9)
 EMULATED_BF16 = PrecisionTiming(256, fp32_s=0.0005, bf16_s=0.04, stream_bytes_per_s=10e9)
-
-
-def _store(directory, timing: PrecisionTiming) -> None:
-    me = MachineProfile(device="cpu", model=cpu_info().model, ranks=2, threads_per_rank=1,
-                        versions=library_versions())
-    save_figures(directory, me, {"precision": {
-        "n": timing.n, "fp32_s": timing.fp32_s, "bf16_s": timing.bf16_s,
-        "stream_bytes_per_s": timing.stream_bytes_per_s, "threads": 1}}, "test")
 
 
 def _plan(directory, *overrides):
@@ -33,7 +24,7 @@ def _plan(directory, *overrides):
 
 def _stored_plan(tmp_path, name, timing, *overrides):
     directory = tmp_path / name
-    _store(directory, timing)
+    store_check(directory, timing)
     return _plan(directory, *overrides)
 
 
@@ -82,7 +73,7 @@ def test_the_step_time_follows_the_calibrated_gemm_efficiency(tmp_path, monkeypa
 def test_deepspeeds_gpu_compute_factor_is_not_charged_on_a_cpu(tmp_path):
     """DeepSpeed's per-parameter gradient copies slow an H100 step by 1.22x; a CPU step they
     leave as Megatron-Core's (docs/plan.md, "Without a probe")."""
-    _store(tmp_path / "check", CHECK)
+    store_check(tmp_path / "check", CHECK)
 
     def compute(cluster, engine, directory):
         cfg = to_object(compose_config([cluster, "model=tiny", f"engine={engine}",

@@ -12,10 +12,10 @@ from launcher.compose import compose_config, to_object
 from launcher.config import Precision
 from launcher.plan import compute_plan
 from launcher.plan.hardware import resolve_device
-from launcher.plan.machine import CpuInfo, cpu_info, library_versions
+from launcher.plan.machine import CpuInfo
 from launcher.plan.precision import (CHECK_SIZE, PrecisionTiming, choose_precision,
                                      precision_choice)
-from launcher.plan.profile import MachineProfile, save_figures
+from tests.helpers.cpu_check import store_check
 
 CPU = resolve_device("cpu")
 EPYC = CpuInfo("AMD EPYC 7B13 64-Core Processor", frozenset({"avx2", "fma"}), 2)
@@ -58,14 +58,6 @@ def _cfg(*overrides):
     return to_object(compose_config(["cluster=local_cpu", *overrides]))
 
 
-def _store(tmp_path, timing: PrecisionTiming) -> None:
-    me = MachineProfile(device="cpu", model=cpu_info().model, ranks=2, threads_per_rank=1,
-                        versions=library_versions())
-    save_figures(tmp_path, me, {"precision": {
-        "n": timing.n, "fp32_s": timing.fp32_s, "bf16_s": timing.bf16_s,
-        "stream_bytes_per_s": timing.stream_bytes_per_s, "threads": 1}}, "test")
-
-
 def test_the_check_is_timed_once_then_read_from_the_profile(tmp_path, monkeypatch):
     monkeypatch.setattr("launcher.plan.precision.cpu_info", lambda: SAPPHIRE)
     cfg = _cfg(f"plan.profile_dir={tmp_path}")
@@ -100,7 +92,7 @@ def test_without_bf16_flags_auto_is_fp32_without_a_timing(tmp_path, monkeypatch)
 def test_a_profile_stored_before_the_streaming_add_is_timed_again(tmp_path):
     """A check stored without ``stream_bytes_per_s`` (before the plan's CPU rates needed it)
     is completed once, then read."""
-    _store(tmp_path, PrecisionTiming(256, fp32_s=0.001, bf16_s=0.078))
+    store_check(tmp_path, PrecisionTiming(256, fp32_s=0.001, bf16_s=0.078))
     cfg = _cfg(f"plan.profile_dir={tmp_path}", "trainer.precision=fp32")
     calls = []
 
@@ -115,7 +107,7 @@ def test_a_profile_stored_before_the_streaming_add_is_timed_again(tmp_path):
 
 @pytest.mark.parametrize("timing,expected", [(SLOW, "fp32"), (FAST, "bf16")])
 def test_the_plan_shows_the_choice_and_why(tmp_path, timing, expected):
-    _store(tmp_path, timing)
+    store_check(tmp_path, timing)
     plan = compute_plan(_cfg(f"plan.profile_dir={tmp_path}"))
     assert plan.precision == expected and plan.to_dict()["precision"] == expected
     assert plan.precision_reason.startswith("auto: bf16 is ")
@@ -125,7 +117,7 @@ def test_the_plan_shows_the_choice_and_why(tmp_path, timing, expected):
 
 
 def test_the_plan_warns_about_an_explicit_slow_bf16(tmp_path):
-    _store(tmp_path, SLOW)
+    store_check(tmp_path, SLOW)
     plan = compute_plan(_cfg(f"plan.profile_dir={tmp_path}", "trainer.precision=bf16"))
     assert plan.precision == "bf16"
     assert any("78x slower than fp32" in w for w in plan.warnings)
@@ -134,7 +126,7 @@ def test_the_plan_warns_about_an_explicit_slow_bf16(tmp_path):
 def test_a_job_records_the_precision_it_trains_in(tmp_path):
     from launcher.launch.job import prepare
 
-    _store(tmp_path, SLOW)
+    store_check(tmp_path, SLOW)
     job = prepare([f"plan.profile_dir={tmp_path}", f"run.output_root={tmp_path}",
                    "data=mock"])
     assert job.cfg.trainer.precision == Precision.fp32
