@@ -92,9 +92,12 @@ def test_the_plan_composes_the_step_from_the_profile_and_says_so(probed, tmp_pat
     deepspeed = _plan(profiles, "engine=deepspeed")
     assert deepspeed["sources"]["step time"].startswith("measured: ")
     assert deepspeed["step_time_parts"]["framework"] != 0, deepspeed["step_time_parts"]
-    other = _plan(profiles, "engine=megatron", "model.hidden_size=128")  # not measured
-    assert other["sources"]["step time"].startswith("catalogue (cpu")
-    assert _plan(tmp_path, "engine=megatron")["sources"]["step time"].startswith("catalogue")
+    # a model the probe did not measure: the rates of the CPU check the probe's plan stored
+    other = _plan(profiles, "engine=megatron", "model.hidden_size=128")
+    assert other["sources"]["step time"].startswith("rates of this CPU's check")
+    assert "not calibrated" in other["sources"]["step time"]
+    fresh = _plan(tmp_path, "engine=megatron")["sources"]["step time"]  # the check timed now
+    assert fresh.startswith("rates of this CPU's check") and "not calibrated" in fresh
 
 
 @pytest.mark.parametrize("command", ["launcher.plan", "launcher.search"])
