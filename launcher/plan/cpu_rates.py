@@ -5,8 +5,8 @@ differ by more than the plan can afford: an AVX2 core emulates bf16 80x slower t
 AVX512-BF16 one computes it. The plan's CPU check (:mod:`launcher.plan.precision`: a 256^3
 matmul in fp32 and bf16, and a streaming add, on one thread as each rank computes) has timed
 this machine, so an uncalibrated plan prices a CPU rank's matmuls at the check's matmul rate in
-the training precision and its memory-bound kernels at the check's streaming rate, each times
-the fraction a training step reaches (below). A probe (``python -m launcher.probe``) still
+the training precision times the fraction a training step reaches (below), and its memory-bound
+kernels and optimizer at the check's streaming rate. A probe (``python -m launcher.probe``) still
 replaces all of it with the step's own parts.
 """
 
@@ -22,9 +22,9 @@ from launcher.plan.precision import PrecisionChoice, PrecisionTiming, precision_
 CPU_GEMM_EFFICIENCY = 0.5
 """Fraction of the check's 256^3 matmul rate that a CPU training step's matmuls reach (smaller
 or thinner products, transposed operands in the backward pass, Megatron-Core's linear layers
-around them)."""
-CPU_STREAM_EFFICIENCY = 1.0
-"""Fraction of the check's streaming-add rate that a step's memory-bound kernels reach."""
+around them). Fitted on one config, ``bench/plan_accuracy.py --uncalibrated``'s
+``tiny fp32 megatron`` on a 2-core AVX2 AMD EPYC (2026-11-29: 0.500); its five other configs
+are out of sample (docs/plan.md, "Without a probe")."""
 
 
 def timed_cpu(device: Device, timing: Optional[PrecisionTiming], precision: Precision,
@@ -38,7 +38,7 @@ def timed_cpu(device: Device, timing: Optional[PrecisionTiming], precision: Prec
         return device
     return replace(device, peak_tflops_fp32=rate, peak_tflops_bf16=rate,
                    gemm_efficiency=CPU_GEMM_EFFICIENCY, attention_efficiency=CPU_GEMM_EFFICIENCY,
-                   hbm_bytes_per_s=timing.stream_bytes_per_s * CPU_STREAM_EFFICIENCY,
+                   hbm_bytes_per_s=timing.stream_bytes_per_s,
                    rates=f"this CPU's check ({timing.text()}; a streaming add moves "
                          f"{timing.stream_bytes_per_s / 1e9:.1f} GB/s; one thread)")
 
