@@ -84,3 +84,16 @@ def test_deepspeeds_gpu_compute_factor_is_not_charged_on_a_cpu(tmp_path):
     assert cpu[1] == pytest.approx(cpu[0])
     gpu = [compute("cluster=local_gpu", e, tmp_path / "gpu") for e in ("megatron", "deepspeed")]
     assert gpu[1] == pytest.approx(gpu[0] * 0.803 / 0.659)
+
+
+def test_the_search_ranks_a_cpus_layouts_at_its_checks_rates_and_says_so(tmp_path):
+    """The search said "measured: <profile>" of any profile of this machine, one that held the
+    check alone included, while every candidate was priced by the model."""
+    from launcher.search.search import search
+
+    store_check(tmp_path / "check", CHECK)
+    cfg = to_object(compose_config(["cluster=local_cpu", "model=tiny", "trainer.precision=fp32",
+                                    f"plan.profile_dir={tmp_path / 'check'}"]))
+    result = search(cfg)
+    assert result.step_time_source.startswith("rates of this CPU's check")
+    assert result.ranked

@@ -32,7 +32,8 @@ class SearchResult:
     """GPU memory a candidate may use (the GPU's, less search.headroom)."""
     step_time_source: str = "catalogue"
     """Where every candidate's step time comes from: "measured: <profile>" (a probe of this
-    machine and model) or "catalogue" (launcher/plan/hardware.py)."""
+    machine and model), "rates of this CPU's check (...)" (launcher/plan/cpu_rates.py) or
+    "catalogue" (launcher/plan/hardware.py)."""
 
 
 def global_batch_of(cfg: TrainwrightConfig, world: int) -> int:
@@ -88,7 +89,9 @@ def search(cfg: TrainwrightConfig, world: int | None = None,
         elif result is not None:
             excluded.append(result)
     ranked.sort(key=_rank_key)
-    source = calibration.measured_label if calibration else "catalogue"
+    measured = calibration is not None and any(s.step.measured for s in ranked)
+    source = calibration.measured_label if measured else \
+        f"rates of {device.rates}" if device.rates else "catalogue"
     return SearchResult(searched, len(ranked), ranked, batch, tuple(excluded), budget, source)
 
 
