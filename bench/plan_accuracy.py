@@ -118,7 +118,9 @@ CALIBRATION = "tiny fp32 megatron"
 """The one config whose run sets the CPU matmul efficiency (launcher/plan/cpu_rates.py) in
 ``--uncalibrated``; the :data:`UNSEEN` configs are then planned out of sample."""
 OLD_CATALOGUE = ["cluster.peak_tflops=0.2"]
-"""The catalogue's placeholder cpu entry, as planned before the CPU check set the rates."""
+"""The catalogue's placeholder cpu peak (0.2 TFLOP/s, 20 GB/s), which the CPU check's rates
+replaced; with today's cpu links and engine factors, so not exactly the plan before them
+(bench/results/plan_uncalibrated_cpu_check.json keeps a run from before)."""
 
 
 def uncalibrated(args, base: dict, root: Path) -> dict:
