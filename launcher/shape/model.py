@@ -45,6 +45,11 @@ _ENUMS = {"arch": Arch, "activation": Activation, "rope_scaling": RopeScaling,
           "moe_router_score": RouterScore}
 
 
+_RESOLVED: dict = {}
+"""ResolvedModel.of's results by (the ModelConfig's field values, TP)."""
+_RESOLVED_KEPT = 256
+
+
 def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: int = 1) -> int:
     """Rows of the embedding table: vocab_size rounded up to divisible_by x TP."""
     multiple = divisible_by * tensor_parallel_size
@@ -145,7 +150,23 @@ class ResolvedModel:
 
     @classmethod
     def of(cls, model: ModelConfig, tensor_parallel_size: int = 1) -> "ResolvedModel":
-        """``model`` as Megatron-Core builds it at ``tensor_parallel_size``."""
+        """``model`` as Megatron-Core builds it at ``tensor_parallel_size``. Cached on the
+        config's field values (a layout search resolves one model ~60,000 times), so a config
+        changed in place resolves afresh."""
+        key = (tuple(vars(model).values()), tensor_parallel_size)
+        try:
+            return _RESOLVED[key]
+        except KeyError:
+            pass
+        except TypeError:  # a field holding a list: not hashable, not cached
+            return cls._resolve(model, tensor_parallel_size)
+        if len(_RESOLVED) >= _RESOLVED_KEPT:
+            _RESOLVED.clear()
+        resolved = _RESOLVED[key] = cls._resolve(model, tensor_parallel_size)
+        return resolved
+
+    @classmethod
+    def _resolve(cls, model: ModelConfig, tensor_parallel_size: int) -> "ResolvedModel":
         gpt2, heads = model.arch == Arch.gpt2, model.num_attention_heads
         max_positions = model.max_position_embeddings or model.seq_length
         return cls(
@@ -215,6 +236,8 @@ class ResolvedModel:
     @property
     def windowed_layers(self) -> int:
         """Layers that attend within the window (all but every full_every-th)."""
+        if not self.window:
+            return 0
         return sum(self.windowed(n) for n in range(1, self.layers + 1))
 
     @property

@@ -18,6 +18,7 @@ which they are.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from launcher.core.problems import Problem, divisors, fmt_values
@@ -96,13 +97,15 @@ def stage_layers(num_layers: int, pp: int, split: StageSplit = StageSplit()) -> 
     return tuple(_raw_layers(num_layers, pp, split)[0])
 
 
+@functools.lru_cache(maxsize=4096)
 def stage_layer_numbers(num_layers: int, pp: int, vpp: int = 1,
                         split: StageSplit = StageSplit()) -> tuple[tuple[int, ...], ...]:
     """The transformer layers (numbered from 0) of every pipeline stage, first to last, as
     Megatron-Core places them (``get_transformer_layer_offset``): the model cut into VPP rounds,
     each round into one chunk per stage in stage order, a stage holding its chunk of every
     round; the embedding (loss) counted as a layer takes the place of one in the first (last)
-    chunk of all. Assumes :func:`split_problems` found none."""
+    chunk of all. Assumes :func:`split_problems` found none. Cached: a layout search asks
+    for the same few splits tens of thousands of times."""
     if pp == 1:
         return (tuple(range(num_layers)),)
     counts = _raw_layers(num_layers, pp, split)[0]
