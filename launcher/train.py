@@ -9,6 +9,13 @@ done, 2 config error, 3 non-finite loss/gradient, 75 stopped for requeue, 1 othe
 
 from __future__ import annotations
 
+RANK_MODULES = ("megatron.core.models.gpt", "launcher.train", "launcher.engines.megatron",
+                "launcher.runtime.loop", "launcher.runtime.data", "launcher.runtime.checkpoint",
+                "launcher.runtime.session", "launcher.runtime.evaluation")
+"""What a training rank imports, imported for it before it starts
+(:func:`launcher.launch.rank_preload.preload_rank_imports`); DeepSpeed is imported by the ranks
+that use it."""
+
 if __name__ in ("__main__", "__mp_main__"):  # before anything slow: no stop is lost from here
     import sys as _sys
 
@@ -18,6 +25,10 @@ if __name__ in ("__main__", "__mp_main__"):  # before anything slow: no stop is 
 
     if not {"-m", "--multirun"} & set(_sys.argv[1:]):  # a sweep: each point's run does this
         stop_from_first_line(_STOPPED, "train", __name__, announce=_launch_rank() == 0)
+        if __name__ == "__main__" and not any(a.startswith("-") for a in _sys.argv[1:]):
+            from launcher.launch.rank_preload import preload_rank_imports as _preload
+
+            _preload(RANK_MODULES)  # the ranks' imports, on another core while this one plans
 
 import contextlib
 import os
@@ -30,6 +41,7 @@ from launcher.core.exits import CONFIG_ERROR_EXIT, REQUEUE_EXIT
 from launcher.launch.agent import scheduler_exit
 from launcher.launch.bootstrap import Rank, run_ranks
 from launcher.launch.job import prepare
+from launcher.launch.rank_preload import preload_rank_imports
 from launcher.launch.remote_inputs import localized
 from launcher.runtime.goodput import print_summary
 from launcher.runtime.metrics import Metrics
@@ -43,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(flag in argv for flag in ("-m", "--multirun")):
         from launcher.launch.sweep import main as sweep_main  # Hydra multirun: one run per point
         return sweep_main(argv, on_end=finish_sweep)
+    preload_rank_imports(RANK_MODULES)
     job = prepare(localized(argv, ("trainer.init_from",)), weights_key="trainer.init_from")
     if not run_dir_free(job.run_dir):
         return CONFIG_ERROR_EXIT

@@ -97,3 +97,56 @@ def test_the_server_dies_with_its_launcher_even_while_importing_and_ignores_stop
     while _alive(server):
         assert time.monotonic() < deadline, "the fork server outlived its launcher"
         time.sleep(0.05)
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def _fork_server(pid: int, timeout_s: float = 30) -> int:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        servers = [c for c in _children(pid)
+                   if b"forkserver" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        if servers:
+            return servers[0]
+        assert time.monotonic() < deadline, "no fork server started"
+        time.sleep(0.01)
+
+
+@pytest.mark.slow
+def test_a_launcher_waiting_for_its_ranks_imports_still_stops_at_once(tmp_path):
+    """The launcher has composed and planned; its fork server still imports (held here with
+    SIGSTOP). A stop to the launcher ends the job with 75 at once: before the launcher waited
+    for the server itself, it sat in its request for a rank, deaf until the imports were done."""
+    from tests.helpers.signals import launch
+
+    log = tmp_path / "run.log"
+    proc = launch(tmp_path, "held", log)
+    try:
+        server = _fork_server(proc.pid)
+        time.sleep(1.0)  # past its first lines (it dies with the launcher from there on)
+        os.kill(server, signal.SIGSTOP)
+        deadline = time.monotonic() + 90
+        while True:  # until the launcher is idle for a second: done planning, waiting
+            ticks = _cpu_ticks(proc.pid)
+            time.sleep(1.0)
+            assert proc.poll() is None, log.read_text()[-3000:]
+            if _cpu_ticks(proc.pid) - ticks <= 10:  # under 10% of a core
+                break
+            assert time.monotonic() < deadline, "the launcher never went idle"
+        os.kill(proc.pid, signal.SIGTERM)
+        sent = time.monotonic()
+        code = proc.wait(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    output = log.read_text()
+    assert code == 75 and took < 5, (code, took, output[-3000:])
+    assert output.count("stopped by SIGTERM during start-up") == 1, output[-3000:]
+    deadline = time.monotonic() + 10
+    while _alive(server):
+        assert time.monotonic() < deadline, "the fork server outlived its launcher"
+        time.sleep(0.05)

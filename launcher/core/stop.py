@@ -113,16 +113,19 @@ def restore_handlers(previous: dict) -> None:
 
 
 def child_ranks() -> list:
-    """Pids of this process's children that run training ranks (not multiprocessing's helper
-    processes): what a launcher forwards stop signals to."""
+    """Pids of the processes that run this launcher's ranks: its children, not multiprocessing's
+    helper processes, and the children of its fork server (each a rank forked from it,
+    :mod:`launcher.launch.rank_preload`): what a launcher forwards stop signals to."""
     out = []
     for child in psutil.Process().children():
         try:
             cmdline = " ".join(child.cmdline())
+            if "forkserver" in cmdline:
+                out.extend(rank.pid for rank in child.children())
+            elif "resource_tracker" not in cmdline:
+                out.append(child.pid)
         except psutil.Error:
             continue
-        if "resource_tracker" not in cmdline and "forkserver" not in cmdline:
-            out.append(child.pid)
     return out
 
 
@@ -364,13 +367,37 @@ def stop_from_first_line(code: int, command: str, main: str, announce: bool = Tr
 
     Before this line only the interpreter's own start is exposed: a stop signal there takes its
     default action (docs/launching.md says what a scheduler sees then)."""
-    global _this_process
+    global _forked_first_line
     if main == "__mp_main__":
         if os.environ.get(LAUNCHER_PID_ENV) != str(os.getppid()):
+            _forked_first_line = (code, command)  # a fork server's child: see below
             return
         announce = False
     elif main != "__main__":
         return
+    _install_first_line(code, command, announce)
+
+
+def first_line_of_forked_rank() -> None:
+    """In a rank forked from its launcher's fork server (:mod:`launcher.launch.rank_preload`),
+    once it has its launcher's environment and before it takes its launcher's signal mask (the
+    stop signals are held until then): what :func:`stop_from_first_line` installs in a spawned
+    rank, silently. Its main module's first line ran under the server as parent, so it could not
+    tell a rank from a helper process; the launcher's entry of a rank calls this. Nothing when
+    the main module has no such line or this process already has one installed."""
+    global _forked_first_line
+    if _forked_first_line is not None and _this_process is None:
+        _install_first_line(*_forked_first_line, announce=False)
+    _forked_first_line = None
+
+
+_forked_first_line: Optional[tuple] = None
+"""(code, command) of a main module's first line met in a fork server's child
+(:func:`first_line_of_forked_rank`)."""
+
+
+def _install_first_line(code: int, command: str, announce: bool) -> None:
+    global _this_process
     request = StopRequest()
 
     def say(signum: int) -> None:

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional
 from launcher.core.stop import (LAUNCHER_PID_ENV, StartupStop, StopRequest, child_ranks,
                                 elastic_signals, start_resource_tracker_deaf_to_stops,
                                 this_process_stop)
-from launcher.launch.rank_preload import as_launched, launcher_env, start_method
+from launcher.launch.rank_preload import (as_launched, launcher_env, start_method,
+                                          wait_until_preloaded)
 from launcher.parallel.distributed import free_port
 
 if TYPE_CHECKING:
@@ -124,6 +125,7 @@ def launch_world(entrypoint: Callable, args: tuple, nprocs: int, rendezvous: Ren
         monitor_interval=0.1, start_method=start_method(), local_addr=r.local_addr,
         logs_specs=logs,
         signals_to_handle=elastic_signals(stop_signal))
+    wait_until_preloaded()  # a stop meanwhile ends this process at once (no ranks yet)
     with stops_forwarded(stop_signal) as stops:
         if watch is not None:
             watch.stops = stops

@@ -17,31 +17,55 @@ What a spawned rank inherited from its launcher, a forked one gets here too:
   the process group never ends it, and its forks start with them held too); each rank takes the
   launcher's own signal mask of the moment of the launch, as a spawned rank does;
 - **death with the launcher**: the server dies with the launcher (``PR_SET_PDEATHSIG``) and the
-  ranks with the server (:func:`die_with_parent`, as a spawned rank dies with its launcher).
+  ranks with the server (:func:`die_with_parent`, as a spawned rank dies with its launcher);
+- **the stop contract of its first line**: a spawned rank of ``launcher.train`` installs its
+  start-up stop handling while Python imports its main module
+  (:func:`launcher.core.stop.stop_from_first_line`). A forked rank imports it too, but under the
+  server as its parent it cannot tell itself from a helper process there; :func:`as_launched`
+  installs it once the rank has its launcher's environment, while the stop signals are still
+  held, so none is lost; the launcher forwards a stop it alone receives to its server's children
+  (:func:`launcher.core.stop.child_ranks`);
+- **its threads**: torch's intra-op threads as the launcher's OMP_NUM_THREADS says at launch
+  (the server's OpenMP read it at import).
 
 The imports are shaped as a rank's own would be (:func:`launcher.engines.compat.shape_imports`:
 Transformer Engine hidden when asked, Megatron-Core's fused kernels left eager).
 
 Only on a machine without an NVIDIA device: a fork of a process that initialised CUDA cannot use
 it, and whether Transformer Engine's and Megatron-Core's imports leave CUDA untouched has not been
-checked on a GPU yet; there the ranks are spawned as before. ``launcher.evaluate``,
-``launcher.generate`` and ``launcher.convert`` (reshard, from_hf) use it, not ``launcher.train``:
-a training rank's first line (:func:`launcher.core.stop.stop_from_first_line`, run again as
-``__mp_main__`` before the rank's entry) has not been checked against a forked start.
+checked on a GPU yet; there the ranks are spawned as before (and anywhere under
+``TRAINWRIGHT_SPAWN_RANKS=1``). ``launcher.train`` (not a sweep's points), ``launcher.evaluate``,
+``launcher.generate`` and ``launcher.convert`` (reshard, from_hf) use it; ``launcher.probe`` does
+not (it measures a training start-up as spawned ranks pay it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import tempfile
+import time
 from typing import Callable, Optional, Sequence
 
+from launcher.core.stop import first_line_of_forked_rank
 from launcher.parallel.distributed import in_distributed_launch
 
 PRELOAD_ENV = "TRAINWRIGHT_RANK_PRELOAD"
 """Set only in the fork server's environment while it starts: the modules to import,
 comma-separated."""
+
+SPAWN_RANKS_ENV = "TRAINWRIGHT_SPAWN_RANKS"
+"""=1: no fork server; every rank is spawned and imports its libraries itself (as on a machine
+with an NVIDIA device; ``bench/startup.py --spawned`` compares the two)."""
+
+READY_ENV = "TRAINWRIGHT_RANK_PRELOAD_READY"
+"""Set only in the fork server's environment while it starts: the file it writes to once its
+imports are done (:func:`wait_until_preloaded`)."""
+
+_ready_file: Optional[str] = None
+"""In the launcher: that file, until it has waited for it."""
 
 _started_env: Optional[dict] = None
 """In the launcher: its environment when it started the server (None: no server)."""
@@ -58,23 +82,50 @@ def preload_rank_imports(modules: Sequence[str]) -> None:
     the server unused."""
     global _started_env
     if _started_env is not None or not modules or has_nvidia_device() \
-            or in_distributed_launch():
+            or in_distributed_launch() or os.environ.get(SPAWN_RANKS_ENV) == "1":
         return
     import multiprocessing
     from multiprocessing import forkserver
 
     from launcher.core.stop import ALWAYS_STOP, start_resource_tracker_deaf_to_stops
 
+    global _ready_file
     start_resource_tracker_deaf_to_stops()
+    fd, _ready_file = tempfile.mkstemp(prefix="trainwright-preload-", suffix=".ready")
+    os.close(fd)
     held = signal.pthread_sigmask(signal.SIG_BLOCK, set(ALWAYS_STOP) | {signal.SIGUSR1})
-    os.environ[PRELOAD_ENV] = ",".join(modules)
+    os.environ[PRELOAD_ENV], os.environ[READY_ENV] = ",".join(modules), _ready_file
     try:
         multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])
         forkserver.ensure_running()
     finally:
-        del os.environ[PRELOAD_ENV]
+        del os.environ[PRELOAD_ENV], os.environ[READY_ENV]
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
     _started_env = dict(os.environ)
+
+
+def wait_until_preloaded(poll_s: float = 0.02) -> float:
+    """Wait until the fork server has imported the ranks' libraries (or died); the seconds
+    waited (0 without a server). Call it before the ranks are started: the server forks no rank
+    before its imports are done, so a launcher that asked for ranks earlier would sit in that
+    request, deaf to a stop, until they were; waiting here instead, the launcher is still before
+    its ranks, where a stop ends it at once (:func:`launcher.core.stop.stop_from_first_line`)."""
+    global _ready_file
+    if _ready_file is None:
+        return 0.0
+    from multiprocessing import forkserver
+
+    import psutil
+
+    started, pid = time.monotonic(), getattr(forkserver._forkserver, "_forkserver_pid", None)
+    try:
+        while os.path.getsize(_ready_file) == 0 and pid and psutil.pid_exists(pid):
+            time.sleep(poll_s)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(_ready_file)
+        _ready_file = None
+    return time.monotonic() - started
 
 
 def start_method() -> str:
@@ -101,8 +152,19 @@ def as_launched(entrypoint: Callable, changed: dict, removed: list, mask: set, *
         if key not in own:
             os.environ.pop(key, None)
     os.environ.update({k: v for k, v in changed.items() if k not in own})
+    if _server_env is not None:
+        first_line_of_forked_rank()
+        _threads_as_launched(changed)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return entrypoint(*args)
+
+
+def _threads_as_launched(changed: dict) -> None:
+    """torch's intra-op threads as OMP_NUM_THREADS says now: the server's OpenMP read the
+    variable when torch was imported, before the launcher changed it."""
+    threads = changed.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(threads))
 
 
 def _serve() -> None:
@@ -110,6 +172,7 @@ def _serve() -> None:
     the ranks then import what is missing themselves)."""
     global _server_env
     modules = os.environ.pop(PRELOAD_ENV).split(",")
+    ready = os.environ.pop(READY_ENV, "")
     _server_env = dict(os.environ)
     die_with_parent()
     try:
@@ -120,6 +183,10 @@ def _serve() -> None:
             __import__(module)
     except Exception as exc:  # a rank imports it again and meets the error where it is reported
         print(f"launcher: rank preload stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+    finally:
+        if ready:
+            with contextlib.suppress(OSError), open(ready, "a") as done:
+                done.write("imported\n")
 
 
 def die_with_parent() -> None:
