@@ -11,7 +11,10 @@ outside and read back from its run directory:
   group, run directory, build, checkpoint, data);
 * exit: the final save's ``checkpoint ... saved`` event -> the command's exit.
 
-Prints each run and the medians; the figures in docs/training.md come from here.
+Prints each run and the medians; the figures in docs/training.md come from here. With
+``--spawned`` every run is made twice, turn about: as a user's (ranks forked from the fork server
+that imported their libraries while the launcher planned) and with ``TRAINWRIGHT_SPAWN_RANKS=1``
+(each rank spawned, importing them itself), and the ratio of the medians is printed.
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ def _rows(path: Path) -> list:
         if path.exists() else []
 
 
-def one_run(root: Path, engine: str, n: int, repo: Path = REPO) -> dict:
-    name = f"{engine}{n}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+def one_run(root: Path, engine: str, n: int, repo: Path = REPO, spawned: bool = False) -> dict:
+    name = f"{engine}{n}{'_spawned' if spawned else ''}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
+           "TRAINWRIGHT_SPAWN_RANKS": "1" if spawned else "0"}
     args = [sys.executable, "-m", "launcher.train", f"engine={engine}", *RUN,
             f"run.output_root={root}", f"run.name={name}"]
     started = time.time()
@@ -63,18 +67,33 @@ def main() -> None:
     parser.add_argument("--engines", nargs="+", default=["deepspeed", "megatron"])
     parser.add_argument("--repo", type=Path, default=REPO,
                         help="the checkout to run (another commit, for a baseline)")
+    parser.add_argument("--spawned", action="store_true",
+                        help="each run also with TRAINWRIGHT_SPAWN_RANKS=1 (ranks spawned, not "
+                             "forked from the preloaded server), turn about")
     args = parser.parse_args()
+    kinds = (False, True) if args.spawned else (False,)
     with tempfile.TemporaryDirectory(prefix="startup-bench-") as tmp:
         for engine in args.engines:
-            runs = [one_run(Path(tmp), engine, n, args.repo) for n in range(args.runs)]
-            for r in runs:
-                parts = ", ".join(f"{k} {v:.2f}" for k, v in r["parts"].items())
-                print(f"{engine}: start-up {r['startup_s']:.2f} s ({parts}); "
-                      f"exit {r['exit_s']:.2f} s after the final save")
-            print(f"{engine}: median start-up "
-                  f"{statistics.median(r['startup_s'] for r in runs):.2f} s, median exit "
-                  f"{statistics.median(r['exit_s'] for r in runs):.2f} s over {args.runs} runs")
+            runs = {kind: [] for kind in kinds}
+            for n in range(args.runs):
+                for kind in kinds:
+                    runs[kind].append(one_run(Path(tmp), engine, n, args.repo, kind))
+            for kind in kinds:
+                _print(f"{engine}{' spawned' if kind else ''}", runs[kind])
+            if args.spawned:
+                ratio = statistics.median(r["startup_s"] for r in runs[False]) / \
+                    statistics.median(r["startup_s"] for r in runs[True])
+                print(f"{engine}: forked/spawned start-up {ratio:.2f}x")
 
+
+def _print(label: str, runs: list) -> None:
+    for r in runs:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in r["parts"].items())
+        print(f"{label}: start-up {r['startup_s']:.2f} s ({parts}); "
+              f"exit {r['exit_s']:.2f} s after the final save")
+    print(f"{label}: median start-up {statistics.median(r['startup_s'] for r in runs):.2f} s, "
+          f"median exit {statistics.median(r['exit_s'] for r in runs):.2f} s over {len(runs)} "
+          "runs")
 
 if __name__ == "__main__":
     main()

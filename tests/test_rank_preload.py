@@ -126,7 +126,6 @@ def test_a_launcher_waiting_for_its_ranks_imports_still_stops_at_once(tmp_path):
     proc = launch(tmp_path, "held", log)
     try:
         server = _fork_server(proc.pid)
-        time.sleep(1.0)  # past its first lines (it dies with the launcher from there on)
         os.kill(server, signal.SIGSTOP)
         deadline = time.monotonic() + 90
         while True:  # until the launcher is idle for a second: done planning, waiting
@@ -146,7 +145,10 @@ def test_a_launcher_waiting_for_its_ranks_imports_still_stops_at_once(tmp_path):
     output = log.read_text()
     assert code == 75 and took < 5, (code, took, output[-3000:])
     assert output.count("stopped by SIGTERM during start-up") == 1, output[-3000:]
-    deadline = time.monotonic() + 10
+    # Stopped before its first lines (a loaded host), it did not yet die with its launcher:
+    # continued, it ends when it finds its launcher gone, once its imports are done.
+    os.kill(server, signal.SIGCONT)
+    deadline = time.monotonic() + 120
     while _alive(server):
         assert time.monotonic() < deadline, "the fork server outlived its launcher"
         time.sleep(0.05)

@@ -6,8 +6,8 @@ its first step, two runs at a time, each the load beside the other, taking turns
 deliveries: SIGTERM to the process group (as Slurm, Kubernetes and ``timeout`` send it), SIGUSR1
 (the early warning) to the group, SIGTERM to the launcher's pid alone. The sweep ends at the first
 point where both runs had begun training before their signal (the ordinary stop, which saves).
-The points are ``TRAINWRIGHT_STARTUP_STOP_STEP_S`` apart (default 1.25 s; docs/training.md gives
-a sweep at 0.25 s).
+The points are ``TRAINWRIGHT_STARTUP_STOP_STEP_S`` apart (default: an eighth of the
+start-up of a run measured first; docs/training.md gives a sweep at 0.25 s).
 
 Before the fix: a signal in the launcher's first 2-3 s killed it with 143 and no line; later ones
 were often taken for a rank failure ("rank 0 died (SIGTERM); restarting") and the restarted ranks
@@ -16,34 +16,52 @@ trained to the end (exit 0), or vanished (a launcher with no ranks yet forwarded
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from launcher.parallel.distributed import free_port
-from tests.helpers.signals import COMMON
+from tests.helpers.signals import COMMON, launch
 from tests.helpers.startup_stops import stop_at
 from tests.helpers.training import REPO, TINY
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("startup_stop_sweep")]
 
 KINDS = [(signal.SIGTERM, "group"), (signal.SIGUSR1, "group"), (signal.SIGTERM, "launcher")]
-STEP_S = float(os.environ.get("TRAINWRIGHT_STARTUP_STOP_STEP_S", "1.25"))
 MAX_POINTS = 80
+POINTS_PER_START_UP = 8
+"""Without TRAINWRIGHT_STARTUP_STOP_STEP_S, the points are an eighth of a start-up apart, as
+measured here first on one run alone (two runs at once start more slowly): about 8 points
+before the first step on a host of any speed."""
+
+
+def sweep_step_s(tmp: Path) -> float:
+    """Seconds between two points: TRAINWRIGHT_STARTUP_STOP_STEP_S, else an eighth of the
+    start-up of one unsignalled run (its ``startup`` event: launch to first step)."""
+    if os.environ.get("TRAINWRIGHT_STARTUP_STOP_STEP_S"):
+        return float(os.environ["TRAINWRIGHT_STARTUP_STOP_STEP_S"])
+    proc = launch(tmp, "unsignalled", tmp / "unsignalled.log", "trainer.train_steps=1")
+    assert proc.wait(timeout=300) == 0, (tmp / "unsignalled.log").read_text()[-3000:]
+    events = [json.loads(line) for line in (tmp / "unsignalled" / "events.jsonl").open()]
+    [startup] = [e for e in events if e["kind"] == "startup"]
+    seconds = sum(v for k, v in startup.items() if k.endswith("_s"))
+    return max(0.25, (seconds - 0.5) / POINTS_PER_START_UP)
 
 
 def test_a_stop_signal_at_any_moment_of_start_up_exits_75_at_once_without_restart(tmp_path):
-    cases, delay = [], 0.5
+    cases, delay, step_s = [], 0.5, sweep_step_s(tmp_path)
     for k in range(MAX_POINTS):
         point = stop_at(tmp_path, delay, [KINDS[k % 3], KINDS[(k + 1) % 3]])
         cases += point
         if all(c.steps_before for c in point):  # every run was training: start-up is covered
             break
-        delay += STEP_S
+        delay += step_s
     table = "\n".join(c.row() for c in cases)
     bad = [f"{c.row()}: {'; '.join(c.problems())}\n{c.output[-1500:]}"
            for c in cases if c.problems()]
