@@ -152,3 +152,19 @@ def test_a_launcher_waiting_for_its_ranks_imports_still_stops_at_once(tmp_path):
     while _alive(server):
         assert time.monotonic() < deadline, "the fork server outlived its launcher"
         time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_training_ranks_are_forked_import_nothing_and_print_no_warning_of_it(tmp_path):
+    """launcher.train's ranks come from the fork server: the `imports` part of the run's
+    start-up is the moment from fork to entry (a spawned rank's was 3-4 s on 2 cores), and the
+    rank's re-run of the command's module as __mp_main__ leaves no runpy warning on the console
+    (it did while the server kept launcher.train imported)."""
+    from tests.helpers.training import train
+
+    proc = train(tmp_path, "forked", "cluster.gpus_per_node=2", "trainer.train_steps=1",
+                 "trainer.save_interval=0", "trainer.eval_interval=0")
+    assert "found in sys.modules" not in proc.stderr, proc.stderr[-3000:]
+    events = [json.loads(line) for line in (tmp_path / "forked" / "events.jsonl").open()]
+    [startup] = [e for e in events if e["kind"] == "startup"]
+    assert startup["imports_s"] < 0.5, startup

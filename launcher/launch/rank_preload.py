@@ -64,6 +64,9 @@ READY_ENV = "TRAINWRIGHT_RANK_PRELOAD_READY"
 """Set only in the fork server's environment while it starts: the file it writes to once its
 imports are done (:func:`wait_until_preloaded`)."""
 
+MAIN_ENV = "TRAINWRIGHT_RANK_PRELOAD_MAIN"
+"""Set only in the fork server's environment while it starts: the launcher's main module."""
+
 _ready_file: Optional[str] = None
 """In the launcher: that file, until it has waited for it."""
 
@@ -94,12 +97,14 @@ def preload_rank_imports(modules: Sequence[str]) -> None:
     fd, _ready_file = tempfile.mkstemp(prefix="trainwright-preload-", suffix=".ready")
     os.close(fd)
     held = signal.pthread_sigmask(signal.SIG_BLOCK, set(ALWAYS_STOP) | {signal.SIGUSR1})
-    os.environ[PRELOAD_ENV], os.environ[READY_ENV] = ",".join(modules), _ready_file
+    main = getattr(sys.modules["__main__"], "__spec__", None)
+    os.environ[PRELOAD_ENV] = ",".join(modules)
+    os.environ[READY_ENV], os.environ[MAIN_ENV] = _ready_file, main.name if main else ""
     try:
         multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])
         forkserver.ensure_running()
     finally:
-        del os.environ[PRELOAD_ENV], os.environ[READY_ENV]
+        del os.environ[PRELOAD_ENV], os.environ[READY_ENV], os.environ[MAIN_ENV]
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
     _started_env = dict(os.environ)
 
@@ -172,7 +177,7 @@ def _serve() -> None:
     the ranks then import what is missing themselves)."""
     global _server_env
     modules = os.environ.pop(PRELOAD_ENV).split(",")
-    ready = os.environ.pop(READY_ENV, "")
+    ready, main = os.environ.pop(READY_ENV, ""), os.environ.pop(MAIN_ENV, "")
     _server_env = dict(os.environ)
     die_with_parent()
     try:
@@ -181,6 +186,9 @@ def _serve() -> None:
         shape_imports()
         for module in modules:
             __import__(module)
+        # A rank runs the command's module again as its __mp_main__; found imported, runpy
+        # warns on the rank's console. What it imports stays imported.
+        sys.modules.pop(main, None)
     except Exception as exc:  # a rank imports it again and meets the error where it is reported
         print(f"launcher: rank preload stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
     finally:
