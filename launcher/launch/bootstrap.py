@@ -40,7 +40,7 @@ from launcher.core.stop import StartupStop, StopRequest, this_process_stop
 from launcher.launch.agent import exit_without_collecting
 from launcher.launch.job import Job
 from launcher.launch.local import Rendezvous, launch_world
-from launcher.launch.rank_preload import die_with_parent
+from launcher.launch.rank_preload import die_with_parent, import_output
 from launcher.launch.watchdog import JobWatch
 from launcher.parallel.distributed import in_distributed_launch, launch_rank
 from launcher.plan.resilience import collective_timeout_s
@@ -244,6 +244,8 @@ def start_rank(job: Job, command: str = "", startup_exit: Optional[int] = None,
     clock.mark("imports")
     console = route_output(job.run_dir, launch_rank(), cfg.run.verbose) \
         if job.run_dir is not None else Console(sys.stdout, sys.stderr)
+    if import_output():  # a forked rank: its libraries' import chatter, printed by the server
+        print(import_output(), end="", file=sys.stderr, flush=True)
     heartbeat = Heartbeat.from_env(launch_rank(), cfg.resilience)
     if heartbeat is not None:
         heartbeat.phase(STARTUP)

@@ -67,6 +67,9 @@ imports are done (:func:`wait_until_preloaded`)."""
 MAIN_ENV = "TRAINWRIGHT_RANK_PRELOAD_MAIN"
 """Set only in the fork server's environment while it starts: the launcher's main module."""
 
+_import_output = ""
+"""In the server, and so in every rank forked from it: what its imports printed."""
+
 _ready_file: Optional[str] = None
 """In the launcher: that file, until it has waited for it."""
 
@@ -175,26 +178,66 @@ def _threads_as_launched(changed: dict) -> None:
 def _serve() -> None:
     """In the fork server: die with the launcher, then the imports (a failure is one line;
     the ranks then import what is missing themselves)."""
-    global _server_env
+    global _server_env, _import_output
     modules = os.environ.pop(PRELOAD_ENV).split(",")
     ready, main = os.environ.pop(READY_ENV, ""), os.environ.pop(MAIN_ENV, "")
     _server_env = dict(os.environ)
     die_with_parent()
+    failure = ""
     try:
-        from launcher.engines.compat import shape_imports
+        with _output_kept() as kept:
+            from launcher.engines.compat import shape_imports
 
-        shape_imports()
-        for module in modules:
-            __import__(module)
-        # A rank runs the command's module again as its __mp_main__; found imported, runpy
-        # warns on the rank's console. What it imports stays imported.
-        sys.modules.pop(main, None)
+            shape_imports()
+            for module in modules:
+                __import__(module)
+            # A rank runs the command's module again as its __mp_main__; found imported, runpy
+            # warns on the rank's console. What it imports stays imported.
+            sys.modules.pop(main, None)
     except Exception as exc:  # a rank imports it again and meets the error where it is reported
-        print(f"launcher: rank preload stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+        failure = f"launcher: rank preload stopped: {type(exc).__name__}: {exc}"
     finally:
+        _import_output = kept.text if "kept" in locals() else ""
+        if failure:
+            print(failure, file=sys.stderr, flush=True)
         if ready:
             with contextlib.suppress(OSError), open(ready, "a") as done:
                 done.write("imported\n")
+
+
+class _Kept:
+    text = ""
+
+
+@contextlib.contextmanager
+def _output_kept():
+    """This process's stdout and stderr (fds 1 and 2) into a file while the block runs; its
+    text after. The libraries' import-time chatter (Megatron-Core's warnings) is a rank's
+    library output, which goes to the rank's log (:func:`import_output`), not the console."""
+    kept = _Kept()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield kept
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            sink.seek(0)
+            kept.text = sink.read().decode("utf-8", "replace")
+
+
+def import_output() -> str:
+    """In a rank forked from the server: what the server's imports printed (each rank writes it
+    where its library output goes, as a spawned rank's own imports would); '' elsewhere."""
+    return _import_output
 
 
 def die_with_parent() -> None:
