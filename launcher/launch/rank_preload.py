@@ -26,7 +26,12 @@ What a spawned rank inherited from its launcher, a forked one gets here too:
   held, so none is lost; the launcher forwards a stop it alone receives to its server's children
   (:func:`launcher.core.stop.child_ranks`);
 - **its threads**: torch's intra-op threads as the launcher's OMP_NUM_THREADS says at launch
-  (the server's OpenMP read it at import).
+  (the server's OpenMP read it at import);
+- **its import chatter in its log**: what the libraries print while imported (Megatron-Core's
+  warnings) the server keeps, and each rank writes it where its library output goes (its rank
+  log, or the console under ``run.verbose``), not on the launcher's console; the launcher's main
+  module is dropped after the imports, so the rank's run of it as ``__mp_main__`` draws no runpy
+  warning.
 
 The imports are shaped as a rank's own would be (:func:`launcher.engines.compat.shape_imports`:
 Transformer Engine hidden when asked, Megatron-Core's fused kernels left eager).
