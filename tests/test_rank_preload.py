@@ -80,13 +80,7 @@ def _alive(pid: int) -> bool:
 def test_the_server_dies_with_its_launcher_even_while_importing_and_ignores_stops(tmp_path):
     proc = _run(tmp_path, "wait", TW_SLOW_IMPORT="60")
     assert proc.stdout.readline().strip() == "started"
-    deadline = time.monotonic() + 30
-    while not [c for c in _children(proc.pid)
-               if b"forkserver" in Path(f"/proc/{c}/cmdline").read_bytes()]:
-        assert time.monotonic() < deadline, "no fork server started"
-        time.sleep(0.05)
-    [server] = [c for c in _children(proc.pid)
-                if b"forkserver" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    server = _fork_server(proc.pid)
     os.kill(server, signal.SIGUSR1)  # held there: a stop sent to the group never ends it
     os.kill(server, signal.SIGTERM)
     time.sleep(0.5)
@@ -110,7 +104,8 @@ def _fork_server(pid: int, timeout_s: float = 30) -> int:
         servers = [c for c in _children(pid)
                    if b"forkserver" in Path(f"/proc/{c}/cmdline").read_bytes()]
         if servers:
-            return servers[0]
+            [server] = servers  # one fork server per launcher
+            return server
         assert time.monotonic() < deadline, "no fork server started"
         time.sleep(0.01)
 

@@ -91,7 +91,7 @@ def preload_rank_imports(modules: Sequence[str]) -> None:
     from the main thread, as early as the command can name its ranks' modules. Nothing when this
     process is itself a rank (torchrun, srun); a job of one rank runs in this process and leaves
     the server unused."""
-    global _started_env
+    global _started_env, _ready_file
     if _started_env is not None or not modules or has_nvidia_device() \
             or in_distributed_launch() or os.environ.get(SPAWN_RANKS_ENV) == "1":
         return
@@ -100,7 +100,6 @@ def preload_rank_imports(modules: Sequence[str]) -> None:
 
     from launcher.core.stop import ALWAYS_STOP, start_resource_tracker_deaf_to_stops
 
-    global _ready_file
     start_resource_tracker_deaf_to_stops()
     fd, _ready_file = tempfile.mkstemp(prefix="trainwright-preload-", suffix=".ready")
     os.close(fd)
@@ -117,20 +116,20 @@ def preload_rank_imports(modules: Sequence[str]) -> None:
     _started_env = dict(os.environ)
 
 
-def wait_until_preloaded(poll_s: float = 0.02) -> float:
-    """Wait until the fork server has imported the ranks' libraries (or died); the seconds
-    waited (0 without a server). Call it before the ranks are started: the server forks no rank
+def wait_until_preloaded(poll_s: float = 0.02) -> None:
+    """Wait until the fork server has imported the ranks' libraries (or died); nothing
+    without a server. Call it before the ranks are started: the server forks no rank
     before its imports are done, so a launcher that asked for ranks earlier would sit in that
     request, deaf to a stop, until they were; waiting here instead, the launcher is still before
     its ranks, where a stop ends it at once (:func:`launcher.core.stop.stop_from_first_line`)."""
     global _ready_file
     if _ready_file is None:
-        return 0.0
+        return
     from multiprocessing import forkserver
 
     import psutil
 
-    started, pid = time.monotonic(), getattr(forkserver._forkserver, "_forkserver_pid", None)
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
     try:
         while os.path.getsize(_ready_file) == 0 and pid and psutil.pid_exists(pid):
             time.sleep(poll_s)
@@ -138,7 +137,6 @@ def wait_until_preloaded(poll_s: float = 0.02) -> float:
         with contextlib.suppress(OSError):
             os.unlink(_ready_file)
         _ready_file = None
-    return time.monotonic() - started
 
 
 def start_method() -> str:
@@ -183,14 +181,14 @@ def _threads_as_launched(changed: dict) -> None:
 def _serve() -> None:
     """In the fork server: die with the launcher, then the imports (a failure is one line;
     the ranks then import what is missing themselves)."""
-    global _server_env, _import_output
+    global _server_env
     modules = os.environ.pop(PRELOAD_ENV).split(",")
     ready, main = os.environ.pop(READY_ENV, ""), os.environ.pop(MAIN_ENV, "")
     _server_env = dict(os.environ)
     die_with_parent()
     failure = ""
     try:
-        with _output_kept() as kept:
+        with _import_output_kept():
             from launcher.engines.compat import shape_imports
 
             shape_imports()
@@ -202,7 +200,6 @@ def _serve() -> None:
     except Exception as exc:  # a rank imports it again and meets the error where it is reported
         failure = f"launcher: rank preload stopped: {type(exc).__name__}: {exc}"
     finally:
-        _import_output = kept.text if "kept" in locals() else ""
         if failure:
             print(failure, file=sys.stderr, flush=True)
         if ready:
@@ -210,16 +207,13 @@ def _serve() -> None:
                 done.write("imported\n")
 
 
-class _Kept:
-    text = ""
-
-
 @contextlib.contextmanager
-def _output_kept():
-    """This process's stdout and stderr (fds 1 and 2) into a file while the block runs; its
-    text after. The libraries' import-time chatter (Megatron-Core's warnings) is a rank's
-    library output, which goes to the rank's log (:func:`import_output`), not the console."""
-    kept = _Kept()
+def _import_output_kept():
+    """This process's stdout and stderr (fds 1 and 2) into a file while the block runs, its
+    text then in :data:`_import_output`. The libraries' import-time chatter (Megatron-Core's
+    warnings) is a rank's library output, which goes to the rank's log (:func:`import_output`),
+    not the console."""
+    global _import_output
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
@@ -227,7 +221,7 @@ def _output_kept():
         os.dup2(sink.fileno(), 1)
         os.dup2(sink.fileno(), 2)
         try:
-            yield kept
+            yield
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -236,7 +230,7 @@ def _output_kept():
             for fd in saved:
                 os.close(fd)
             sink.seek(0)
-            kept.text = sink.read().decode("utf-8", "replace")
+            _import_output = sink.read().decode("utf-8", "replace")
 
 
 def import_output() -> str:
