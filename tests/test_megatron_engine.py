@@ -50,6 +50,9 @@ def test_distributed_optimizer_equals_plain_ddp_at_dp2(layouts):
         ddp, dist = rank["ddp"], rank["distopt"]
         for a, b in zip(ddp["loss"] + ddp["grad_norm"], dist["loss"] + dist["grad_norm"]):
             assert abs(a - b) < 1e-6, (ddp, dist)
+        # torch's multi-tensor Adam on the CPU, not its per-tensor default there
+        # (launcher.engines.common.multi_tensor_on_cpu)
+        assert ddp["adam_paths"] == dist["adam_paths"] == ["_multi_tensor_adam"]
     assert layouts[0]["ddp"]["loss"] == layouts[1]["ddp"]["loss"]
 
 

@@ -20,9 +20,32 @@ def masked_mean(token_losses: torch.Tensor, loss_mask: torch.Tensor,
 
 
 def set_lr(torch_optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Write ``lr`` into every parameter group of a torch optimizer (before its step)."""
+    """Write ``lr`` into every parameter group of a torch optimizer (before its step), and
+    :func:`multi_tensor_on_cpu`'s choice (a group's options come back from a checkpoint as they
+    were saved, so the choice is made where the step's options are)."""
     for group in torch_optimizer.param_groups:
         group["lr"] = lr
+    multi_tensor_on_cpu(torch_optimizer)
+
+
+def multi_tensor_on_cpu(torch_optimizer: torch.optim.Optimizer) -> None:
+    """torch's multi-tensor (``foreach``) Adam/AdamW for parameter groups on the CPU.
+
+    torch picks its multi-tensor path by default on CUDA only; on a CPU it runs the per-tensor
+    path, whose temporaries are new tensors of the parameters' size. The multi-tensor path gives
+    the same bits (checked: gpt2_124m's 149 tensors, one step) 2.5x faster on one AVX2 EPYC
+    thread (0.36 s against 0.91 s), and DeepSpeed's single 62M-value ZeRO partition 2.4x
+    (0.56 s against 1.36 s). Groups of fused optimizers, of other optimizer classes (no
+    ``foreach`` option: Transformer Engine's FusedAdam) and on a GPU are left as they are.
+    Groups without parameters count as the machine's (DeepSpeed ZeRO-3 lends its groups one
+    partition at a time, during its step)."""
+    groups = torch_optimizer.param_groups
+    devices = {p.device.type for group in groups for p in group.get("params") or []}
+    if devices - {"cpu"} or (not devices and torch.cuda.is_available()):
+        return
+    for group in groups:
+        if "foreach" in group and not group.get("fused"):
+            group["foreach"] = True
 
 
 def param_groups(module: torch.nn.Module, weight_decay: float) -> list:

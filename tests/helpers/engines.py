@@ -3,7 +3,8 @@
 of ``TINY``), fixed training batches (``fixed_batches``), and an ``engine=megatron`` engine
 (``build``, on top of ``MEGATRON``; ``MOE`` adds a 4-expert top-2 MoE at EP=2), and a few
 steps trained on the fixed batches: ``train`` (an engine built by ``build``) and ``run_layout``
-(an engine=deepspeed engine built from overrides).
+(an engine=deepspeed engine built from overrides), each saying which of torch Adam's
+implementations the steps ran (``adam_paths``).
 
 Formerly in tests/test_engine_deepspeed.py (``TINY``, ``cfg_of``, ``fixed_batches``,
 ``run_layout``) and tests/test_megatron_engine.py (``MEGATRON``, ``MOE``, ``build``,
@@ -11,6 +12,8 @@ Formerly in tests/test_engine_deepspeed.py (``TINY``, ``cfg_of``, ``fixed_batche
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 from launcher.compose import compose_config, to_object
 
@@ -79,6 +82,29 @@ def global_params(eng) -> dict:
     return out
 
 
+@contextmanager
+def adam_paths():
+    """The names of torch Adam's implementations (``_single_tensor_adam``,
+    ``_multi_tensor_adam``) that optimizer steps call inside the block, in call order."""
+    import torch.optim.adam as adam
+
+    seen, names = [], ("_single_tensor_adam", "_multi_tensor_adam")
+    originals = {name: getattr(adam, name) for name in names}
+
+    def counted(name, run):
+        def wrapper(*args, **kwargs):
+            seen.append(name)
+            return run(*args, **kwargs)
+        return wrapper
+    for name, run in originals.items():
+        setattr(adam, name, counted(name, run))
+    try:
+        yield seen
+    finally:
+        for name, run in originals.items():
+            setattr(adam, name, run)
+
+
 def copy_weights(eng, reference: dict) -> None:
     """Give ``eng`` the weights of a PP=1 model (tied output layer = word embeddings)."""
     import torch
@@ -101,12 +127,13 @@ def train(eng, cfg, steps: int, data_seed: int = 0, reference=None) -> dict:
     next_batch = fixed_batches(cfg.model.vocab_size, cfg.model.seq_length,
                                cfg.trainer.micro_batch_size, data_seed)
     timer, out = PhaseTimer(), {"loss": [], "grad_norm": [], "extra": []}
-    for step in range(steps):
-        result = eng.train_step(next_batch, lr_at(step, optimizer=cfg.optimizer,
-                                                  total_steps=steps), timer)
-        for key in out:
-            out[key].append(getattr(result, key))
-    out["times"] = timer.snapshot()
+    with adam_paths() as paths:
+        for step in range(steps):
+            result = eng.train_step(next_batch, lr_at(step, optimizer=cfg.optimizer,
+                                                      total_steps=steps), timer)
+            for key in out:
+                out[key].append(getattr(result, key))
+    out["times"], out["adam_paths"] = timer.snapshot(), sorted(set(paths))
     parallel_state.destroy_model_parallel()
     return out
 
@@ -130,11 +157,12 @@ def run_layout(overrides, steps: int, data_seed: int) -> dict:
     next_batch = fixed_batches(cfg.model.vocab_size, cfg.model.seq_length,
                                cfg.trainer.micro_batch_size, data_seed)
     timer, out = PhaseTimer(), {"loss": [], "grad_norm": [], "loss_scale": []}
-    for step in range(steps):
-        lr = lr_at(step, optimizer=cfg.optimizer, total_steps=plan.batch.train_steps)
-        result = eng.train_step(next_batch, lr, timer)
-        for key in out:
-            out[key].append(getattr(result, key))
-    out["times"] = timer.snapshot()
+    with adam_paths() as paths:
+        for step in range(steps):
+            lr = lr_at(step, optimizer=cfg.optimizer, total_steps=plan.batch.train_steps)
+            result = eng.train_step(next_batch, lr, timer)
+            for key in out:
+                out[key].append(getattr(result, key))
+    out["times"], out["adam_paths"] = timer.snapshot(), sorted(set(paths))
     parallel_state.destroy_model_parallel()
     return out

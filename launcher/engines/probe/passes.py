@@ -19,6 +19,7 @@ import torch
 
 from launcher.config import (ModelConfig, ParallelismConfig, Precision, TrainerConfig,
                              compute_precision)
+from launcher.engines.common import multi_tensor_on_cpu
 from launcher.parallel.timing import median_seconds
 from launcher.shape import ResolvedModel
 
@@ -146,4 +147,5 @@ def adam_seconds(numel: int, tensors: int, reps: int) -> float:
     for p in params:
         p.grad = torch.full_like(p, 1e-3)
     opt = torch.optim.AdamW(params, lr=1e-4)
+    multi_tensor_on_cpu(opt)  # as both engines step it (their set_lr)
     return median_seconds(opt.step, reps=reps, warmup=1, device=device)
