@@ -12,8 +12,10 @@ from launcher.plan.cpu_rates import CPU_GEMM_EFFICIENCY
 from launcher.plan.precision import PrecisionTiming
 from tests.helpers.cpu_check import store_check
 
-CHECK = PrecisionTiming(256, fp32_s=0.0005, bf16_s=0.0004, stream_bytes_per_s=10e9)
-EMULATED_BF16 = PrecisionTiming(256, fp32_s=0.0005, bf16_s=0.04, stream_bytes_per_s=10e9)
+CHECK = PrecisionTiming(256, fp32_s=0.0005, bf16_s=0.0004, stream_bytes_per_s=10e9,
+                        adam_seconds_per_param=6e-9)
+EMULATED_BF16 = PrecisionTiming(256, fp32_s=0.0005, bf16_s=0.04, stream_bytes_per_s=10e9,
+                                adam_seconds_per_param=6e-9)
 
 
 def _plan(directory, *overrides):
@@ -34,7 +36,7 @@ def test_the_plan_prices_a_cpu_at_its_checks_matmul_rate(tmp_path):
     source = plan.sources["step time"]
     assert source.startswith("rates of this CPU's check") and "10.0 GB/s" in source
     assert "not calibrated" in source
-    slower = _stored_plan(tmp_path, "slower", PrecisionTiming(256, 0.001, 0.0008, 10e9),
+    slower = _stored_plan(tmp_path, "slower", PrecisionTiming(256, 0.001, 0.0008, 10e9, 6e-9),
                           "trainer.precision=fp32")
     # half the matmul rate, the same streaming rate: the matmuls take twice as long
     assert slower.compute.parts["compute"] > 1.5 * plan.compute.parts["compute"]
@@ -97,3 +99,20 @@ def test_the_search_ranks_a_cpus_layouts_at_its_checks_rates_and_says_so(tmp_pat
     result = search(cfg)
     assert result.step_time_source.startswith("rates of this CPU's check")
     assert result.ranked
+
+
+def test_the_optimizer_is_priced_at_the_checks_adamw_step(tmp_path):
+    """gpt2_124m's DeepSpeed ZeRO-2 shard (62M parameters a rank) was planned at 0.28 s of
+    optimizer from the streaming rate at a fused GPU Adam's 64 bytes a parameter; its step took
+    2.6-3.0 s (1.5 s of it torch's per-tensor AdamW). The check now times the engines' AdamW."""
+    gpt2 = ["model=gpt2_124m", "model.seq_length=128", "engine=deepspeed",
+            "parallelism.zero_stage=2", "trainer.micro_batch_size=1", "trainer.precision=fp32"]
+    twice = PrecisionTiming(256, fp32_s=0.0005, bf16_s=0.0004, stream_bytes_per_s=10e9,
+                            adam_seconds_per_param=12e-9)
+    plan = _stored_plan(tmp_path, "check", CHECK, *gpt2)
+    slower = _stored_plan(tmp_path, "slower", twice, *gpt2)
+    shard = plan.params.per_gpu / plan.dims.dp  # ZeRO-2: the optimizer steps this rank's share
+    assert plan.compute.parts["optimizer"] == pytest.approx(shard * 6e-9, rel=0.01)
+    assert slower.compute.parts["optimizer"] == pytest.approx(2 * plan.compute.parts["optimizer"])
+    assert slower.compute.parts["compute"] == plan.compute.parts["compute"]
+    assert "AdamW steps 6.0 ns a parameter" in plan.sources["step time"]

@@ -21,8 +21,10 @@ CPU = resolve_device("cpu")
 EPYC = CpuInfo("AMD EPYC 7B13 64-Core Processor", frozenset({"avx2", "fma"}), 2)
 SAPPHIRE = CpuInfo("Intel(R) Xeon(R) Platinum 8480+",
                    frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}), 2)
-SLOW = PrecisionTiming(256, fp32_s=0.001, bf16_s=0.078, stream_bytes_per_s=8e9)  # emulated: 78x
-FAST = PrecisionTiming(256, fp32_s=0.0002, bf16_s=0.00005, stream_bytes_per_s=12e9)
+SLOW = PrecisionTiming(256, fp32_s=0.001, bf16_s=0.078, stream_bytes_per_s=8e9,  # emulated: 78x
+                       adam_seconds_per_param=7e-9)
+FAST = PrecisionTiming(256, fp32_s=0.0002, bf16_s=0.00005, stream_bytes_per_s=12e9,
+                       adam_seconds_per_param=3e-9)
 
 
 def test_a_gpu_trains_bf16():
@@ -65,13 +67,14 @@ def test_the_check_is_timed_once_then_read_from_the_profile(tmp_path, monkeypatc
 
     def timer(n):
         calls.append(n)
-        return SLOW.fp32_s, SLOW.bf16_s, SLOW.stream_bytes_per_s
+        return SLOW.fp32_s, SLOW.bf16_s, SLOW.stream_bytes_per_s, SLOW.adam_seconds_per_param
 
     first = precision_choice(cfg, CPU, ranks=2, measure=True, timer=timer)
     assert calls == [CHECK_SIZE] and first.precision == Precision.fp32
     stored = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert stored["figures"]["precision"]["bf16_s"] == SLOW.bf16_s
     assert stored["figures"]["precision"]["stream_bytes_per_s"] == SLOW.stream_bytes_per_s
+    assert stored["figures"]["precision"]["adam_seconds_per_param"] == SLOW.adam_seconds_per_param
     assert stored["model"] == SAPPHIRE.model and stored["source"] == "precision check"
 
     def no_timer(n):
@@ -89,16 +92,20 @@ def test_without_bf16_flags_auto_is_fp32_without_a_timing(tmp_path, monkeypatch)
     assert "neither AMX nor AVX512-BF16" in choice.reason
 
 
-def test_a_profile_stored_before_the_streaming_add_is_timed_again(tmp_path):
-    """A check stored without ``stream_bytes_per_s`` (before the plan's CPU rates needed it)
-    is completed once, then read."""
-    store_check(tmp_path, PrecisionTiming(256, fp32_s=0.001, bf16_s=0.078))
+@pytest.mark.parametrize("stored", [
+    PrecisionTiming(256, fp32_s=0.001, bf16_s=0.078),
+    PrecisionTiming(256, fp32_s=0.001, bf16_s=0.078, stream_bytes_per_s=8e9)],
+    ids=["before_the_streaming_add", "before_the_adamw_step"])
+def test_a_profile_stored_before_a_figure_was_checked_is_timed_again(tmp_path, stored):
+    """A check stored without ``stream_bytes_per_s`` or ``adam_seconds_per_param`` (before the
+    plan's CPU rates needed them) is completed once, then read."""
+    store_check(tmp_path, stored)
     cfg = _cfg(f"plan.profile_dir={tmp_path}", "trainer.precision=fp32")
     calls = []
 
     def timer(n):
         calls.append(n)
-        return SLOW.fp32_s, SLOW.bf16_s, SLOW.stream_bytes_per_s
+        return SLOW.fp32_s, SLOW.bf16_s, SLOW.stream_bytes_per_s, SLOW.adam_seconds_per_param
 
     assert precision_choice(cfg, CPU, ranks=2, measure=True, timer=timer).timing == SLOW
     assert precision_choice(cfg, CPU, ranks=2, measure=True, timer=timer).timing == SLOW

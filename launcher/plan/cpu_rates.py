@@ -3,10 +3,14 @@
 The catalogue's ``cpu`` entry (:mod:`launcher.plan.hardware`) stands for any CPU, and CPUs
 differ by more than the plan can afford: an AVX2 core emulates bf16 80x slower than an
 AVX512-BF16 one computes it. The plan's CPU check (:mod:`launcher.plan.precision`: a 256^3
-matmul in fp32 and bf16, and a streaming add, on one thread as each rank computes) has timed
-this machine, so an uncalibrated plan prices a CPU rank's matmuls at the check's matmul rate in
-the training precision times the fraction a training step reaches (below), and its memory-bound
-kernels and optimizer at the check's streaming rate. A probe (``python -m launcher.probe``) still
+matmul in fp32 and bf16, a streaming add and one AdamW step, on one thread as each rank
+computes) has timed this machine, so an uncalibrated plan prices a CPU rank's matmuls at the
+check's matmul rate in the training precision times the fraction a training step reaches
+(below), its memory-bound kernels at the check's streaming rate, and its optimizer at the
+check's AdamW step. That step is the engines' own (torch's multi-tensor AdamW); its temporaries
+the size of the parameters make it about twice the 64 bytes a parameter of a fused GPU Adam
+(gpt2_124m's 62M-parameter ZeRO-2 shard: 0.51 s alone on an AVX2 EPYC thread, where the
+streaming rate at 64 bytes would say 0.28 s). A probe (``python -m launcher.probe``) still
 replaces all of it with the step's own parts.
 """
 
@@ -36,11 +40,14 @@ def timed_cpu(device: Device, timing: Optional[PrecisionTiming], precision: Prec
     rate = timing.matmul_flops_per_s(precision) / 1e12
     if rate <= 0 or timing.stream_bytes_per_s <= 0:
         return device
+    adam = timing.adam_seconds_per_param
     return replace(device, peak_tflops_fp32=rate, peak_tflops_bf16=rate,
                    gemm_efficiency=CPU_GEMM_EFFICIENCY, attention_efficiency=CPU_GEMM_EFFICIENCY,
-                   hbm_bytes_per_s=timing.stream_bytes_per_s,
+                   hbm_bytes_per_s=timing.stream_bytes_per_s, optimizer_seconds_per_param=adam,
                    rates=f"this CPU's check ({timing.text()}; a streaming add moves "
-                         f"{timing.stream_bytes_per_s / 1e9:.1f} GB/s; one thread)")
+                         f"{timing.stream_bytes_per_s / 1e9:.1f} GB/s"
+                         + (f"; AdamW steps {adam * 1e9:.1f} ns a parameter" if adam > 0 else "")
+                         + "; one thread)")
 
 
 def plan_device(cfg: TrainwrightConfig, *, measure: bool) -> tuple[Device, PrecisionChoice]:

@@ -40,6 +40,10 @@ class Device:
     mxfp8: bool = False
     """The tensor cores scale FP8 blocks of 32 values in hardware (Blackwell), which
     trainer.fp8.recipe=mxfp8 needs."""
+    optimizer_seconds_per_param: float = 0.0
+    """Seconds of one AdamW step per parameter, measured on this machine (a CPU's check,
+    launcher/plan/cpu_rates.py); 0 = priced from ``hbm_bytes_per_s`` at
+    launcher/plan/step_time.OPTIMIZER_BYTES_PER_PARAM."""
     rates: str = ""
     """Where the rates were measured when not taken from this catalogue (a CPU's own check,
     launcher/plan/cpu_rates.py); "" = the catalogue's figures."""

@@ -8,8 +8,9 @@
   bf16 only when it is at least as fast as fp32. The timing is stored in the machine profile
   (:mod:`launcher.plan.profile`, section ``precision``), so one check serves later plans.
 
-The same check times a streaming add; with the matmuls it gives the plan this CPU's own rates
-(:mod:`launcher.plan.cpu_rates`), so it runs on every CPU, whatever the precision asked.
+The same check times a streaming add and one AdamW step; with the matmuls they give the plan
+this CPU's own rates (:mod:`launcher.plan.cpu_rates`), so it runs on every CPU, whatever the
+precision asked.
 
 An explicit ``bf16`` (or ``fp16``) where it is slow is honoured, with a plan warning that gives
 the measured slowdown. :func:`choose_precision` is pure; :func:`precision_choice` reads the CPU,
@@ -30,7 +31,7 @@ CHECK_SIZE = 256
 """Side of the square matmul the precision check times in both dtypes."""
 SECTION = "precision"
 """The profile section of the check: {"n", "fp32_s", "bf16_s", "stream_bytes_per_s",
-"threads"}."""
+"adam_seconds_per_param", "threads"}."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,15 @@ class PrecisionTiming:
     stream_bytes_per_s: float = 0.0
     """Bytes per second a streaming add moves on one thread; 0 = not timed (a profile stored
     before the check timed it)."""
+    adam_seconds_per_param: float = 0.0
+    """Seconds per parameter of one AdamW step as the engines run it on a CPU (torch's
+    multi-tensor path, fp32, one thread, a tensor past the allocator's reuse ceiling as a
+    model's are); 0 = not timed (a profile stored before the check timed it)."""
+
+    @property
+    def complete(self) -> bool:
+        """Every figure the plan's CPU rates read was timed."""
+        return self.stream_bytes_per_s > 0 and self.adam_seconds_per_param > 0
 
     def matmul_flops_per_s(self, precision: Precision) -> float:
         """FLOP/s of the check's matmul in ``precision`` (fp32, else bf16)."""
@@ -109,8 +119,8 @@ def _cpu_bf16_fast(cpu: Optional[CpuInfo], timing: Optional[PrecisionTiming]) ->
 
 
 Timer = Callable[[int], tuple]
-"""(fp32 seconds, bf16 seconds of the matmul at side n, streamed bytes per second): the
-engines' :func:`launcher.engines.probe.cpu_check`."""
+"""(fp32 seconds, bf16 seconds of the matmul at side n, streamed bytes per second, AdamW
+seconds per parameter): the engines' :func:`launcher.engines.probe.cpu_check`."""
 
 
 def precision_choice(cfg: TrainwrightConfig, device: Device, *, ranks: int, measure: bool,
@@ -123,7 +133,7 @@ def precision_choice(cfg: TrainwrightConfig, device: Device, *, ranks: int, meas
         return choose_precision(asked, device)
     cpu = cpu_info()
     timing = stored_timing(cfg, cpu, ranks)
-    if (timing is None or not timing.stream_bytes_per_s) and measure:
+    if (timing is None or not timing.complete) and measure:
         timing = _timed_and_stored(cfg, cpu, ranks, timer)
     if asked not in (Precision.auto, Precision.bf16, Precision.fp16):
         return PrecisionChoice(asked, "trainer.precision as set", timing=timing)
@@ -146,7 +156,8 @@ def stored_timing(cfg: TrainwrightConfig, cpu: CpuInfo, ranks: int) -> Optional[
     record = found.figures.get(SECTION) if found is not None else None
     try:
         return PrecisionTiming(int(record["n"]), float(record["fp32_s"]), float(record["bf16_s"]),
-                               float(record.get("stream_bytes_per_s", 0.0)))
+                               float(record.get("stream_bytes_per_s", 0.0)),
+                               float(record.get("adam_seconds_per_param", 0.0)))
     except (TypeError, KeyError, ValueError, AttributeError):
         return None
 
@@ -161,6 +172,7 @@ def _timed_and_stored(cfg: TrainwrightConfig, cpu: CpuInfo, ranks: int,
                      {SECTION: {"n": timing.n, "fp32_s": timing.fp32_s,
                                 "bf16_s": timing.bf16_s,
                                 "stream_bytes_per_s": timing.stream_bytes_per_s,
+                                "adam_seconds_per_param": timing.adam_seconds_per_param,
                                 "threads": 1}}, "precision check")
     except OSError:
         pass  # an unwritable cache only costs the next plan another check

@@ -247,10 +247,13 @@ def data_parallel_seconds(work: DataParallelWork, links: Links, grad_accum: int,
 
 def optimizer_seconds(params: float, dev: Device, offload: bool, grad_bytes: int,
                       param_bytes: int, slowdown: float) -> float:
-    """One optimizer step over this GPU's (shard of the) parameters."""
+    """One optimizer step over this GPU's (shard of the) parameters: at the rate measured on
+    this machine where there is one (a CPU's check), else its memory traffic."""
     if offload:
         copies = params * (grad_bytes + param_bytes) / PCIE_BYTES_PER_S
         return params / CPU_ADAM_PARAMS_PER_S + copies
+    if dev.optimizer_seconds_per_param > 0:
+        return params * dev.optimizer_seconds_per_param * slowdown
     return params * OPTIMIZER_BYTES_PER_PARAM / dev.hbm_bytes_per_s * slowdown
 
 

@@ -78,11 +78,12 @@ def pass_records(cfg, *, local_ranks: int, micro_batches: list[int]) -> list[dic
 
 def optimizer_records(numel: int, tensors: int) -> list[dict]:
     """The ``optimizer`` section: AdamW over ``numel`` and a quarter of it."""
-    from launcher.engines.probe.passes import adam_seconds
+    from launcher.engines.probe.kernels import adam_seconds
+    from launcher.engines.probe.passes import compute_device
 
     out = []
     for n in sorted({max(tensors, numel // 4), max(tensors, numel)}):
-        seconds = collectives.max_floats([adam_seconds(n, tensors, REPS)])[0]
+        seconds = collectives.max_floats([adam_seconds(n, tensors, REPS, compute_device())])[0]
         out.append({"key": {"numel": n, "tensors": tensors}, "seconds": seconds})
     return out
 

@@ -16,4 +16,5 @@ def store_check(directory: Path, timing: PrecisionTiming, ranks: int = 2) -> Non
                         versions=library_versions())
     save_figures(directory, me, {SECTION: {
         "n": timing.n, "fp32_s": timing.fp32_s, "bf16_s": timing.bf16_s,
-        "stream_bytes_per_s": timing.stream_bytes_per_s, "threads": 1}}, "test")
+        "stream_bytes_per_s": timing.stream_bytes_per_s,
+        "adam_seconds_per_param": timing.adam_seconds_per_param, "threads": 1}}, "test")

@@ -19,7 +19,6 @@ import torch
 
 from launcher.config import (ModelConfig, ParallelismConfig, Precision, TrainerConfig,
                              compute_precision)
-from launcher.engines.common import multi_tensor_on_cpu
 from launcher.parallel.timing import median_seconds
 from launcher.shape import ResolvedModel
 
@@ -136,16 +135,3 @@ def _median_seconds(one: Callable[[], None], device: torch.device, reps: int,
     reps = max(reps, min(MAX_REPS, int(MIN_TIMED_S / max(once, 1e-6))))
     return median_seconds(one, reps=int(max_over_ranks(reps)), warmup=0, device=device,
                           before=barrier)
-
-
-def adam_seconds(numel: int, tensors: int, reps: int) -> float:
-    """Median seconds of one AdamW step (torch's, as both engines run it on fp32 master
-    weights) over ``numel`` parameters in ``tensors`` tensors."""
-    size, device = max(1, numel // max(1, tensors)), compute_device()
-    params = [torch.nn.Parameter(torch.zeros(size, device=device))
-              for _ in range(max(1, tensors))]
-    for p in params:
-        p.grad = torch.full_like(p, 1e-3)
-    opt = torch.optim.AdamW(params, lr=1e-4)
-    multi_tensor_on_cpu(opt)  # as both engines step it (their set_lr)
-    return median_seconds(opt.step, reps=reps, warmup=1, device=device)
