@@ -163,3 +163,26 @@ def test_training_ranks_are_forked_import_nothing_and_print_no_warning_of_it(tmp
     events = [json.loads(line) for line in (tmp_path / "forked" / "events.jsonl").open()]
     [startup] = [e for e in events if e["kind"] == "startup"]
     assert startup["imports_s"] < 0.5, startup
+
+
+@pytest.mark.slow
+def test_a_one_rank_job_ends_its_fork_server_before_it_trains(tmp_path):
+    """One rank runs in the launcher's own process; the fork server's imports (about 5 s of
+    CPU) would only take a core from it. The server is gone before the first step, and the run
+    still trains and exits cleanly."""
+    from tests.helpers.signals import STEPS, launch, logged_steps, wait_for
+
+    log = tmp_path / "run.log"
+    proc = launch(tmp_path, "one", log, "cluster.gpus_per_node=1")
+    try:
+        server = _fork_server(proc.pid)
+        wait_for(proc, log, lambda: logged_steps(tmp_path / "one") >= 1)
+        assert not _alive(server), "the fork server of a one-rank job was still running"
+        assert not [c for c in _children(proc.pid) if _alive(c)
+                    and b"forkserver" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 0, log.read_text()[-3000:]
+    assert logged_steps(tmp_path / "one") >= STEPS

@@ -40,7 +40,7 @@ from launcher.core.stop import StartupStop, StopRequest, this_process_stop
 from launcher.launch.agent import exit_without_collecting
 from launcher.launch.job import Job
 from launcher.launch.local import Rendezvous, launch_world
-from launcher.launch.rank_preload import die_with_parent, import_output
+from launcher.launch.rank_preload import die_with_parent, import_output, stop_unused_server
 from launcher.launch.watchdog import JobWatch
 from launcher.parallel.distributed import in_distributed_launch, launch_rank
 from launcher.plan.resilience import collective_timeout_s
@@ -138,6 +138,7 @@ def run_ranks(job: Job, body: RankBody, *, command: str, resilient: bool = False
     nodes, agent = job.cfg.cluster.nodes, Rendezvous.from_env()
     startup_exit = REQUEUE_EXIT if resilient else None
     if in_distributed_launch() or (nodes == 1 and job.local_ranks == 1 and agent is None):
+        stop_unused_server()
         return on_this_rank(job, body, command, startup_exit)
     problem = _launch_problem(job, agent)
     if problem:

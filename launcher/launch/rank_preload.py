@@ -89,8 +89,8 @@ def preload_rank_imports(modules: Sequence[str]) -> None:
     """Start the fork server of this machine's ranks, importing ``modules`` (and what a rank
     imports before them) in the background; :func:`start_method` then names it. Call it once,
     from the main thread, as early as the command can name its ranks' modules. Nothing when this
-    process is itself a rank (torchrun, srun); a job of one rank runs in this process and leaves
-    the server unused."""
+    process is itself a rank (torchrun, srun); a job of one rank runs in this process and ends
+    the server (:func:`stop_unused_server`)."""
     global _started_env, _ready_file
     if _started_env is not None or not modules or has_nvidia_device() \
             or in_distributed_launch() or os.environ.get(SPAWN_RANKS_ENV) == "1":
@@ -137,6 +137,29 @@ def wait_until_preloaded(poll_s: float = 0.02) -> None:
         with contextlib.suppress(OSError):
             os.unlink(_ready_file)
         _ready_file = None
+
+
+def stop_unused_server() -> None:
+    """End the fork server of a job whose one rank runs in this process: nothing will be forked
+    from it, and its imports (about 5 s of CPU) would take a core from the rank's own. Killed,
+    not asked to stop (it reads its stop request only once its imports are done), then reaped
+    through multiprocessing's own clean-up (``ForkServer._stop``, CPython 3.11), which forgets
+    it, so a later fork request starts a new server rather than reaping a dead one."""
+    global _started_env, _ready_file
+    if _started_env is None:
+        return
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        server._stop()
+    if _ready_file is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(_ready_file)
+    _started_env, _ready_file = None, None
 
 
 def start_method() -> str:
