@@ -1,5 +1,6 @@
 """Timed kernels: :func:`cpu_check`, the plan's CPU check (a square matmul in fp32 and bf16, a
-streaming add and one AdamW step), timed by :func:`launcher.parallel.timing.median_seconds` (re-exported here)."""
+streaming add and one AdamW step), timed by :func:`launcher.parallel.timing.median_seconds`
+(re-exported here)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import torch
 from launcher.engines.common import multi_tensor_on_cpu
 from launcher.parallel.timing import median_seconds
 
-__all__ = ["adam_seconds", "adam_seconds_per_param", "cpu_check", "median_seconds", "precision_timing",
-           "stream_bytes_per_s"]
+__all__ = ["adam_seconds", "adam_seconds_per_param", "cpu_check", "median_seconds",
+           "precision_timing", "stream_bytes_per_s"]
 
 STREAM_VALUES = 1 << 22
 """fp32 values of each vector the streaming add reads (16 MiB: past the caches of a core)."""
