@@ -124,11 +124,14 @@ replaced; with today's cpu links and engine factors, so not exactly the plan bef
 
 
 def uncalibrated(args, base: dict, root: Path) -> dict:
-    """Plans without a probe against real runs of the :data:`UNSEEN` configs in fp32: with the
-    CPU check's rates at the shipped efficiency, at the efficiency that makes
+    """Plans without a probe against real runs of the :data:`UNSEEN` configs in fp32 (those
+    ``--only`` names, and :data:`CALIBRATION` always): with the CPU check's rates at the shipped
+    efficiency, at the efficiency that makes
     :data:`CALIBRATION`'s plan match its run, and with the old catalogue placeholder."""
     env = {**base, "TRAINWRIGHT_PROFILE_DIR": str(root / "profiles" / "uncalibrated")}
-    configs = {CALIBRATION: MATRIX[CALIBRATION], **UNSEEN}
+    configs = {CALIBRATION: MATRIX[CALIBRATION],  # always: it fits the efficiency
+               **{n: c for n, c in UNSEEN.items()
+                  if not args.only or any(o in n for o in args.only)}}
     rows = {}
     for name, config in configs.items():
         config = config + COMMON + ["trainer.precision=fp32"]
