@@ -98,11 +98,16 @@ def _cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
+def _fork_servers(pid: int) -> list[int]:
+    """The fork-server children of ``pid`` (dead ones not yet reaped included)."""
+    return [c for c in _children(pid)
+            if b"forkserver" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
 def _fork_server(pid: int, timeout_s: float = 30) -> int:
     deadline = time.monotonic() + timeout_s
     while True:
-        servers = [c for c in _children(pid)
-                   if b"forkserver" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        servers = _fork_servers(pid)
         if servers:
             [server] = servers  # one fork server per launcher
             return server
@@ -178,8 +183,7 @@ def test_a_one_rank_job_ends_its_fork_server_before_it_trains(tmp_path):
         server = _fork_server(proc.pid)
         wait_for(proc, log, lambda: logged_steps(tmp_path / "one") >= 1)
         assert not _alive(server), "the fork server of a one-rank job was still running"
-        assert not [c for c in _children(proc.pid) if _alive(c)
-                    and b"forkserver" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        assert not [c for c in _fork_servers(proc.pid) if _alive(c)]
         code = proc.wait(timeout=120)
     finally:
         if proc.poll() is None:

@@ -38,9 +38,10 @@ def multi_tensor_on_cpu(torch_optimizer: torch.optim.Optimizer) -> None:
     (0.56 s against 1.36 s). Groups of fused optimizers, of other optimizer classes (no
     ``foreach`` option: Transformer Engine's FusedAdam) and on a GPU are left as they are.
     Groups without parameters count as the machine's (DeepSpeed ZeRO-3 lends its groups one
-    partition at a time, during its step)."""
+    partition at a time, during its step). Called every step: it reads one parameter a group
+    (torch's multi-tensor step needs a group's tensors on one device anyway)."""
     groups = torch_optimizer.param_groups
-    devices = {p.device.type for group in groups for p in group.get("params") or []}
+    devices = {group["params"][0].device.type for group in groups if group.get("params")}
     if devices - {"cpu"} or (not devices and torch.cuda.is_available()):
         return
     for group in groups:

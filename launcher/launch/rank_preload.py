@@ -122,7 +122,6 @@ def wait_until_preloaded(poll_s: float = 0.02) -> None:
     before its imports are done, so a launcher that asked for ranks earlier would sit in that
     request, deaf to a stop, until they were; waiting here instead, the launcher is still before
     its ranks, where a stop ends it at once (:func:`launcher.core.stop.stop_from_first_line`)."""
-    global _ready_file
     if _ready_file is None:
         return
     from multiprocessing import forkserver
@@ -134,9 +133,16 @@ def wait_until_preloaded(poll_s: float = 0.02) -> None:
         while os.path.getsize(_ready_file) == 0 and pid and psutil.pid_exists(pid):
             time.sleep(poll_s)
     finally:
+        _drop_ready_file()
+
+
+def _drop_ready_file() -> None:
+    """Remove the server's ready file (:func:`wait_until_preloaded`) and forget it."""
+    global _ready_file
+    if _ready_file is not None:
         with contextlib.suppress(OSError):
             os.unlink(_ready_file)
-        _ready_file = None
+    _ready_file = None
 
 
 def stop_unused_server() -> None:
@@ -145,7 +151,7 @@ def stop_unused_server() -> None:
     not asked to stop (it reads its stop request only once its imports are done), then reaped
     through multiprocessing's own clean-up (``ForkServer._stop``, CPython 3.11), which forgets
     it, so a later fork request starts a new server rather than reaping a dead one."""
-    global _started_env, _ready_file
+    global _started_env
     if _started_env is None:
         return
     from multiprocessing import forkserver
@@ -156,10 +162,8 @@ def stop_unused_server() -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         server._stop()
-    if _ready_file is not None:
-        with contextlib.suppress(OSError):
-            os.unlink(_ready_file)
-    _started_env, _ready_file = None, None
+    _drop_ready_file()
+    _started_env = None
 
 
 def start_method() -> str:
@@ -209,9 +213,8 @@ def _serve() -> None:
     ready, main = os.environ.pop(READY_ENV, ""), os.environ.pop(MAIN_ENV, "")
     _server_env = dict(os.environ)
     die_with_parent()
-    failure = ""
     try:
-        with _import_output_kept():
+        with _import_output_kept():  # its fds are the console again when the except runs
             from launcher.engines.compat import shape_imports
 
             shape_imports()
@@ -221,10 +224,9 @@ def _serve() -> None:
             # warns on the rank's console. What it imports stays imported.
             sys.modules.pop(main, None)
     except Exception as exc:  # a rank imports it again and meets the error where it is reported
-        failure = f"launcher: rank preload stopped: {type(exc).__name__}: {exc}"
+        print(f"launcher: rank preload stopped: {type(exc).__name__}: {exc}", file=sys.stderr,
+              flush=True)
     finally:
-        if failure:
-            print(failure, file=sys.stderr, flush=True)
         if ready:
             with contextlib.suppress(OSError), open(ready, "a") as done:
                 done.write("imported\n")
