@@ -148,52 +148,103 @@ def reference_logits(path: str, ids=PROMPT) -> np.ndarray:
         return model(torch.tensor([ids])).logits[0].numpy()
 
 
-def layout_worker(args: dict):
-    """Build the model at a layout, fill it from the HF directory, return the prompt logits
-    from the last pipeline stage (None elsewhere)."""
+def layout_worker(args: dict) -> dict:
+    """Build each family's model at one layout in turn (one launch for them all), fill it from
+    its HF directory; return, from the last pipeline stage (None elsewhere), name -> {"logits":
+    the prompt's, "generated": greedy new tokens when asked} or {"error": the traceback}."""
+    import dataclasses
+    import traceback
+
+    from launcher.config import ParallelismConfig
+    from launcher.engines.model import init_parallel_state
+
+    init_parallel_state(dataclasses.replace(ParallelismConfig(), **args["parallelism"]))
+    results = {}
+    for name, path in args["models"].items():
+        try:
+            results[name] = _family_at_layout(path, args["parallelism"], args["generate"])
+        except Exception:  # the family's tests fail with it; the other families still run
+            results[name] = {"error": traceback.format_exc()}
+    return results
+
+
+def _family_at_layout(path: str, parallelism: dict, new_tokens: int) -> dict | None:
     import dataclasses
 
-    from launcher.config import ModelConfig, ParallelismConfig, Precision, TrainerConfig
-    from launcher.launch.model_source import source_model
+    from launcher.config import (GenerateConfig, ModelConfig, ParallelismConfig, Precision,
+                                 TrainerConfig)
     from launcher.engines.megatron.engine import build_model_chunks
     from launcher.engines.megatron.generation import Generator
-    from launcher.engines.model import init_parallel_state
     from launcher.engines.weights.fill import fill_chunks
+    from launcher.launch.model_source import source_model
 
-    model = ModelConfig(**{**source_model(args["hf"]), "seq_length": 64})
-    parallelism = dataclasses.replace(ParallelismConfig(), **args["parallelism"])
-    init_parallel_state(parallelism)
-    chunks = build_model_chunks(model, parallelism, TrainerConfig(precision=Precision.fp32))
-    fill_chunks(chunks, args["hf"])
+    model = ModelConfig(**{**source_model(path), "seq_length": 64})
+    chunks = build_model_chunks(model, dataclasses.replace(ParallelismConfig(), **parallelism),
+                                TrainerConfig(precision=Precision.fp32))
+    fill_chunks(chunks, path)
+    generator = Generator(chunks, vocab_size=model.vocab_size)
     with torch.no_grad():
-        logits = Generator(chunks, vocab_size=model.vocab_size)._logits(PROMPT)
-    return None if logits is None else logits.tolist()
+        new, logits = generator.generate(PROMPT, GenerateConfig(max_new_tokens=new_tokens))
+    if logits is None:
+        return None
+    return {"logits": logits.tolist(), "generated": new}
 
 
 LAYOUTS = {"tp1": ({}, 1), "tp2": ({"tensor_parallel_size": 2}, 2),
            "pp2": ({"pipeline_parallel_size": 2}, 2),
            "ep2": ({"expert_parallel_size": 2}, 2)}
+GENERATED_TOKENS = 32
+"""Greedy tokens generated at TP=2 (and compared with transformers'); none at other layouts."""
+FAMILIES_AT = {
+    "tp1": ["llama31_tied", "mixtral", "gpt2", "qwen2", "qwen3", "mistral", "phi3",
+            "qwen3_moe", "olmo2", "gemma3", "deepseek_v3"],
+    "tp2": ["llama31_tied", "llama_untied", "mixtral", "gpt2", "qwen2", "qwen3", "mistral",
+            "phi3", "qwen3_moe", "olmo2", "gemma3", "gemma3_multimodal", "deepseek_v3"],
+    "pp2": ["llama_untied", "mixtral", "gpt2", "qwen2_untied", "qwen3", "mistral", "phi3",
+            "qwen3_moe", "olmo2", "gemma3", "deepseek_v3"],
+    "ep2": ["mixtral", "qwen3_moe", "deepseek_v3"]}
+"""Which families each layout imports: every family at TP=1, TP=2 and PP=2 (the untied
+variant where a family has one, at PP=2, whose last stage then holds its own output layer),
+the MoE families at EP=2."""
+
+
+@pytest.fixture(scope="module")
+def layout_outputs(hf_models):
+    """layout -> family -> {"logits", "generated"}: one launch a layout, on first use. The
+    tests of a layout share an xdist group, so one worker launches it."""
+    cache = {}
+
+    def outputs(layout: str) -> dict:
+        if layout not in cache:
+            parallelism, ranks = LAYOUTS[layout]
+            models = {name: hf_models[name] for name in FAMILIES_AT[layout]}
+            new_tokens = GENERATED_TOKENS if layout == "tp2" else 1
+            results = run_distributed("tests.test_convert_hf:layout_worker", ranks,
+                                      {"models": models, "parallelism": parallelism,
+                                       "generate": new_tokens}, timeout=900)
+            cache[layout] = {name: next(r[name] for r in results if r[name] is not None)
+                             for name in models}
+        return cache[layout]
+    return outputs
+
+
+def _family_output(layout_outputs, layout: str, name: str) -> dict:
+    out = layout_outputs(layout)[name]
+    assert "error" not in out, out.get("error")
+    return out
+
+
+def _at(layout: str, names: list) -> list:
+    return [pytest.param(name, layout, marks=pytest.mark.xdist_group(f"convert_hf_{layout}"))
+            for name in names]
 
 
 @pytest.mark.parametrize("name,layout", [
-    ("llama31_tied", "tp1"), ("llama31_tied", "tp2"), ("llama_untied", "pp2"),
-    ("mixtral", "tp1"), ("mixtral", "ep2"), ("mixtral", "tp2"), ("mixtral", "pp2"),
-    ("gpt2", "tp1"), ("gpt2", "tp2"), ("gpt2", "pp2"),
-    ("qwen2", "tp1"), ("qwen2", "tp2"), ("qwen2_untied", "pp2"),
-    ("qwen3", "tp1"), ("qwen3", "tp2"), ("qwen3", "pp2"),
-    ("mistral", "tp1"), ("mistral", "tp2"), ("mistral", "pp2"),
-    ("phi3", "tp1"), ("phi3", "tp2"), ("phi3", "pp2"),
-    ("qwen3_moe", "tp1"), ("qwen3_moe", "ep2"), ("qwen3_moe", "tp2"), ("qwen3_moe", "pp2"),
-    ("olmo2", "tp1"), ("olmo2", "tp2"), ("olmo2", "pp2"),
-    ("gemma3", "tp1"), ("gemma3", "tp2"), ("gemma3", "pp2"), ("gemma3_multimodal", "tp2"),
-    ("deepseek_v3", "tp1"), ("deepseek_v3", "tp2"), ("deepseek_v3", "pp2"),
-    ("deepseek_v3", "ep2")])
-def test_imported_logits_equal_transformers(hf_models, name, layout, record_property):
+    param for layout, names in FAMILIES_AT.items() for param in _at(layout, names)])
+def test_imported_logits_equal_transformers(layout_outputs, hf_models, name, layout,
+                                            record_property):
     """The largest difference is recorded (``--junitxml``: docs/convert.md's table)."""
-    parallelism, ranks = LAYOUTS[layout]
-    results = run_distributed("tests.test_convert_hf:layout_worker", ranks,
-                              {"hf": hf_models[name], "parallelism": parallelism})
-    ours = np.array(next(r for r in results if r is not None))
+    ours = np.array(_family_output(layout_outputs, layout, name)["logits"])
     ref = reference_logits(hf_models[name])
     assert ours.shape == ref.shape
     record_property("max_abs_logit_diff", float(np.abs(ours - ref).max()))
@@ -294,22 +345,18 @@ def test_a_multimodal_gemma3_exports_its_language_model(hf_models, tmp_path):
     assert config.model_type == "gemma3_text" and config.layer_types[1] == "full_attention"
 
 
-@pytest.mark.parametrize("name", ["llama_untied", "mixtral", "gpt2", "qwen2", "qwen3",
-                                  "mistral", "phi3", "qwen3_moe", "olmo2", "gemma3",
-                                  "deepseek_v3"])
-def test_generate_at_tp2_equals_transformers_greedy(hf_models, name):
+@pytest.mark.parametrize("name,layout", _at("tp2", [
+    "llama_untied", "mixtral", "gpt2", "qwen2", "qwen3", "mistral", "phi3", "qwen3_moe", "olmo2",
+    "gemma3", "deepseek_v3"]))
+def test_generate_at_tp2_equals_transformers_greedy(layout_outputs, hf_models, name, layout):
+    """launcher.generate's decoding (its Generator, on the chunks it builds and fills) at TP=2;
+    the command itself is run by the DeepSpeed import test below."""
     path = hf_models[name]
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    expected = model.generate(torch.tensor([PROMPT]), max_new_tokens=32, do_sample=False,
-                              pad_token_id=0)[0, len(PROMPT):].tolist()
+    expected = model.generate(torch.tensor([PROMPT]), max_new_tokens=GENERATED_TOKENS,
+                              do_sample=False, pad_token_id=0)[0, len(PROMPT):].tolist()
     assert len(set(expected)) > 3  # a prompt that really tests the decoding
-    result = _cli("launcher.generate", f"checkpoint={path}", f"generate.prompt_ids={PROMPT}",
-                  "generate.max_new_tokens=32", "generate.format=json", "trainer.precision=fp32",
-                  "model.seq_length=64", "parallelism.tensor_parallel_size=2",
-                  "cluster.gpus_per_node=2")
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
-    assert out["prompt_ids"] == PROMPT and out["output_ids"] == expected
+    assert _family_output(layout_outputs, layout, name)["generated"] == expected
 
 
 @pytest.mark.parametrize("tp", [2, 1])
