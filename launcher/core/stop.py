@@ -76,6 +76,27 @@ def ignore_stop_signals(stop_signal: str = "SIGUSR1", *_: Any) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the thread that started it ends (its parent's
+    main thread: a rank's launcher or fork server, a rank for its helper processes)
+    (``prctl(PR_SET_PDEATHSIG)``); nothing elsewhere."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def rank_helper(stop_signal: str = "SIGUSR1", *_: Any) -> None:
+    """Start of a helper process forked by a rank that must outlive no rank and no stop: it
+    ignores stop signals (:func:`ignore_stop_signals`) and dies with the rank
+    (:func:`die_with_parent`; a fork holds the rank's sockets open, so a rank killed with -9
+    would otherwise look alive to its peers for as long as the helper ran)."""
+    ignore_stop_signals(stop_signal)
+    die_with_parent()
+
+
 def elastic_signals(stop_signal: str = "SIGUSR1") -> str:
     """torch elastic's ``LaunchConfig.signals_to_handle`` (signals its agent turns into "kill
     the workers"): the terminating signals that are not stop signals, so that a stop signal

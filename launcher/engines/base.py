@@ -57,10 +57,6 @@ class StateBytes:
 class CheckpointIO(Protocol):
     """An engine's native checkpoint writer/reader for one step directory."""
 
-    def warm_up(self) -> None:
-        """Start, off the critical path, what the first write would otherwise start itself
-        (called once by the checkpoint manager of a run; may do nothing)."""
-
     def write(self, step_dir: Path, *, background: bool) -> bool:
         """Write the engine state under ``step_dir`` (collective). With ``background`` the engine
         may only schedule the write; returns True when it did (see :meth:`finish_background`)."""

@@ -36,11 +36,11 @@ from launcher.core.atomic import atomic_write_text
 from launcher.core.errors import CheckpointError
 from launcher.core.exits import CONFIG_ERROR_EXIT, REQUEUE_EXIT
 from launcher.core.jit_locks import take_over_stale_build_locks
-from launcher.core.stop import StartupStop, StopRequest, this_process_stop
+from launcher.core.stop import StartupStop, StopRequest, die_with_parent, this_process_stop
 from launcher.launch.agent import exit_without_collecting
 from launcher.launch.job import Job
 from launcher.launch.local import Rendezvous, launch_world
-from launcher.launch.rank_preload import die_with_parent, import_output, stop_unused_server
+from launcher.launch.rank_preload import import_output, stop_unused_server
 from launcher.launch.watchdog import JobWatch
 from launcher.parallel.distributed import in_distributed_launch, launch_rank
 from launcher.plan.resilience import collective_timeout_s

@@ -17,7 +17,7 @@ What a spawned rank inherited from its launcher, a forked one gets here too:
   the process group never ends it, and its forks start with them held too); each rank takes the
   launcher's own signal mask of the moment of the launch, as a spawned rank does;
 - **death with the launcher**: the server dies with the launcher (``PR_SET_PDEATHSIG``) and the
-  ranks with the server (:func:`die_with_parent`, as a spawned rank dies with its launcher);
+  ranks with the server (:func:`launcher.core.stop.die_with_parent`, as a spawned rank dies with its launcher);
 - **the stop contract of its first line**: a spawned rank of ``launcher.train`` installs its
   start-up stop handling while Python imports its main module
   (:func:`launcher.core.stop.stop_from_first_line`). A forked rank imports it too, but under the
@@ -54,7 +54,7 @@ import tempfile
 import time
 from typing import Callable, Optional, Sequence
 
-from launcher.core.stop import first_line_of_forked_rank
+from launcher.core.stop import die_with_parent, first_line_of_forked_rank
 from launcher.parallel.distributed import in_distributed_launch
 
 PRELOAD_ENV = "TRAINWRIGHT_RANK_PRELOAD"
@@ -262,17 +262,6 @@ def import_output() -> str:
     """In a rank forked from the server: what the server's imports printed (each rank writes it
     where its library output goes, as a spawned rank's own imports would); '' elsewhere."""
     return _import_output
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent (a rank's launcher or fork server, the
-    server's launcher) dies (``prctl(PR_SET_PDEATHSIG)``); nothing elsewhere."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def has_nvidia_device() -> bool:

@@ -139,11 +139,6 @@ class CheckpointManager:
         (step directory, step), and with a store its s3:// step folder too (e.g.
         :meth:`launcher.runtime.eval_jobs.EvalJobs.saved`)."""
 
-    def warm_up(self) -> None:
-        """Let the engine's IO start what its first save needs (after any resume load, which
-        it would otherwise compete with for the CPU)."""
-        self.io.warm_up()
-
     @property
     def pending(self) -> bool:
         """Whether a background save is waiting for its writes."""

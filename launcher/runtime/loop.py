@@ -98,13 +98,11 @@ class TrainLoop:
     def run(self) -> int:
         """Train to the plan's train_steps; returns 0, or REQUEUE_EXIT after a stop request.
         The ranks agree on stopping after each step, and once before the first: a stop that
-        arrived between the end of start-up and the first step runs no step and starts
-        nothing (the checkpoint writer's warm-up included)."""
+        arrived between the end of start-up and the first step runs no step."""
         self.state.window_start = time.perf_counter()  # throughput excludes start-up
         first = self.state.step
         if self.stop.agree():
             return self._stopped(since=first)
-        self.checkpoints.warm_up()
         while self.state.step < self.plan.batch.train_steps:
             self._one_step()
             if self.stop.agree():

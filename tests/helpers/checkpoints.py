@@ -35,9 +35,6 @@ class FakeIO:
     def __init__(self, size: int = 1000, read_error: BaseException = None):
         self.size, self.read_error = size, read_error
 
-    def warm_up(self) -> None:
-        pass
-
     def prepare_read(self) -> None:
         pass
 

@@ -30,7 +30,7 @@ from launcher.engines.compat import (deepspeed_runtime, lm_eval_templates, megat
 from launcher.engines.compat.deepspeed_runtime import prepare_deepspeed, skip_cpu_shm_build
 from launcher.engines.compat.lm_eval_templates import compiled_templates_kept
 from launcher.engines.compat.megatron_core import (keep_adam_step, unshare_adam_steps,
-                                                   warm_save_results_queue)
+                                                   start_save_results_queue)
 from launcher.engines.compat.megatron_on_cpu import cpu_mode_active
 from launcher.engines.compat.shim import Shim
 from launcher.engines.compat.torch_elastic import monitored_elastic_agent, store_loss_tolerant
@@ -40,7 +40,7 @@ from launcher.engines.compat.transformer_engine import (DISABLE_TE_ENV, hide_tra
 
 __all__ = ["SHIMS", "Shim", "install", "shape_imports", "cpu_mode_active",
            "checkpoint_loads_without_code", "keep_adam_step", "unshare_adam_steps",
-           "warm_save_results_queue", "monitored_elastic_agent", "store_loss_tolerant",
+           "start_save_results_queue", "monitored_elastic_agent", "store_loss_tolerant",
            "prepare_deepspeed", "skip_cpu_shm_build", "compiled_templates_kept",
            "transformer_engine_available", "DISABLE_TE_ENV"]
 

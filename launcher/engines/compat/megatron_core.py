@@ -5,11 +5,10 @@ checkpoint writer; each beside the probe that says the library still needs it.""
 from __future__ import annotations
 
 import contextlib
-import threading
 
 import torch
 
-from launcher.core.stop import ignore_stop_signals
+from launcher.core.stop import rank_helper
 from launcher.engines.compat.shim import Shim, applied_by_caller
 from launcher.engines.compat.transformer_engine import without_te
 
@@ -105,52 +104,35 @@ def _probe_adam_step() -> bool:
         "load_parameter_state_from_fully_reshardable" in inspect.getsource(DistributedOptimizer)
 
 
-def _start_results_queue():
-    """Megatron-Core's save-results queue, created here with a server that survives stop
-    signals (its own ``_get_write_results_queue`` spawns one that SIGTERM or SIGUSR1 to the
-    process group kills, after which the save that the signal asked for fails with
-    ConnectionRefusedError)."""
+def start_save_results_queue() -> None:
+    """Create Megatron-Core's save-results queue with a server forked from this rank (once per
+    process; call it from the rank's main thread, before the model is built).
+
+    Megatron-Core 0.16.1 (``strategies/filesystem_async._get_write_results_queue``) hands every
+    save's write results back through a ``Manager().Queue()`` whose server it *spawns* at the
+    first save. That server is a fresh interpreter which imports torch when it unpickles the
+    first results, on the first save's path (2.4 s of a two-rank ``launcher.convert from_hf`` of
+    9.5 s on the 2-core machine, and 2.7 s of CPU a rank taken from training), and which a stop
+    signal sent to the process group kills (the save the signal asked for then failed). The
+    server forked here has torch already, ignores stop signals and dies with its rank
+    (:func:`launcher.core.stop.rank_helper`: a fork holds the rank's sockets). Forked before the
+    model exists, it shares none of the pages that training rewrites (a fork after would keep
+    their old copies). The modules its unpickling needs are imported first, so the fork takes no
+    half-done import of another thread."""
     import multiprocessing
     from multiprocessing.managers import SyncManager
 
+    import torch.distributed.checkpoint.filesystem  # noqa: F401 (the results' classes)
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     if filesystem_async._results_queue is None:
-        manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
-        manager.start(initializer=ignore_stop_signals)  # a stop is for the ranks
+        manager = SyncManager(ctx=multiprocessing.get_context("fork"))
+        manager.start(initializer=rank_helper)
         filesystem_async._results_queue = manager.Queue()  # the proxy keeps the manager alive
-    return filesystem_async._results_queue
-
-
-def warm_save_results_queue() -> threading.Thread:
-    """Start Megatron-Core's save-results queue in a thread; join it before the first save.
-
-    Megatron-Core 0.16.1 (``strategies/filesystem_async._get_write_results_queue``) hands every
-    save's write results back through a ``Manager().Queue()`` whose server it spawns at the first
-    save. Two problems, both fixed by creating that queue here (:func:`_start_results_queue`):
-    the server imports torch when it unpickles the first results (2.0 s measured on the 2-core
-    machine, inside every run's first, often only, save), and a stop signal sent to the process
-    group kills it, so the save on a stop request failed once any save had started the server.
-    The thread starts the server and sends one torch object through it, so the import happens
-    while training goes on. A failure here is left for the save itself to meet and report."""
-
-    def warm() -> None:
-        with contextlib.suppress(Exception):
-            from torch.distributed.checkpoint.metadata import MetadataIndex
-            from torch.distributed.checkpoint.storage import WriteResult
-
-            queue = _start_results_queue()
-            queue.put({-1: [WriteResult(index=MetadataIndex("warm-up"), size_in_bytes=0,
-                                        storage_data=None)]})
-            queue.get()
-
-    thread = threading.Thread(target=warm, name="save-results-queue-warm-up", daemon=True)
-    thread.start()
-    return thread
 
 
 def _probe_results_queue() -> bool:
-    """Save results still come back through a queue of a spawned Manager, created lazily,
+    """Save results still come back through a queue of a Manager that the first save spawns,
     whose server keeps the default signal handlers."""
     import inspect
 
@@ -172,8 +154,8 @@ SHIMS = (
     Shim("Adam step on fully_reshardable load", "megatron-core", "0.16.1", applied_by_caller, None,
          _probe_adam_step, "keep_adam_step / unshare_adam_steps, around each "
          "distributed-optimizer load"),
-    Shim("save-results queue warm-up", "megatron-core", "0.16.1", applied_by_caller, None,
-         _probe_results_queue, "warm_save_results_queue, started by MegatronCheckpointIO: the "
-         "first save's results queue server imports torch (2 s) on the save's critical path, "
-         "and dies of a stop signal sent to the process group"),
+    Shim("save-results queue server", "megatron-core", "0.16.1", applied_by_caller, None,
+         _probe_results_queue, "start_save_results_queue, called by the Megatron engine's "
+         "builder: the first save's spawned results-queue server imports torch (2.4 s) on the "
+         "save's path, and dies of a stop signal sent to the process group"),
 )

@@ -324,9 +324,6 @@ class DeepSpeedCheckpointIO:
     def __init__(self, ds_engine):
         self.ds = ds_engine
 
-    def warm_up(self) -> None:
-        """DeepSpeed's writes start nothing ahead."""
-
     def prepare_read(self) -> None:
         """DeepSpeed's read allocates its state itself (nothing ahead)."""
 

@@ -359,23 +359,11 @@ class MegatronCheckpointIO:
         self.chunks, self.optimizer, self.sharding = chunks, optimizer, str(sharding)
         self.buffers = buffers  # buffer_layout(): recorded, and compared at a load
         self._queue = None
-        self._warming = None
-
-    def warm_up(self) -> None:
-        """Start Megatron-Core's save-results queue now (:func:`compat.warm_save_results_queue`:
-        about 2 s that the first save would otherwise wait for)."""
-        if self._warming is None:
-            self._warming = compat.warm_save_results_queue()
 
     def prepare_read(self) -> None:
         """Allocate the optimizer's state a read fills (:func:`prime_optimizer_state`: a second
         of gpt2_124m's read at DP2 on a CPU), while the checkpoint is still downloading."""
         prime_optimizer_state(self.optimizer)
-
-    def _warmed(self) -> None:
-        """Before a write: the warm-up has finished (its queue item must not meet a save's)."""
-        if self._warming is not None:
-            self._warming.join()
 
     def _prepare(self, step_dir: Path) -> tuple:
         """(target directory, sharded state dict, content metadata) of a save (collective)."""
@@ -393,7 +381,7 @@ class MegatronCheckpointIO:
         from megatron.core import dist_checkpointing
         from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
-        self._warmed()
+        compat.start_save_results_queue()  # an IO built without the engine's builder
         target, state, metadata = self._prepare(step_dir)
         if not background:
             with failures_as_errors():
