@@ -27,6 +27,8 @@ import os
 from pathlib import Path
 from typing import Iterable
 
+from launcher.core import harness_index
+
 SHIPPED = Path(__file__).parent / "shipped_tasks"
 """The tasks trainwright ships (written for its tests and demo): always on the include path."""
 LOCAL_BUILDERS = ("json", "csv", "text", "parquet")
@@ -49,15 +51,17 @@ def include_paths(include: Iterable[str]) -> list[Path]:
     return [SHIPPED, *(Path(p).expanduser() for p in include)]
 
 
-def task_manager(include: Iterable[str], harness: bool = False):
-    """lm-evaluation-harness's index of the task files on the include path; with ``harness``,
-    its own task folders too (about 7 s to index; their data must be in the local datasets
-    cache: :func:`cached_data_problems`)."""
+def task_manager(include: Iterable[str], harness_tasks: Iterable[str] = ()):
+    """lm-evaluation-harness's index of the task files on the include path, and of the folders
+    of lm-evaluation-harness's own tasks among ``harness_tasks`` (found through
+    :mod:`launcher.core.harness_index`, not by reading all of its task files; their data must
+    be in the local datasets cache: :func:`cached_data_problems`)."""
     offline()
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=[str(p) for p in include_paths(include)],
-                       include_defaults=harness)
+    folders = harness_index.task_folders(harness_tasks) if harness_tasks else []
+    return TaskManager(include_path=[str(p) for p in [*include_paths(include), *folders]],
+                       include_defaults=False)
 
 
 def task_problems(tasks: Iterable[str], include: Iterable[str]) -> list[str]:
@@ -69,19 +73,26 @@ def task_problems(tasks: Iterable[str], include: Iterable[str]) -> list[str]:
                 for p in missing]
     if not tasks or problems:
         return problems
-    manager, theirs = task_manager(include), None
+    manager = task_manager(include)
+    others = [name for name in tasks if not _found(manager, name)]
+    theirs = task_manager(include, others) if others else manager
     for name in tasks:
         entry = manager.task_index.get(name)
-        if entry is not None and entry.yaml_path is not None:
+        if _found(manager, name):
             problems += config_problems(name, Path(entry.yaml_path), entry.cfg or {})
             continue
-        theirs = theirs or task_manager(include, harness=True)
         entry = theirs.task_index.get(name)
         if entry is None or entry.yaml_path is None:
             problems.append(unknown_task(name, manager, include))
         else:
             problems += harness_task_problems(name, Path(entry.yaml_path), entry.cfg or {})
     return problems
+
+
+def _found(manager, name: str) -> bool:
+    """Whether ``manager`` indexes a task file of that name."""
+    entry = manager.task_index.get(name)
+    return entry is not None and entry.yaml_path is not None
 
 
 def harness_task_problems(name: str, yaml_path: Path, cfg: dict) -> list[str]:
@@ -214,12 +225,13 @@ def load_tasks(tasks: Iterable[str], include: Iterable[str]) -> dict:
     if problems:
         raise TaskError("\n".join(problems))
     manager = task_manager(include)
-    if any(name not in manager.task_index for name in tasks):  # lm-evaluation-harness's own
-        manager = task_manager(include, harness=True)
+    others = [name for name in tasks if not _found(manager, name)]
+    if others:  # lm-evaluation-harness's own
+        manager = task_manager(include, others)
     configs: list = []
     for name in tasks:
         entry = manager.task_index[name]
-        if Path(entry.yaml_path).is_relative_to(Path(_harness_tasks())):
+        if Path(entry.yaml_path).is_relative_to(harness_index.harness_root()):
             configs.append(name)  # its own task, data from the datasets cache
             continue
         cfg = copy.deepcopy(entry.cfg)
@@ -230,13 +242,6 @@ def load_tasks(tasks: Iterable[str], include: Iterable[str]) -> dict:
     from lm_eval.tasks import get_task_dict
 
     return get_task_dict(configs, manager)
-
-
-def _harness_tasks() -> str:
-    """lm-evaluation-harness's own task folder."""
-    import lm_eval.tasks
-
-    return str(Path(lm_eval.tasks.__file__).parent)
 
 
 def resolved(files, folder: Path):
