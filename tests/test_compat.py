@@ -80,10 +80,10 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.storage import WriteResult
 
 before = fa._results_queue is None
-compat.start_save_results_queue()
+compat.start_save_results_queue("SIGHUP")  # trainer.stop_signal=SIGHUP
 queue = fa._get_write_results_queue()
 pid = queue._manager._process.pid
-for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR2):
     os.kill(pid, sig)
 time.sleep(0.5)
 queue.put({0: [WriteResult(index=MetadataIndex("w"), size_in_bytes=3, storage_data=None)]})
@@ -98,7 +98,8 @@ time.sleep(300)
 def test_the_save_results_server_is_a_fork_that_outlives_no_stop_and_no_rank():
     """Megatron-Core's save-results queue comes from a server forked from the rank (the same
     command line: no fresh interpreter importing torch on the first save's path); it serves a
-    torch write result after stop signals sent to it (as to a whole process group); the rank
+    torch write result after the stop signals (the run's trainer.stop_signal among them) sent to
+    it as to a whole process group; the rank
     killed with -9, the server is gone within seconds (it would hold the rank's sockets)."""
     rank = subprocess.Popen([sys.executable, "-c", QUEUE_SERVER_PROBE], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True,

@@ -104,9 +104,10 @@ def _probe_adam_step() -> bool:
         "load_parameter_state_from_fully_reshardable" in inspect.getsource(DistributedOptimizer)
 
 
-def start_save_results_queue() -> None:
+def start_save_results_queue(stop_signal: str = "SIGUSR1") -> None:
     """Create Megatron-Core's save-results queue with a server forked from this rank (once per
-    process; call it from the rank's main thread, before the model is built).
+    process; call it from the rank's main thread, before the model is built), deaf to the stop
+    signals (``stop_signal``: the run's ``trainer.stop_signal``).
 
     Megatron-Core 0.16.1 (``strategies/filesystem_async._get_write_results_queue``) hands every
     save's write results back through a ``Manager().Queue()`` whose server it *spawns* at the
@@ -127,7 +128,7 @@ def start_save_results_queue() -> None:
 
     if filesystem_async._results_queue is None:
         manager = SyncManager(ctx=multiprocessing.get_context("fork"))
-        manager.start(initializer=rank_helper)
+        manager.start(initializer=rank_helper, initargs=(stop_signal,))
         filesystem_async._results_queue = manager.Queue()  # the proxy keeps the manager alive
 
 

@@ -156,7 +156,7 @@ def build_megatron_engine(*, batch: Batch, model: ModelConfig, parallelism: Para
     from launcher.engines import compat
     from launcher.engines.common import initialize_weights
 
-    compat.start_save_results_queue()  # forked now, while the rank holds no model
+    compat.start_save_results_queue(trainer.stop_signal)  # forked while the rank holds no model
     chunks = build_model_chunks(model, parallelism, trainer)
     initialize_weights(chunks, init_from=trainer.init_from, seed=trainer.seed,
                        layout_invariant=trainer.layout_invariant_init)
