@@ -74,8 +74,7 @@ def task_problems(tasks: Iterable[str], include: Iterable[str]) -> list[str]:
     if not tasks or problems:
         return problems
     manager = task_manager(include)
-    others = [name for name in tasks if not _found(manager, name)]
-    theirs = task_manager(include, others) if others else manager
+    theirs = _with_harness_tasks(manager, tasks, include)
     for name in tasks:
         entry = manager.task_index.get(name)
         if _found(manager, name):
@@ -87,6 +86,13 @@ def task_problems(tasks: Iterable[str], include: Iterable[str]) -> list[str]:
         else:
             problems += harness_task_problems(name, Path(entry.yaml_path), entry.cfg or {})
     return problems
+
+
+def _with_harness_tasks(manager, tasks: list, include: Iterable[str]):
+    """``manager``, or, when it lacks some of ``tasks``, one that also indexes the folders of
+    those lm-evaluation-harness ships."""
+    others = [name for name in tasks if not _found(manager, name)]
+    return task_manager(include, others) if others else manager
 
 
 def _found(manager, name: str) -> bool:
@@ -224,10 +230,7 @@ def load_tasks(tasks: Iterable[str], include: Iterable[str]) -> dict:
     problems = task_problems(tasks, include)
     if problems:
         raise TaskError("\n".join(problems))
-    manager = task_manager(include)
-    others = [name for name in tasks if not _found(manager, name)]
-    if others:  # lm-evaluation-harness's own
-        manager = task_manager(include, others)
+    manager = _with_harness_tasks(task_manager(include), tasks, include)
     configs: list = []
     for name in tasks:
         entry = manager.task_index[name]

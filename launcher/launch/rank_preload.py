@@ -17,7 +17,8 @@ What a spawned rank inherited from its launcher, a forked one gets here too:
   the process group never ends it, and its forks start with them held too); each rank takes the
   launcher's own signal mask of the moment of the launch, as a spawned rank does;
 - **death with the launcher**: the server dies with the launcher (``PR_SET_PDEATHSIG``) and the
-  ranks with the server (:func:`launcher.core.stop.die_with_parent`, as a spawned rank dies with its launcher);
+  ranks with the server (:func:`launcher.core.stop.die_with_parent`, as a spawned rank dies
+  with its launcher);
 - **the stop contract of its first line**: a spawned rank of ``launcher.train`` installs its
   start-up stop handling while Python imports its main module
   (:func:`launcher.core.stop.stop_from_first_line`). A forked rank imports it too, but under the
