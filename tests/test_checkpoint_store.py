@@ -227,6 +227,8 @@ def test_a_rank_killed_during_its_upload_never_commits_the_step(s3, tmp_path):
     proc, log = _start(tmp_path, "run", [["step_000004/", "1", str(marker), ""]], *common,
                        env=s3.env())
     _wait_for(marker, proc, log)
+    # Rank 1 is held; rank 0 uploads its share on its own, in its own time: kill once it is there.
+    _wait_for(lambda: any("step_000004/" in k for k in s3.keys(BUCKET, prefix + "/")), proc, log)
     os.kill(int(marker.read_text()), signal.SIGKILL)
     assert proc.wait(timeout=120) != 0
     assert _committed_steps(s3, prefix) == [2]
