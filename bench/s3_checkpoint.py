@@ -3,7 +3,7 @@ one run against the same S3 server.
 
     python bench/s3_checkpoint.py [--workdir /tmp/tw_s3ckpt] [--reps 3] [--models gpt2_124m,wide]
                                   [--skip-clients] [--skip-async] [--as-objectstore all|first|none]
-                                  [--hook FILE] [--resume-ab PAIRS]
+                                  [--hook FILE] [--resume-ab PAIRS] [--server-cpus 0]
                                   [--out bench/results/s3_checkpoint.json]
 
 Starts its own SeaweedFS (tests/helpers/s3.py's server, with room for a few GB of volumes) and,
@@ -52,6 +52,8 @@ load") has the figures.
 
 The server shares the machine with the ranks and the bench (on the 2-core CPU machine it is
 the bottleneck), so the figures are of this setup; the ratios are what carries over.
+``--server-cpus 0`` gives the server core 0 alone and everything else the other cores (a store
+whose CPU is not the node's, as on a real deployment; the raw rates are measured the same way).
 """
 
 from __future__ import annotations
@@ -151,6 +153,8 @@ if os.environ.get("TW_BENCH_SEQUENTIAL"):  # --resume-ab's other arm: download, 
 """A sitecustomize for the runs: times each rank's ``objectstore.upload``/``download`` call."""
 EXTRA_HOOK = ""
 """``--hook``'s code, run before :data:`TIMING_HOOK` in every run's processes."""
+SERVER_CPUS: set = set()
+"""``--server-cpus``: the cores the server runs on (all of its threads); empty: any core."""
 
 
 class BenchS3(s3h.SeaweedS3):
@@ -165,8 +169,11 @@ class BenchS3(s3h.SeaweedS3):
                 "-s3.autoCreateBucket=false", "-master.telemetry=false",
                 "-master.volumeSizeLimitMB=1024", "-volume.max=0"]
         env = {k: v for k, v in os.environ.items() if k != s3h.MARK}
+        cpus = SERVER_CPUS
         self.proc = subprocess.Popen(args, stdout=open(self.root / "weed.log", "ab"),
-                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                     stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus))
+                                     if cpus else None)
         self._wait_until_up(timeout_s)
         return self
 
@@ -657,18 +664,22 @@ def host() -> dict:
                 model = line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import boto3
-    import obstore
-    import s3torchconnector
+    from importlib import metadata
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:  # only the client comparison needs it
+            return "not installed"
 
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     weed = subprocess.run([s3h.weed_binary(), "version"], capture_output=True,
                           text=True).stdout.strip()
     return {"cpu": model, "cores": os.cpu_count(), "memory_gib": round(mem, 1),
             "python": platform.python_version(), "load_average_at_start": os.getloadavg(),
+            "server_cpus": sorted(SERVER_CPUS), "client_cpus": sorted(os.sched_getaffinity(0)),
             "server": weed.splitlines()[0] if weed else "weed",
-            "boto3": boto3.__version__, "obstore": getattr(obstore, "__version__", "?"),
-            "s3torchconnector": getattr(s3torchconnector, "__version__", "?")}
+            **{name: version(name) for name in ("boto3", "obstore", "s3torchconnector")}}
 
 
 def print_tables(result: dict) -> None:
@@ -711,6 +722,20 @@ def print_tables(result: dict) -> None:
                   f"staging write ({a['staging_s']:.1f} s)")
 
 
+def pin_cores(server_cpus: set) -> None:
+    """Give the server ``server_cpus`` alone: this process (and so every client and rank it
+    starts) runs on the other cores."""
+    global SERVER_CPUS
+    if not server_cpus:
+        return
+    rest = os.sched_getaffinity(0) - server_cpus
+    if not rest or not server_cpus <= os.sched_getaffinity(0):
+        sys.exit(f"--server-cpus={sorted(server_cpus)}: this process may run on "
+                 f"{sorted(os.sched_getaffinity(0))}; name some of them and leave one at least")
+    SERVER_CPUS = server_cpus
+    os.sched_setaffinity(0, rest)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", default="/tmp/tw_s3ckpt")
@@ -730,10 +755,14 @@ def main() -> int:
     ap.add_argument("--resume-ab", type=int, default=0, metavar="PAIRS",
                     help="also resume each model PAIRS times each way, alternating: the "
                          "download during the engine's build, and landed before it")
+    ap.add_argument("--server-cpus", default="",
+                    help="cores for the server alone, e.g. 0 (the bench, its clients and the "
+                         "ranks get the others): a store whose CPU is not the node's")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "s3_checkpoint.json")
     args = ap.parse_args()
     global EXTRA_HOOK
     EXTRA_HOOK = args.hook.read_text() if args.hook else ""
+    pin_cores({int(c) for c in args.server_cpus.split(",") if c.strip()})
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
