@@ -11,10 +11,10 @@ from __future__ import annotations
 
 RANK_MODULES = ("megatron.core.models.gpt", "launcher.train", "launcher.engines.megatron",
                 "launcher.runtime.loop", "launcher.runtime.data", "launcher.runtime.checkpoint",
-                "launcher.runtime.session", "launcher.runtime.evaluation")
+                "launcher.runtime.session", "launcher.runtime.evaluation", "torch._dynamo")
 """What a training rank imports, imported for it before it starts
-(:func:`launcher.launch.rank_preload.preload_rank_imports`); DeepSpeed is imported by the ranks
-that use it."""
+(:func:`launcher.launch.rank_preload.preload_rank_imports`; ``torch._dynamo``: see there);
+DeepSpeed is imported by the ranks that use it."""
 
 if __name__ in ("__main__", "__mp_main__"):  # before anything slow: no stop is lost from here
     import sys as _sys

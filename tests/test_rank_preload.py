@@ -190,3 +190,33 @@ def test_a_one_rank_job_ends_its_fork_server_before_it_trains(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert code == 0, log.read_text()[-3000:]
     assert logged_steps(tmp_path / "one") >= STEPS
+
+
+OPTIMIZER_IMPORTS = textwrap.dedent("""
+    import importlib, json, sys
+    from launcher.engines.compat import shape_imports
+    shape_imports()  # as the fork server does first
+    for name in importlib.import_module(sys.argv[1]).RANK_MODULES:
+        __import__(name)
+    import torch
+    before = set(sys.modules)
+    weight = torch.nn.Parameter(torch.ones(4))
+    optimizer = torch.optim.AdamW([weight], lr=0.1, foreach=True)
+    weight.sum().backward()
+    optimizer.step()
+    print(json.dumps(sorted(set(sys.modules) - before)))
+""")
+
+
+@pytest.mark.parametrize("command", ["launcher.train", *[
+    pytest.param(name, marks=pytest.mark.slow)
+    for name in ("launcher.convert.from_hf", "launcher.convert.reshard")]])
+def test_a_rank_building_an_optimizer_finds_dynamo_imported_by_the_server(command):
+    """torch.optim imports TorchDynamo at the first optimizer a process builds (about 2.5 s of
+    CPU here, in every rank at once); the ranks that build one have it in their preload."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", OPTIMIZER_IMPORTS, command], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    imported = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not [m for m in imported if m.startswith("torch._dynamo")], imported

@@ -26,10 +26,15 @@ from launcher.launch.job import prepare
 from launcher.launch.rank_preload import preload_rank_imports
 from launcher.parallel.distributed import in_distributed_launch, launch_rank
 
+RANK_MODULES = ("megatron.core.models.gpt", "launcher.convert.from_hf", "torch._dynamo")
+"""What a rank of the import imports, imported for it before it starts
+(:func:`launcher.launch.rank_preload.preload_rank_imports`; ``torch._dynamo``: the optimizer's,
+see there)."""
+
 
 def run_import(hf: str, out: str, overrides: Sequence[str]) -> int:
     """Compose and plan the layout, refuse a non-empty ``out``, run the import on its ranks."""
-    preload_rank_imports(("megatron.core.models.gpt", "launcher.convert.from_hf"))
+    preload_rank_imports(RANK_MODULES)
     target = Path(out).resolve()
     if target.exists() and any(target.iterdir()):
         print(f"from_hf: out={out} exists and is not empty; choose a new directory",

@@ -43,6 +43,12 @@ class NothingToConvert(Exception):
     """The checkpoint already loads at any layout; the message says why."""
 
 
+RANK_MODULES = ("megatron.core.models.gpt", "launcher.convert.reshard", "torch._dynamo")
+"""What a rank of the conversion imports, imported for it before it starts
+(:func:`launcher.launch.rank_preload.preload_rank_imports`; ``torch._dynamo``: the optimizer's,
+see there)."""
+
+
 def saved_optimizer_format(step_dir: Path) -> dict:
     """The content metadata of ``step_dir``'s Megatron-Core checkpoint; ValueError naming what
     makes it unconvertible, NothingToConvert when it needs no conversion."""
@@ -112,7 +118,7 @@ def run_reshard(checkpoint: str, out: str, argv: Sequence[str]) -> int:
     from launcher.core.errors import CheckpointError
     from launcher.engines.weights.sources import SourceError, step_dir_of
 
-    preload_rank_imports(("megatron.core.models.gpt", "launcher.convert.reshard"))
+    preload_rank_imports(RANK_MODULES)
     target = Path(out).resolve()
     if target.exists() and any(target.iterdir()):
         print(f"reshard: out={out} exists and is not empty; choose a new directory",

@@ -34,6 +34,11 @@ What a spawned rank inherited from its launcher, a forked one gets here too:
   module is dropped after the imports, so the rank's run of it as ``__mp_main__`` draws no runpy
   warning.
 
+A rank that builds an optimizer names ``torch._dynamo`` too: torch.optim's
+``Optimizer.add_param_group`` is wrapped by ``torch._disable_dynamo``, which imports TorchDynamo at
+the first optimizer a process builds (about 2.5 s of CPU on the 2-core EPYC, in every rank at
+once). Megatron-Core's import no longer brings it in (its fused kernels are left eager, below).
+
 The imports are shaped as a rank's own would be (:func:`launcher.engines.compat.shape_imports`:
 Transformer Engine hidden when asked, Megatron-Core's fused kernels left eager).
 
