@@ -162,7 +162,7 @@ def upload(self, fileobj, bucket, key, *args, **kwargs):
             if not os.path.exists(marker):
                 with open(marker, "w") as f:
                     f.write(str(os.getpid()))
-            while go and not os.path.exists(go):
+            while not (go and os.path.exists(go)):  # no go: held until killed
                 time.sleep(0.05)
     return _upload(self, fileobj, bucket, key, *args, **kwargs)
 
@@ -227,7 +227,8 @@ def test_a_rank_killed_during_its_upload_never_commits_the_step(s3, tmp_path):
     proc, log = _start(tmp_path, "run", [["step_000004/", "1", str(marker), ""]], *common,
                        env=s3.env())
     _wait_for(marker, proc, log)
-    # Rank 1 is held; rank 0 uploads its share on its own, in its own time: kill once it is there.
+    # Rank 1 is held before its first upload of step 4 (for good: no go file); rank 0 uploads its
+    # share on its own, in its own time: the kill comes once that share is on the store.
     _wait_for(lambda: any("step_000004/" in k for k in s3.keys(BUCKET, prefix + "/")), proc, log)
     os.kill(int(marker.read_text()), signal.SIGKILL)
     assert proc.wait(timeout=120) != 0
