@@ -67,12 +67,17 @@ def task_manager(include: Iterable[str], harness_tasks: Iterable[str] = ()):
 def task_problems(tasks: Iterable[str], include: Iterable[str]) -> list[str]:
     """Every reason the tasks cannot be loaded (empty: they can). A name the include path
     lacks is looked up among lm-evaluation-harness's own tasks."""
-    tasks = list(tasks)
+    return _checked(list(tasks), include)[0]
+
+
+def _checked(tasks: list, include: Iterable[str]) -> tuple:
+    """(:func:`task_problems`, the task manager that indexes every one of ``tasks``; None when
+    there are problems or no tasks)."""
     missing = [p for p in include_paths(include) if not p.is_dir()]
     problems = [f"eval.include_path: {p} is not a directory; give folders of task YAML files"
                 for p in missing]
     if not tasks or problems:
-        return problems
+        return problems, None
     manager = task_manager(include)
     theirs = _with_harness_tasks(manager, tasks, include)
     for name in tasks:
@@ -85,7 +90,7 @@ def task_problems(tasks: Iterable[str], include: Iterable[str]) -> list[str]:
             problems.append(unknown_task(name, manager, include))
         else:
             problems += harness_task_problems(name, Path(entry.yaml_path), entry.cfg or {})
-    return problems
+    return problems, None if problems else theirs
 
 
 def _with_harness_tasks(manager, tasks: list, include: Iterable[str]):
@@ -227,10 +232,11 @@ def load_tasks(tasks: Iterable[str], include: Iterable[str]) -> dict:
     """{name: lm-evaluation-harness Task} of ``tasks`` (checked first: TaskError with every
     problem)."""
     tasks = list(tasks)
-    problems = task_problems(tasks, include)
+    problems, manager = _checked(tasks, include)
     if problems:
         raise TaskError("\n".join(problems))
-    manager = _with_harness_tasks(task_manager(include), tasks, include)
+    if manager is None:  # no tasks
+        manager = task_manager(include)
     configs: list = []
     for name in tasks:
         entry = manager.task_index[name]
