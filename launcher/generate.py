@@ -16,6 +16,18 @@ the output was printed.
 
 from __future__ import annotations
 
+RANK_MODULES = ("megatron.core.models.gpt", "launcher.generate", "launcher.engines.weights.fill")
+"""What a generating rank imports, imported for it before it starts
+(:func:`launcher.launch.rank_preload.preload_rank_imports`)."""
+
+if __name__ == "__main__":  # the server starts before this module's own imports
+    import sys as _sys
+
+    if not {"-h", "--help"} & set(_sys.argv[1:]):
+        from launcher.launch.rank_preload import preload_rank_imports as _preload
+
+        _preload(RANK_MODULES)
+
 import functools
 import json
 import os
@@ -32,10 +44,6 @@ from launcher.launch.model_source import adopt_model
 from launcher.launch.rank_preload import preload_rank_imports
 from launcher.launch.remote_inputs import localized
 
-
-RANK_MODULES = ("megatron.core.models.gpt", "launcher.generate", "launcher.engines.weights.fill")
-"""What a generating rank imports, imported for it before it starts
-(:func:`launcher.launch.rank_preload.preload_rank_imports`)."""
 
 
 def split_checkpoint(argv: Sequence[str]) -> tuple[str, list]:
