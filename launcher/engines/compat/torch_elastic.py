@@ -1,9 +1,11 @@
 """torch 2.13's elastic launcher: a hook for the launcher's own health check and restart policy,
-and agents that outlive the rendezvous store they poll; the build locks of its JIT extensions."""
+agents that outlive the rendezvous store they poll, rendezvous events named without reading the
+launcher's source; the build locks of its JIT extensions."""
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Callable, Iterator, Optional
 
 from launcher.engines.compat.shim import Shim, applied_by_caller
@@ -38,9 +40,39 @@ def monitored_elastic_agent(monitor: Optional[Callable] = None) -> Iterator[None
 
     api.LocalElasticAgent = MonitoredAgent
     try:
-        yield
+        with rendezvous_events_named_by_frame():
+            yield
     finally:
         api.LocalElasticAgent = base
+
+
+@contextlib.contextmanager
+def rendezvous_events_named_by_frame() -> Iterator[None]:
+    """Within the block, torch elastic's rendezvous names its events (``_record``: every join,
+    heartbeat and close) from the calling frame's code, not from ``inspect.stack()``.
+
+    torch 2.13's ``dynamic_rendezvous.get_method_name`` calls ``inspect.stack()`` twice per
+    event, and that reads the source line of every frame of the stack, looking each file's module
+    up among all imported ones: 40-70 ms an event in a launcher that imported torch, 0.4 s over a
+    launch (seven events before the ranks start, two at exit). The name is the same: the
+    function of the frame ``depth`` above it."""
+    import torch.distributed.elastic.rendezvous.dynamic_rendezvous as rendezvous
+
+    by_stack = rendezvous.get_method_name
+    rendezvous.get_method_name = method_name
+    try:
+        yield
+    finally:
+        rendezvous.get_method_name = by_stack
+
+
+def method_name(depth: int = 2) -> str:
+    """What torch's ``get_method_name(depth)`` answers: the name of the function ``depth``
+    frames above this one ("no_method_name" past the stack's end)."""
+    try:
+        return sys._getframe(depth).f_code.co_name
+    except ValueError:
+        return "no_method_name"
 
 
 def store_loss_tolerant(handler) -> None:
@@ -81,6 +113,15 @@ def _probe_elastic_monitor() -> bool:
             and "rdzv_handler.num_nodes_waiting()" in loop)
 
 
+def _probe_event_names_by_stack() -> bool:
+    import inspect
+
+    import torch.distributed.elastic.rendezvous.dynamic_rendezvous as rendezvous
+
+    return ("inspect.stack()" in inspect.getsource(rendezvous.get_method_name)
+            and "get_method_name()" in inspect.getsource(rendezvous))
+
+
 def _probe_jit_baton() -> bool:
     import inspect
 
@@ -94,6 +135,10 @@ SHIMS = (
          _probe_elastic_monitor, "monitored_elastic_agent, around the launcher's elastic_launch: "
          "torch elastic's agent has no hook for a hang check or a restart policy by exit code, "
          "and exits 1 when the first node's agent (the rendezvous store) exits first"),
+    Shim("rendezvous event names by frame", "torch", "2.13.0", applied_by_caller, None,
+         _probe_event_names_by_stack, "rendezvous_events_named_by_frame, inside "
+         "monitored_elastic_agent: the rendezvous names each event through inspect.stack(), "
+         "which reads the source of every frame (0.4 s of a launch, most before the ranks start)"),
     Shim("JIT-build locks of killed ranks", "torch", "2.13.0", applied_by_caller, None,
          _probe_jit_baton, "launcher.core.jit_locks.release_jit_build_locks, after the "
          "watchdog kills an attempt's ranks: cpp_extension._jit_compile waits forever on a "
