@@ -58,7 +58,6 @@ from launcher.launch.rank_preload import preload_rank_imports
 from launcher.launch.remote_inputs import localized
 
 
-
 def split_checkpoint(argv: Sequence[str]) -> tuple[str, list]:
     """(the checkpoint=<dir> value, the other arguments)."""
     path, rest = "", []
