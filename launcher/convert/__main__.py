@@ -12,6 +12,16 @@ Exit codes: 0 done, 2 bad arguments, unsupported model or config error.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the ranks' fork server starts before this command's imports
+    import sys as _sys
+
+    from launcher.convert import RANK_MODULES_BY_COMMAND as _RANKS
+
+    if _sys.argv[1:2] and _sys.argv[1] in _RANKS and not {"-h", "--help"} & set(_sys.argv):
+        from launcher.launch.rank_preload import preload_rank_imports as _preload
+
+        _preload(_RANKS[_sys.argv[1]])
+
 import os
 import sys
 from pathlib import Path

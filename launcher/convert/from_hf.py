@@ -20,16 +20,15 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from launcher.convert import RANK_MODULES_BY_COMMAND
 from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.launch.bootstrap import Rank, run_ranks
 from launcher.launch.job import prepare
 from launcher.launch.rank_preload import preload_rank_imports
 from launcher.parallel.distributed import in_distributed_launch, launch_rank
 
-RANK_MODULES = ("megatron.core.models.gpt", "launcher.convert.from_hf", "torch._dynamo")
-"""What a rank of the import imports, imported for it before it starts
-(:func:`launcher.launch.rank_preload.preload_rank_imports`; ``torch._dynamo``: the optimizer's,
-see there)."""
+RANK_MODULES = RANK_MODULES_BY_COMMAND["from_hf"]
+"""What a rank of this command imports, imported for it before it starts (see there)."""
 
 
 def run_import(hf: str, out: str, overrides: Sequence[str]) -> int:

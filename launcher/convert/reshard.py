@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from launcher.compose import to_object
+from launcher.convert import RANK_MODULES_BY_COMMAND
 from launcher.core.checkpoints import read_meta, resume_point
 from launcher.core.exits import CONFIG_ERROR_EXIT
 from launcher.launch.bootstrap import Rank, run_ranks
@@ -43,10 +44,8 @@ class NothingToConvert(Exception):
     """The checkpoint already loads at any layout; the message says why."""
 
 
-RANK_MODULES = ("megatron.core.models.gpt", "launcher.convert.reshard", "torch._dynamo")
-"""What a rank of the conversion imports, imported for it before it starts
-(:func:`launcher.launch.rank_preload.preload_rank_imports`; ``torch._dynamo``: the optimizer's,
-see there)."""
+RANK_MODULES = RANK_MODULES_BY_COMMAND["reshard"]
+"""What a rank of this command imports, imported for it before it starts (see there)."""
 
 
 def saved_optimizer_format(step_dir: Path) -> dict:
